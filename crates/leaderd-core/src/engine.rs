@@ -1,0 +1,676 @@
+//! The lease state machine: "Leadership, locally" from the spec.
+//!
+//! Rules it enforces:
+//! - a grant makes this replica leader until `sent_at + ttl - margin`, where
+//!   `sent_at` was read *before* the statement went out;
+//! - "am I leader" is computed from that deadline at the instant asked;
+//! - a refusal (someone else holds the row, or the row is gone) ends
+//!   leadership at once; a failed attempt does not, but is retried at once and
+//!   then with a backoff capped at one heartbeat, while the deadline allows;
+//! - followers attempt when the holder's lease ends by the database's answer,
+//!   on a release notification, and at least once per heartbeat.
+
+use std::time::Duration;
+
+use crate::time::{BootTime, Timing};
+
+/// What the database reported about the row when it refused an attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observed {
+    /// The holder's configured `id`, `None` when the row is free.
+    pub holder: Option<String>,
+    /// The holder's instance id, `None` when the row is free.
+    pub instance: Option<String>,
+    /// The row's fencing token.
+    pub token: i64,
+    /// What is left of the holder's lease by the database's clock (negative
+    /// when it has already expired).
+    pub remaining_us: i64,
+}
+
+/// The database's answer to one acquire-or-renew attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attempt {
+    /// This instance holds the lease; `token` is its fencing token.
+    Granted { token: i64 },
+    /// Someone else holds it (or it is free but still blocked).
+    Refused(Observed),
+    /// The row did not exist; the store created it, free and blocked for one
+    /// ttl by the database's clock.
+    Created,
+}
+
+/// Why leadership ended; the names are the `reason` field of the logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LossReason {
+    /// The local deadline passed without a successful renewal in time.
+    Deadline,
+    /// The deadline passed while renewals were failing.
+    RenewFailed,
+    /// The database says another instance holds the lease.
+    Taken,
+    /// The database says nobody holds it (released, or the row vanished).
+    Released,
+    /// This process is shutting down.
+    Shutdown,
+}
+
+impl LossReason {
+    /// The value logged as `reason`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LossReason::Deadline => "deadline",
+            LossReason::RenewFailed => "renew_failed",
+            LossReason::Taken => "taken",
+            LossReason::Released => "released",
+            LossReason::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// Something the adapters must act on (log, count, write or remove the flag
+/// file).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// This replica became leader.
+    Acquired { token: i64 },
+    /// This replica's lease was renewed; its local deadline moved.
+    Renewed { token: i64 },
+    /// This replica stopped being leader.
+    Lost { token: i64, reason: LossReason },
+    /// The row carries this replica's `id` with another instance: two
+    /// processes were started with the same `id`.
+    DuplicateId { instance: Option<String> },
+}
+
+/// A snapshot for `/leader`, `/` and the metrics, computed at one instant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct View {
+    pub is_leader: bool,
+    /// The last known holder; never this replica's own id unless it leads.
+    pub leader: Option<String>,
+    /// The fencing token of `leader`.
+    pub token: Option<i64>,
+    /// The local deadline when leading, else the holder's remaining lease as
+    /// last observed.
+    pub lease_remaining: Option<Duration>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Follower,
+    Leader { token: i64, deadline: BootTime },
+    ShutDown,
+}
+
+/// What the last answer said about someone else holding the row.
+#[derive(Debug, Clone)]
+struct OtherHolder {
+    holder: String,
+    token: i64,
+    /// When the holder's lease ends, by the database's answer, on our clock.
+    until: BootTime,
+}
+
+/// The election state of one replica. See the module docs for its rules.
+#[derive(Debug)]
+pub struct Engine {
+    timing: Timing,
+    id: String,
+    instance: String,
+    role: Role,
+    other: Option<OtherHolder>,
+    next_attempt: BootTime,
+    /// Failed attempts in a row, for the backoff.
+    failures: u32,
+}
+
+/// Retry a refused attempt whose holder had already expired (a race with a
+/// concurrent taker) after this long, rather than spinning.
+const RACE_RETRY: Duration = Duration::from_millis(10);
+/// Arrive this much after the holder's expiry so that a database clock running
+/// a hair slower than ours still finds it expired.
+const EXPIRY_SLACK: Duration = Duration::from_millis(1);
+/// Backoff after the second consecutive failure; doubles up to a heartbeat.
+const FIRST_BACKOFF: Duration = Duration::from_millis(25);
+
+impl Engine {
+    /// A follower that attempts at once.
+    pub fn new(
+        timing: Timing,
+        id: impl Into<String>,
+        instance: impl Into<String>,
+        now: BootTime,
+    ) -> Self {
+        Self {
+            timing,
+            id: id.into(),
+            instance: instance.into(),
+            role: Role::Follower,
+            other: None,
+            next_attempt: now,
+            failures: 0,
+        }
+    }
+
+    pub fn timing(&self) -> &Timing {
+        &self.timing
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// Whether this replica leads at `now`: before its local deadline and not
+    /// shut down. Computed, never stored.
+    pub fn is_leader(&self, now: BootTime) -> bool {
+        matches!(self.role, Role::Leader { deadline, .. } if now < deadline)
+    }
+
+    /// The fencing token and deadline while leading at `now`.
+    pub fn lease(&self, now: BootTime) -> Option<(i64, BootTime)> {
+        match self.role {
+            Role::Leader { token, deadline } if now < deadline => Some((token, deadline)),
+            _ => None,
+        }
+    }
+
+    /// Whether [`Engine::shutdown`] was called.
+    pub fn is_shut_down(&self) -> bool {
+        self.role == Role::ShutDown
+    }
+
+    /// The snapshot served over HTTP at `now`.
+    pub fn view(&self, now: BootTime) -> View {
+        if let Some((token, deadline)) = self.lease(now) {
+            return View {
+                is_leader: true,
+                leader: Some(self.id.clone()),
+                token: Some(token),
+                lease_remaining: Some(deadline.saturating_since(now)),
+            };
+        }
+        match &self.other {
+            // Never name ourselves while not leading: the row may carry our id
+            // from another process, or our own lapsed lease.
+            Some(o) if o.holder != self.id => View {
+                is_leader: false,
+                leader: Some(o.holder.clone()),
+                token: Some(o.token),
+                lease_remaining: Some(o.until.saturating_since(now)),
+            },
+            _ => View {
+                is_leader: false,
+                leader: None,
+                token: None,
+                lease_remaining: None,
+            },
+        }
+    }
+
+    /// When the loop must wake up next: the next attempt, or the local
+    /// deadline if that comes first (to step down on time).
+    pub fn next_wakeup(&self) -> BootTime {
+        match self.role {
+            Role::Leader { deadline, .. } => self.next_attempt.min(deadline),
+            _ => self.next_attempt,
+        }
+    }
+
+    /// Whether an attempt is due at `now`.
+    pub fn attempt_due(&self, now: BootTime) -> bool {
+        self.role != Role::ShutDown && now >= self.next_attempt
+    }
+
+    /// Client-side timeout for an attempt sent at `now`: what is left of the
+    /// lease when leading, else one heartbeat.
+    pub fn attempt_timeout(&self, now: BootTime) -> Duration {
+        match self.lease(now) {
+            Some((_, deadline)) => deadline.saturating_since(now),
+            None => self.timing.heartbeat(),
+        }
+    }
+
+    /// Steps down if the local deadline passed by `now`.
+    pub fn poll(&mut self, now: BootTime) -> Option<Event> {
+        match self.role {
+            Role::Leader { token, deadline } if now >= deadline => {
+                self.role = Role::Follower;
+                self.next_attempt = self.next_attempt.min(now);
+                let reason = if self.failures > 0 {
+                    LossReason::RenewFailed
+                } else {
+                    LossReason::Deadline
+                };
+                Some(Event::Lost { token, reason })
+            }
+            _ => None,
+        }
+    }
+
+    /// A release notification for this election arrived: attempt at once.
+    pub fn on_release_notice(&mut self, now: BootTime) {
+        if !self.is_leader(now) {
+            self.next_attempt = self.next_attempt.min(now);
+        }
+    }
+
+    /// Feeds the answer to an attempt sent at `sent_at` (read before taking a
+    /// connection) and received at `received_at`.
+    pub fn on_attempt(
+        &mut self,
+        sent_at: BootTime,
+        received_at: BootTime,
+        answer: Attempt,
+    ) -> Vec<Event> {
+        if self.role == Role::ShutDown {
+            return Vec::new();
+        }
+        let mut events = Vec::new();
+        // A deadline that passed while the statement was in flight ends the
+        // old lease first, whatever the answer says.
+        events.extend(self.poll(received_at));
+        self.failures = 0;
+        match answer {
+            Attempt::Granted { token } => {
+                let deadline = sent_at + self.timing.local_lease();
+                self.other = None;
+                self.next_attempt = sent_at + self.timing.renew_every();
+                if received_at >= deadline {
+                    // Too late to use: stay follower and try again now. The row
+                    // is still ours in the database, so the next grant keeps
+                    // the token.
+                    self.next_attempt = received_at;
+                    return events;
+                }
+                let was = self.role;
+                self.role = Role::Leader { token, deadline };
+                match was {
+                    Role::Leader { token: old, .. } if old == token => {
+                        events.push(Event::Renewed { token });
+                    }
+                    Role::Leader { token: old, .. } => {
+                        // The database gave us a new token: our old lease had
+                        // lapsed there. Report the change of term.
+                        events.push(Event::Lost {
+                            token: old,
+                            reason: LossReason::Deadline,
+                        });
+                        events.push(Event::Acquired { token });
+                    }
+                    _ => events.push(Event::Acquired { token }),
+                }
+            }
+            Attempt::Refused(seen) => {
+                if let Role::Leader { token, .. } = self.role {
+                    self.role = Role::Follower;
+                    let reason = if seen.holder.is_some() {
+                        LossReason::Taken
+                    } else {
+                        LossReason::Released
+                    };
+                    events.push(Event::Lost { token, reason });
+                }
+                if seen.holder.as_deref() == Some(self.id.as_str())
+                    && seen.instance.as_deref() != Some(self.instance.as_str())
+                {
+                    events.push(Event::DuplicateId {
+                        instance: seen.instance.clone(),
+                    });
+                }
+                let remaining = Duration::from_micros(seen.remaining_us.max(0).unsigned_abs());
+                let wait = if seen.remaining_us <= 0 {
+                    RACE_RETRY
+                } else {
+                    remaining + EXPIRY_SLACK
+                };
+                self.next_attempt = received_at + wait.min(self.timing.heartbeat());
+                self.other = match seen.holder {
+                    Some(holder) if seen.remaining_us > 0 => Some(OtherHolder {
+                        holder,
+                        token: seen.token,
+                        until: received_at + remaining,
+                    }),
+                    _ => None,
+                };
+            }
+            Attempt::Created => {
+                if let Role::Leader { token, .. } = self.role {
+                    self.role = Role::Follower;
+                    events.push(Event::Lost {
+                        token,
+                        reason: LossReason::Released,
+                    });
+                }
+                self.other = None;
+                self.next_attempt = received_at + self.timing.ttl().min(self.timing.heartbeat());
+            }
+        }
+        events
+    }
+
+    /// An attempt failed (connection lost, timeout, SQL error). Leadership
+    /// continues until the deadline; the retry is immediate the first time,
+    /// then backs off, capped at one heartbeat.
+    pub fn on_failure(&mut self, now: BootTime) -> Option<Event> {
+        if self.role == Role::ShutDown {
+            return None;
+        }
+        self.failures = self.failures.saturating_add(1);
+        let event = self.poll(now);
+        let backoff = match self.failures {
+            0 | 1 => Duration::ZERO,
+            n => FIRST_BACKOFF
+                .saturating_mul(1 << (n - 2).min(16))
+                .min(self.timing.heartbeat()),
+        };
+        self.next_attempt = now + backoff;
+        event
+    }
+
+    /// Stops claiming leadership, for good. Returns the loss to report when
+    /// this replica was leading.
+    pub fn shutdown(&mut self, now: BootTime) -> Option<Event> {
+        let event = match self.role {
+            Role::Leader { token, deadline } if now < deadline => Some(Event::Lost {
+                token,
+                reason: LossReason::Shutdown,
+            }),
+            _ => None,
+        };
+        self.role = Role::ShutDown;
+        event
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn at(n: u64) -> BootTime {
+        BootTime::from_since_boot(ms(10_000 + n))
+    }
+
+    fn engine() -> Engine {
+        Engine::new(
+            Timing::new(ms(1000), ms(1200)).unwrap(),
+            "pod-a",
+            "inst-a",
+            at(0),
+        )
+    }
+
+    fn refused(holder: &str, token: i64, remaining_ms: i64) -> Attempt {
+        Attempt::Refused(Observed {
+            holder: Some(holder.into()),
+            instance: Some(format!("inst-of-{holder}")),
+            token,
+            remaining_us: remaining_ms * 1000,
+        })
+    }
+
+    #[test]
+    fn starts_as_follower_that_attempts_at_once() {
+        let e = engine();
+        assert!(!e.is_leader(at(0)));
+        assert!(e.attempt_due(at(0)));
+        assert_eq!(e.view(at(0)).leader, None);
+    }
+
+    #[test]
+    fn grant_makes_leader_until_sent_time_plus_local_lease() {
+        let mut e = engine();
+        let ev = e.on_attempt(at(0), at(30), Attempt::Granted { token: 7 });
+        assert_eq!(ev, vec![Event::Acquired { token: 7 }]);
+        // Deadline counts from when the statement was sent, not received.
+        assert!(e.is_leader(at(1149)));
+        assert!(!e.is_leader(at(1150)));
+        let v = e.view(at(150));
+        assert!(v.is_leader);
+        assert_eq!(v.leader.as_deref(), Some("pod-a"));
+        assert_eq!(v.token, Some(7));
+        assert_eq!(v.lease_remaining, Some(ms(1000)));
+        // Renewal is due every min(heartbeat, ttl / 3) from the send time.
+        assert!(!e.attempt_due(at(399)));
+        assert!(e.attempt_due(at(400)));
+        assert_eq!(e.attempt_timeout(at(400)), ms(750));
+    }
+
+    #[test]
+    fn renewal_keeps_token_and_moves_deadline() {
+        let mut e = engine();
+        e.on_attempt(at(0), at(5), Attempt::Granted { token: 7 });
+        let ev = e.on_attempt(at(400), at(405), Attempt::Granted { token: 7 });
+        assert_eq!(ev, vec![Event::Renewed { token: 7 }]);
+        assert!(e.is_leader(at(1549)));
+        assert!(!e.is_leader(at(1550)));
+    }
+
+    #[test]
+    fn refusal_names_the_holder_and_wakes_at_its_expiry() {
+        let mut e = engine();
+        let ev = e.on_attempt(at(0), at(10), refused("pod-b", 3, 700));
+        assert!(ev.is_empty());
+        assert!(!e.is_leader(at(10)));
+        let v = e.view(at(110));
+        assert_eq!(v.leader.as_deref(), Some("pod-b"));
+        assert_eq!(v.token, Some(3));
+        assert_eq!(v.lease_remaining, Some(ms(600)));
+        // Not on a fixed 1 s grid: right after the holder's lease ends.
+        assert_eq!(e.next_wakeup(), at(711));
+        // And never later than one heartbeat.
+        e.on_attempt(at(711), at(720), refused("pod-b", 3, 5000));
+        assert_eq!(e.next_wakeup(), at(1720));
+    }
+
+    #[test]
+    fn refusal_of_an_expired_row_retries_soon_without_spinning() {
+        let mut e = engine();
+        e.on_attempt(at(0), at(1), refused("pod-b", 3, -5));
+        assert_eq!(e.next_wakeup(), at(11));
+        assert_eq!(e.view(at(2)).leader, None);
+    }
+
+    #[test]
+    fn takeover_after_expiry_reports_the_new_token() {
+        let mut e = engine();
+        e.on_attempt(at(0), at(10), refused("pod-b", 3, 100));
+        let ev = e.on_attempt(at(111), at(115), Attempt::Granted { token: 4 });
+        assert_eq!(ev, vec![Event::Acquired { token: 4 }]);
+        assert_eq!(e.view(at(120)).token, Some(4));
+    }
+
+    #[test]
+    fn leader_that_is_refused_steps_down_at_once() {
+        let mut e = engine();
+        e.on_attempt(at(0), at(5), Attempt::Granted { token: 7 });
+        let ev = e.on_attempt(at(400), at(405), refused("pod-b", 8, 1100));
+        assert_eq!(
+            ev,
+            vec![Event::Lost {
+                token: 7,
+                reason: LossReason::Taken
+            }]
+        );
+        assert!(!e.is_leader(at(405)));
+    }
+
+    #[test]
+    fn deadline_passes_without_renewal() {
+        let mut e = engine();
+        e.on_attempt(at(0), at(5), Attempt::Granted { token: 7 });
+        assert_eq!(e.next_wakeup(), at(400));
+        assert_eq!(e.poll(at(1149)), None);
+        assert_eq!(
+            e.poll(at(1150)),
+            Some(Event::Lost {
+                token: 7,
+                reason: LossReason::Deadline
+            })
+        );
+        assert_eq!(e.poll(at(1200)), None);
+    }
+
+    #[test]
+    fn paused_process_is_not_leader_the_instant_it_resumes() {
+        let mut e = engine();
+        e.on_attempt(at(0), at(5), Attempt::Granted { token: 7 });
+        // Nothing ran (SIGSTOP) for 3 s: no poll, no renewal. The answer at
+        // resume time still says "not leader".
+        assert!(!e.is_leader(at(3000)));
+        assert!(!e.view(at(3000)).is_leader);
+        assert_eq!(e.view(at(3000)).leader, None);
+    }
+
+    #[test]
+    fn renewal_that_arrives_too_late_does_not_make_a_leader() {
+        let mut e = engine();
+        e.on_attempt(at(0), at(5), Attempt::Granted { token: 7 });
+        // Sent at 400, answer arrives at 1600: past the deadline of that
+        // attempt (400 + 1150 = 1550).
+        let ev = e.on_attempt(at(400), at(1600), Attempt::Granted { token: 7 });
+        assert_eq!(
+            ev,
+            vec![Event::Lost {
+                token: 7,
+                reason: LossReason::Deadline
+            }]
+        );
+        assert!(!e.is_leader(at(1600)));
+        assert!(e.attempt_due(at(1600)));
+    }
+
+    #[test]
+    fn failed_renewals_retry_at_once_then_back_off_until_the_deadline() {
+        let mut e = engine();
+        e.on_attempt(at(0), at(5), Attempt::Granted { token: 7 });
+        assert_eq!(e.on_failure(at(410)), None);
+        assert!(
+            e.is_leader(at(410)),
+            "a failure alone does not end leadership"
+        );
+        assert_eq!(e.next_wakeup(), at(410));
+        assert_eq!(e.on_failure(at(420)), None);
+        assert_eq!(e.next_wakeup(), at(445));
+        assert_eq!(e.on_failure(at(450)), None);
+        assert_eq!(e.next_wakeup(), at(500));
+        assert_eq!(
+            e.on_failure(at(1150)),
+            Some(Event::Lost {
+                token: 7,
+                reason: LossReason::RenewFailed
+            })
+        );
+    }
+
+    #[test]
+    fn backoff_is_capped_at_one_heartbeat() {
+        let mut e = engine();
+        for i in 0..40 {
+            e.on_failure(at(i * 1000));
+        }
+        assert_eq!(e.next_wakeup(), at(39_000 + 1000));
+    }
+
+    #[test]
+    fn tokens_grow_through_successive_terms() {
+        let mut e = engine();
+        e.on_attempt(at(0), at(5), Attempt::Granted { token: 7 });
+        e.on_attempt(at(400), at(405), refused("pod-b", 8, 1200));
+        let ev = e.on_attempt(at(1606), at(1610), Attempt::Granted { token: 9 });
+        assert_eq!(ev, vec![Event::Acquired { token: 9 }]);
+    }
+
+    #[test]
+    fn new_token_while_leading_reports_a_change_of_term() {
+        let mut e = engine();
+        e.on_attempt(at(0), at(5), Attempt::Granted { token: 7 });
+        let ev = e.on_attempt(at(400), at(405), Attempt::Granted { token: 9 });
+        assert_eq!(
+            ev,
+            vec![
+                Event::Lost {
+                    token: 7,
+                    reason: LossReason::Deadline
+                },
+                Event::Acquired { token: 9 }
+            ]
+        );
+    }
+
+    #[test]
+    fn duplicate_id_is_reported_and_never_named() {
+        let mut e = engine();
+        let ev = e.on_attempt(
+            at(0),
+            at(5),
+            Attempt::Refused(Observed {
+                holder: Some("pod-a".into()),
+                instance: Some("other".into()),
+                token: 3,
+                remaining_us: 900_000,
+            }),
+        );
+        assert_eq!(
+            ev,
+            vec![Event::DuplicateId {
+                instance: Some("other".into())
+            }]
+        );
+        assert_eq!(e.view(at(10)).leader, None);
+    }
+
+    #[test]
+    fn missing_row_steps_a_leader_down_and_waits() {
+        let mut e = engine();
+        e.on_attempt(at(0), at(5), Attempt::Granted { token: 7 });
+        let ev = e.on_attempt(at(400), at(405), Attempt::Created);
+        assert_eq!(
+            ev,
+            vec![Event::Lost {
+                token: 7,
+                reason: LossReason::Released
+            }]
+        );
+        assert_eq!(e.next_wakeup(), at(1405));
+    }
+
+    #[test]
+    fn release_notice_wakes_a_follower_only() {
+        let mut e = engine();
+        e.on_attempt(at(0), at(5), refused("pod-b", 3, 1000));
+        e.on_release_notice(at(100));
+        assert!(e.attempt_due(at(100)));
+        let mut l = engine();
+        l.on_attempt(at(0), at(5), Attempt::Granted { token: 1 });
+        l.on_release_notice(at(100));
+        assert!(!l.attempt_due(at(100)));
+    }
+
+    #[test]
+    fn shutdown_stops_leading_for_good() {
+        let mut e = engine();
+        e.on_attempt(at(0), at(5), Attempt::Granted { token: 7 });
+        assert_eq!(
+            e.shutdown(at(10)),
+            Some(Event::Lost {
+                token: 7,
+                reason: LossReason::Shutdown
+            })
+        );
+        assert!(!e.is_leader(at(11)));
+        assert!(!e.attempt_due(at(5000)));
+        assert!(e
+            .on_attempt(at(11), at(12), Attempt::Granted { token: 7 })
+            .is_empty());
+        assert!(!e.is_leader(at(13)));
+    }
+}

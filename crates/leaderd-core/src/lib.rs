@@ -1,0 +1,21 @@
+//! The I/O-free heart of leaderd.
+//!
+//! [`Engine`] is a state machine: it is told what the database answered and
+//! when (on the host's boot clock, see [`BootTime`]), and it says whether this
+//! replica leads at a given instant and when to ask the database next. It never
+//! reads a clock, sleeps, or touches a socket; the daemon and the stores are
+//! adapters around it. That keeps every timing rule of the spec testable with
+//! plain values.
+//!
+//! What this crate does not do: talk to a database (see `leaderd-store`), or
+//! serve HTTP, write the flag file, or handle signals (see the `leaderd`
+//! binary).
+
+mod engine;
+mod time;
+
+pub use engine::{Attempt, Engine, Event, LossReason, Observed, View};
+pub use time::{BootTime, Timing, TimingError};
+
+/// Longest `name` or `id`, in characters, that the lock table stores.
+pub const MAX_NAME_CHARS: usize = 100;

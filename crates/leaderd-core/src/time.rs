@@ -1,0 +1,182 @@
+//! Time as the engine sees it: instants on the boot clock and the lease timing
+//! derived from `heartbeat` and `ttl`.
+
+use std::fmt;
+use std::ops::{Add, Sub};
+use std::time::Duration;
+
+/// An instant on the host's `CLOCK_BOOTTIME`, as a duration since boot.
+///
+/// The boot clock keeps counting while the host is suspended and is never
+/// stepped by NTP or an operator, so a deadline on it cannot be stretched. The
+/// engine only compares and adds these; reading the clock is the caller's job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct BootTime(Duration);
+
+impl BootTime {
+    /// The instant `since_boot` after boot.
+    pub const fn from_since_boot(since_boot: Duration) -> Self {
+        Self(since_boot)
+    }
+
+    /// How long after boot this instant is.
+    pub const fn since_boot(self) -> Duration {
+        self.0
+    }
+
+    /// `self - earlier`, or zero when `earlier` is later.
+    pub fn saturating_since(self, earlier: BootTime) -> Duration {
+        self.0.saturating_sub(earlier.0)
+    }
+}
+
+impl Add<Duration> for BootTime {
+    type Output = BootTime;
+    fn add(self, rhs: Duration) -> BootTime {
+        BootTime(self.0 + rhs)
+    }
+}
+
+impl Sub<Duration> for BootTime {
+    type Output = BootTime;
+    fn sub(self, rhs: Duration) -> BootTime {
+        BootTime(self.0.saturating_sub(rhs))
+    }
+}
+
+/// Why a `heartbeat`/`ttl` pair was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TimingError {
+    /// The heartbeat is too short to be a sensible database poll period.
+    #[error("heartbeat must be at least {min:?}, got {got:?}")]
+    HeartbeatTooShort { min: Duration, got: Duration },
+    /// The lease is too short to leave anything after the safety margin.
+    #[error("ttl must be at least {min:?}, got {got:?}")]
+    TtlTooShort { min: Duration, got: Duration },
+    /// The spec requires `ttl > heartbeat`.
+    #[error("ttl ({ttl:?}) must exceed heartbeat ({heartbeat:?})")]
+    TtlNotAboveHeartbeat { ttl: Duration, heartbeat: Duration },
+}
+
+/// The lease timing: `heartbeat`, `ttl` and what follows from them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    heartbeat: Duration,
+    ttl: Duration,
+}
+
+impl Timing {
+    /// Shortest accepted heartbeat: below this the daemon would mostly measure
+    /// its own scheduling noise.
+    pub const MIN_HEARTBEAT: Duration = Duration::from_millis(10);
+    /// Shortest accepted ttl: twice the smallest safety margin, so a leader
+    /// always has a usable lease.
+    pub const MIN_TTL: Duration = Duration::from_millis(100);
+
+    /// Checks and builds the timing.
+    pub fn new(heartbeat: Duration, ttl: Duration) -> Result<Self, TimingError> {
+        if heartbeat < Self::MIN_HEARTBEAT {
+            return Err(TimingError::HeartbeatTooShort {
+                min: Self::MIN_HEARTBEAT,
+                got: heartbeat,
+            });
+        }
+        if ttl < Self::MIN_TTL {
+            return Err(TimingError::TtlTooShort {
+                min: Self::MIN_TTL,
+                got: ttl,
+            });
+        }
+        if ttl <= heartbeat {
+            return Err(TimingError::TtlNotAboveHeartbeat { ttl, heartbeat });
+        }
+        Ok(Self { heartbeat, ttl })
+    }
+
+    /// Follower poll period and longest gap between a leader's renewals.
+    pub fn heartbeat(&self) -> Duration {
+        self.heartbeat
+    }
+
+    /// Lease length, as granted by the database.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// A leader renews every `min(heartbeat, ttl / 3)`, so that one slow
+    /// commit does not cost it the lease.
+    pub fn renew_every(&self) -> Duration {
+        self.heartbeat.min(self.ttl / 3)
+    }
+
+    /// Taken off the lease locally: at least 50 ms and 2 % of `ttl`, to cover
+    /// the database clock running slightly fast against the host's.
+    pub fn safety_margin(&self) -> Duration {
+        Duration::from_millis(50).max(self.ttl / 50)
+    }
+
+    /// How long after *sending* a granted statement this replica may call
+    /// itself leader.
+    pub fn local_lease(&self) -> Duration {
+        self.ttl - self.safety_margin()
+    }
+}
+
+impl fmt::Display for Timing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "heartbeat {:?}, ttl {:?}, renew every {:?}, safety margin {:?}",
+            self.heartbeat,
+            self.ttl,
+            self.renew_every(),
+            self.safety_margin()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    #[test]
+    fn defaults_follow_the_spec() {
+        let t = Timing::new(MS(1000), MS(1200)).unwrap();
+        assert_eq!(t.renew_every(), MS(400));
+        assert_eq!(t.safety_margin(), MS(50));
+        assert_eq!(t.local_lease(), MS(1150));
+    }
+
+    #[test]
+    fn margin_is_two_percent_of_long_leases() {
+        let t = Timing::new(MS(5000), MS(30_000)).unwrap();
+        assert_eq!(t.safety_margin(), MS(600));
+        assert_eq!(t.renew_every(), MS(5000));
+    }
+
+    #[test]
+    fn rejects_bad_pairs() {
+        assert!(matches!(
+            Timing::new(MS(1000), MS(1000)),
+            Err(TimingError::TtlNotAboveHeartbeat { .. })
+        ));
+        assert!(matches!(
+            Timing::new(MS(1), MS(1000)),
+            Err(TimingError::HeartbeatTooShort { .. })
+        ));
+        assert!(matches!(
+            Timing::new(MS(20), MS(60)),
+            Err(TimingError::TtlTooShort { .. })
+        ));
+    }
+
+    #[test]
+    fn boot_time_arithmetic_saturates() {
+        let a = BootTime::from_since_boot(MS(100));
+        assert_eq!((a - MS(200)).since_boot(), Duration::ZERO);
+        assert_eq!((a + MS(5)).saturating_since(a), MS(5));
+        assert_eq!(a.saturating_since(a + MS(5)), Duration::ZERO);
+    }
+}
