@@ -1,1 +1,171 @@
-fn main() {}
+//! `leaderd`: the leader-election sidecar binary.
+//!
+//! This file is the edge: it parses the command line, loads and validates the
+//! configuration (exit 2 on any problem), sets up logging, and runs one of
+//! `run`, `migrate` or `status`. Exit codes: 0 clean, 1 fatal, 2 usage or
+//! configuration.
+
+mod cli;
+mod clock;
+mod election;
+mod flag_file;
+mod http;
+mod metrics;
+mod settings;
+mod signals;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use leaderd_store::Connection;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::cli::{Cli, Command};
+use crate::settings::{LogFormat, ProcessEnv, Settings};
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return match e.kind() {
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => ExitCode::SUCCESS,
+                _ => ExitCode::from(2),
+            };
+        }
+    };
+    let settings = match Settings::load(&cli.config, &ProcessEnv) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("leaderd: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_logging(settings.log_format);
+    for w in &settings.warnings {
+        warn!("{w}");
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            error!(error = %e, "cannot start the runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command.unwrap_or(Command::Run) {
+            Command::Run => run(settings).await,
+            Command::Migrate => migrate(settings).await,
+            Command::Status { json } => status(settings, json).await,
+        }
+    });
+    // Do not wait for stray blocking tasks (a hung connect) at exit.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!("{e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+async fn run(settings: Settings) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", settings.listen))?;
+    let shutdown = CancellationToken::new();
+    signals::spawn_handler(shutdown.clone()).context("cannot install signal handlers")?;
+    let shared = Arc::new(election::Shared::new(&settings));
+    info!(
+        election = %settings.election,
+        id = %settings.id,
+        database = %settings.database,
+        listen = %listener.local_addr().map_or_else(|_| settings.listen.to_string(), |a| a.to_string()),
+        timing = %settings.timing,
+        "leaderd starting"
+    );
+    let http_stop = CancellationToken::new();
+    let server = {
+        let stop = http_stop.clone();
+        let app = http::router(shared.clone());
+        tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move { stop.cancelled().await })
+                .await
+        })
+    };
+    election::run(shared, settings, shutdown).await;
+    // Leadership is already given up and the row released; stop serving.
+    http_stop.cancel();
+    match tokio::time::timeout(Duration::from_millis(300), server).await {
+        Ok(Ok(Err(e))) => warn!(error = %e, "HTTP server stopped with an error"),
+        Ok(_) | Err(_) => {}
+    }
+    info!("stopped");
+    Ok(())
+}
+
+async fn connect(settings: &Settings) -> anyhow::Result<Connection> {
+    let url = settings.database.resolve().map_err(anyhow::Error::msg)?;
+    tokio::time::timeout(Duration::from_secs(10), Connection::connect(&url))
+        .await
+        .with_context(|| format!("timed out connecting to {url}"))?
+        .with_context(|| format!("cannot connect to {url}"))
+}
+
+async fn migrate(settings: Settings) -> anyhow::Result<()> {
+    let conn = connect(&settings).await?;
+    let result = conn.migrate().await.context("migration failed")?;
+    info!(result = ?result, "service_leader_lock is ready");
+    Ok(())
+}
+
+async fn status(settings: Settings, json: bool) -> anyhow::Result<()> {
+    let mut conn = connect(&settings).await?;
+    let rows = conn.elections().await.context("cannot read service_leader_lock")?;
+    if json {
+        let list: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                let live = r.holder.is_some() && r.remaining_us > 0;
+                serde_json::json!({
+                    "election": r.name,
+                    "holder": if live { r.holder.clone() } else { None },
+                    "token": r.token,
+                    "lease_remaining_ms": if live { r.remaining_us / 1000 } else { 0 },
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&list)?);
+    } else {
+        println!("{:<30} {:<30} {:>20} {:>12}", "ELECTION", "HOLDER", "TOKEN", "REMAINING");
+        for r in &rows {
+            let (holder, remaining) = match &r.holder {
+                Some(h) if r.remaining_us > 0 => (h.as_str(), format!("{}ms", r.remaining_us / 1000)),
+                Some(_) => ("(expired)", "-".to_owned()),
+                None => ("(free)", "-".to_owned()),
+            };
+            println!("{:<30} {:<30} {:>20} {:>12}", r.name, holder, r.token, remaining);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,158 @@
+//! Database URLs: which backend, and a `Display` that never shows the password.
+
+use std::fmt;
+
+use crate::StoreError;
+
+/// The database families leaderd can talk to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Postgres,
+    Mysql,
+    Sqlite,
+}
+
+impl Backend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Postgres => "postgres",
+            Backend::Mysql => "mysql",
+            Backend::Sqlite => "sqlite",
+        }
+    }
+}
+
+/// A validated database URL. It holds a secret: `Display` and `Debug` redact
+/// the password, and only [`DatabaseUrl::expose`] gives the real text to a
+/// driver.
+#[derive(Clone, PartialEq, Eq)]
+pub struct DatabaseUrl {
+    raw: String,
+    backend: Backend,
+    redacted: String,
+}
+
+impl DatabaseUrl {
+    /// Parses `postgres://…`, `postgresql://…`, `mysql://…`, `mariadb://…` or
+    /// `sqlite://PATH` (also `sqlite:PATH`).
+    pub fn parse(raw: &str) -> Result<Self, StoreError> {
+        let raw = raw.trim();
+        let scheme = raw.split_once(':').map(|(s, _)| s.to_ascii_lowercase());
+        let backend = match scheme.as_deref() {
+            Some("postgres" | "postgresql") => Backend::Postgres,
+            Some("mysql" | "mariadb") => Backend::Mysql,
+            Some("sqlite") => Backend::Sqlite,
+            Some(other) => {
+                return Err(StoreError::InvalidUrl(format!(
+                    "unsupported scheme `{other}` (expected postgres://, mysql:// or sqlite://)"
+                )))
+            }
+            None => {
+                return Err(StoreError::InvalidUrl(
+                    "no scheme (expected postgres://, mysql:// or sqlite://)".into(),
+                ))
+            }
+        };
+        if backend == Backend::Sqlite {
+            let path = sqlite_path(raw);
+            if path.is_empty() {
+                return Err(StoreError::InvalidUrl("sqlite URL has no file path".into()));
+            }
+            return Ok(Self {
+                raw: raw.to_owned(),
+                backend,
+                redacted: raw.to_owned(),
+            });
+        }
+        let mut parsed = url::Url::parse(raw).map_err(|e| {
+            // The url crate's messages never echo the input, so the password
+            // cannot leak through them.
+            StoreError::InvalidUrl(e.to_string())
+        })?;
+        if parsed.host_str().is_none_or(str::is_empty) {
+            return Err(StoreError::InvalidUrl("URL has no host".into()));
+        }
+        if parsed.path().trim_start_matches('/').is_empty() {
+            return Err(StoreError::InvalidUrl("URL names no database (…/DBNAME)".into()));
+        }
+        let mut raw = raw.to_owned();
+        if backend == Backend::Mysql && parsed.scheme() != "mysql" {
+            // The driver only knows `mysql://`.
+            let _ = parsed.set_scheme("mysql");
+            raw = parsed.to_string();
+        }
+        if parsed.password().is_some() {
+            let _ = parsed.set_password(Some("REDACTED"));
+        }
+        Ok(Self {
+            raw,
+            backend,
+            redacted: parsed.to_string(),
+        })
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// The URL with its password, for the driver only. Never log this.
+    pub fn expose(&self) -> &str {
+        &self.raw
+    }
+
+    /// For SQLite: the file path.
+    pub fn sqlite_path(&self) -> Option<&str> {
+        (self.backend == Backend::Sqlite).then(|| sqlite_path(&self.raw))
+    }
+}
+
+fn sqlite_path(raw: &str) -> &str {
+    let rest = &raw["sqlite:".len()..];
+    rest.strip_prefix("//").unwrap_or(rest)
+}
+
+impl fmt::Display for DatabaseUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted)
+    }
+}
+
+impl fmt::Debug for DatabaseUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DatabaseUrl({})", self.redacted)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_the_password_everywhere() {
+        let u = DatabaseUrl::parse("postgres://app:s3cr3t@db:5432/app").unwrap();
+        assert_eq!(u.backend(), Backend::Postgres);
+        assert_eq!(u.to_string(), "postgres://app:REDACTED@db:5432/app");
+        assert!(!format!("{u:?}").contains("s3cr3t"));
+        assert!(u.expose().contains("s3cr3t"));
+    }
+
+    #[test]
+    fn knows_the_backends() {
+        assert_eq!(DatabaseUrl::parse("postgresql://h/d").unwrap().backend(), Backend::Postgres);
+        let m = DatabaseUrl::parse("mariadb://root:pw@h/d").unwrap();
+        assert_eq!(m.backend(), Backend::Mysql);
+        assert!(m.expose().starts_with("mysql://"));
+        let s = DatabaseUrl::parse("sqlite://leaderd.db").unwrap();
+        assert_eq!(s.sqlite_path(), Some("leaderd.db"));
+        assert_eq!(DatabaseUrl::parse("sqlite:///var/x.db").unwrap().sqlite_path(), Some("/var/x.db"));
+    }
+
+    #[test]
+    fn rejects_what_it_cannot_use() {
+        for bad in ["redis://h/0", "nonsense", "postgres://", "postgres://h", "sqlite://", "mysql://u:p@/d"] {
+            let err = DatabaseUrl::parse(bad).unwrap_err().to_string();
+            assert!(!err.is_empty(), "{bad}");
+            assert!(!err.contains(":p@"), "{err}");
+        }
+    }
+}

@@ -1,0 +1,79 @@
+//! Command line: subcommands and the flags that override every other source.
+//!
+//! Flags are kept as raw strings here; `settings` parses and validates them
+//! together with the other layers so every error names its key.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "leaderd",
+    version,
+    about = "Leader-election sidecar: one replica leads, judged by the database's clock.",
+    long_about = "Leader-election sidecar. Every replica of an app runs leaderd beside it; they \
+                  compete for one row of `service_leader_lock` in the app's database, and each tells \
+                  its app whether it leads: GET /leader (200 leader, 503 not), a flag file, metrics."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub config: ConfigArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the sidecar daemon in the foreground (the default).
+    Run,
+    /// Create or upgrade the lock table, then exit.
+    Migrate,
+    /// Show every election in the table: holder, token, lease remaining.
+    Status {
+        /// Print JSON instead of one line per election.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Every configuration key as a flag. See the README for their meaning.
+#[derive(Debug, Args, Default)]
+pub struct ConfigArgs {
+    /// Config file (TOML or YAML, by extension).
+    #[arg(long, global = true, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// postgres://…, mysql://… or sqlite://PATH [default: sqlite://leaderd.db]
+    #[arg(long, global = true, value_name = "URL")]
+    pub database_url: Option<String>,
+    /// Read the database URL from this file (re-read at every reconnect).
+    #[arg(long, global = true, value_name = "PATH")]
+    pub database_url_file: Option<String>,
+    /// The election (lock row) name, 1–100 characters [default: default]
+    #[arg(long, global = true)]
+    pub election: Option<String>,
+    /// This replica's name [default: $POD_NAME, $HOSTNAME, host name, random UUID]
+    #[arg(long, global = true)]
+    pub id: Option<String>,
+    /// Follower poll period and longest gap between renewals [default: 1s]
+    #[arg(long, global = true, value_name = "DURATION")]
+    pub heartbeat: Option<String>,
+    /// Lease length; must exceed heartbeat [default: 1.2s]
+    #[arg(long, global = true, value_name = "DURATION")]
+    pub ttl: Option<String>,
+    /// HTTP listen address [default: 127.0.0.1:4040]
+    #[arg(long, global = true, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// Path of the leader flag file [default: none]
+    #[arg(long, global = true, value_name = "PATH")]
+    pub flag_file: Option<String>,
+    /// Create the table at start if missing (the default).
+    #[arg(long, global = true, conflicts_with = "no_migrate")]
+    pub migrate: bool,
+    /// Do not create the table at start.
+    #[arg(long, global = true)]
+    pub no_migrate: bool,
+    /// text or json [default: text]
+    #[arg(long, global = true, value_name = "FORMAT")]
+    pub log_format: Option<String>,
+}

@@ -1,0 +1,358 @@
+//! The election loop: drives the [`Engine`] with real database answers and
+//! real time, and carries out its events (logs, metrics, flag file).
+//!
+//! One attempt at a time on one connection. Each attempt reads the boot clock
+//! before taking the connection (so a slow connect shortens, never lengthens,
+//! the lease), runs under a timeout no longer than what is left of the lease,
+//! and drops the connection on any failure so the retry uses a fresh one. On
+//! shutdown the engine stops claiming leadership first, then the row is
+//! released within a fixed budget.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use leaderd_core::{BootTime, Engine, Event, View};
+use leaderd_store::{Connection, LeaseRequest, Listener, StoreError};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use crate::clock::{boot_now, unix_ms};
+use crate::flag_file::FlagFile;
+use crate::metrics::Metrics;
+use crate::settings::{DatabaseSource, Settings};
+
+/// How long shutdown may spend releasing the row, so the whole shutdown stays
+/// within the spec's 2 s even when the database is gone.
+pub const RELEASE_BUDGET: Duration = Duration::from_millis(1500);
+
+/// State shared by the election loop and the HTTP handlers.
+#[derive(Debug)]
+pub struct Shared {
+    pub election: String,
+    pub id: String,
+    engine: Mutex<Engine>,
+    /// Last successful database round trip, for `/readyz`.
+    last_db_ok: Mutex<Option<BootTime>>,
+    /// Last time the loop went round, for the `/healthz` watchdog.
+    last_progress: Mutex<BootTime>,
+    pub metrics: Metrics,
+}
+
+impl Shared {
+    pub fn new(settings: &Settings) -> Self {
+        let instance = uuid::Uuid::new_v4().to_string();
+        let now = boot_now();
+        Self {
+            election: settings.election.clone(),
+            id: settings.id.clone(),
+            engine: Mutex::new(Engine::new(settings.timing, settings.id.clone(), instance, now)),
+            last_db_ok: Mutex::new(None),
+            last_progress: Mutex::new(now),
+            metrics: Metrics::new(&settings.election),
+        }
+    }
+
+    fn engine(&self) -> MutexGuard<'_, Engine> {
+        // A panic while holding the lock cannot leave the engine half-updated
+        // in a way that matters more than stopping would.
+        self.engine.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn timing(&self) -> leaderd_core::Timing {
+        *self.engine().timing()
+    }
+
+    /// Leadership as of this instant.
+    pub fn view(&self) -> View {
+        self.engine().view(boot_now())
+    }
+
+    /// A database round trip succeeded within `max(3 × heartbeat, ttl)`.
+    pub fn db_up(&self) -> bool {
+        let t = self.timing();
+        let window = (t.heartbeat() * 3).max(t.ttl());
+        let last = *self.last_db_ok.lock().unwrap_or_else(|e| e.into_inner());
+        last.is_some_and(|at| boot_now().saturating_since(at) <= window)
+    }
+
+    /// The loop went round recently. It wakes at least once per heartbeat and
+    /// every attempt is bounded by a heartbeat, so a few heartbeats of silence
+    /// means it is stuck.
+    pub fn healthy(&self) -> bool {
+        let limit = self.timing().heartbeat() * 5 + Duration::from_secs(1);
+        let last = *self.last_progress.lock().unwrap_or_else(|e| e.into_inner());
+        boot_now().saturating_since(last) <= limit
+    }
+
+    fn progress(&self, now: BootTime) {
+        *self.last_progress.lock().unwrap_or_else(|e| e.into_inner()) = now;
+    }
+
+    fn db_ok(&self, now: BootTime) {
+        *self.last_db_ok.lock().unwrap_or_else(|e| e.into_inner()) = Some(now);
+    }
+}
+
+/// Runs the election until `shutdown` fires, then releases the row.
+pub async fn run(
+    shared: Arc<Shared>,
+    settings: Settings,
+    shutdown: CancellationToken,
+) {
+    let flag = settings.flag_file.clone().map(FlagFile::new);
+    if let Some(flag) = &flag {
+        if let Err(e) = flag.remove() {
+            error!(path = %flag.path().display(), error = %e, "cannot remove a stale flag file");
+        }
+    }
+    let wake = Arc::new(Notify::new());
+    let listener = tokio::spawn(listen_for_releases(
+        settings.database.clone(),
+        shared.election.clone(),
+        settings.timing.heartbeat(),
+        wake.clone(),
+        shutdown.clone(),
+    ));
+    let mut lp = Loop {
+        shared: shared.clone(),
+        settings,
+        flag,
+        conn: None,
+        migrated: false,
+        last_error: None,
+    };
+    lp.elect(&wake, &shutdown).await;
+    lp.step_down_and_release().await;
+    listener.abort();
+}
+
+struct Loop {
+    shared: Arc<Shared>,
+    settings: Settings,
+    flag: Option<FlagFile>,
+    conn: Option<Connection>,
+    migrated: bool,
+    /// The last failure, so each change of reason is logged once.
+    last_error: Option<String>,
+}
+
+impl Loop {
+    async fn elect(&mut self, wake: &Notify, shutdown: &CancellationToken) {
+        loop {
+            let now = boot_now();
+            self.shared.progress(now);
+            let due = {
+                let mut engine = self.shared.engine();
+                let events: Vec<Event> = engine.poll(now).into_iter().collect();
+                drop(engine);
+                self.handle(events);
+                self.shared.engine().attempt_due(now)
+            };
+            if due {
+                tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => return,
+                    () = self.attempt() => continue,
+                }
+            }
+            let wakeup = self.shared.engine().next_wakeup();
+            let sleep = wakeup.saturating_since(boot_now());
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return,
+                () = wake.notified() => self.shared.engine().on_release_notice(boot_now()),
+                () = tokio::time::sleep(sleep) => {}
+            }
+        }
+    }
+
+    async fn attempt(&mut self) {
+        // Read the clock before taking (or opening) the connection: the lease
+        // is measured from here.
+        let sent_at = boot_now();
+        let timeout = self.shared.engine().attempt_timeout(sent_at);
+        let result = tokio::time::timeout(timeout, self.try_attempt()).await;
+        let received_at = boot_now();
+        self.shared
+            .metrics
+            .heartbeat_duration
+            .observe(received_at.saturating_since(sent_at).as_secs_f64());
+        let events = match result {
+            Ok(Ok(answer)) => {
+                self.shared.db_ok(received_at);
+                if self.last_error.take().is_some() {
+                    info!(election = %self.shared.election, "database reachable again");
+                }
+                self.shared.engine().on_attempt(sent_at, received_at, answer)
+            }
+            Ok(Err(e)) => self.failed(e.to_string(), received_at),
+            Err(_) => self.failed(format!("attempt timed out after {timeout:?}"), received_at),
+        };
+        self.handle(events);
+    }
+
+    async fn try_attempt(&mut self) -> Result<leaderd_core::Attempt, String> {
+        if self.conn.is_none() {
+            let url = self.settings.database.resolve()?;
+            if self.settings.migrate && !self.migrated {
+                let conn = Connection::connect(&url).await.map_err(|e| e.to_string())?;
+                match conn.migrate().await {
+                    Ok(m) => info!(result = ?m, "lock table checked"),
+                    // Keep electing: the table may exist and this user may
+                    // lack DDL rights; a real absence shows in the attempts.
+                    Err(e) => warn!(error = %e, "could not migrate the lock table"),
+                }
+                self.migrated = true;
+            }
+            self.conn = Some(Connection::connect(&url).await.map_err(|e| e.to_string())?);
+        }
+        let engine = self.shared.engine();
+        let (holder, instance) = (engine.id().to_owned(), engine.instance().to_owned());
+        let ttl = engine.timing().ttl();
+        drop(engine);
+        let req = LeaseRequest {
+            election: &self.shared.election,
+            holder: &holder,
+            instance: &instance,
+            ttl,
+        };
+        let conn = self.conn.as_mut().expect("connected above");
+        conn.acquire_or_renew(&req).await.map_err(|e: StoreError| e.to_string())
+    }
+
+    fn failed(&mut self, reason: String, now: BootTime) -> Vec<Event> {
+        self.conn = None;
+        self.shared.metrics.heartbeat_errors.inc();
+        if self.last_error.as_deref() != Some(reason.as_str()) {
+            warn!(election = %self.shared.election, error = %reason, "database attempt failed; retrying");
+            self.last_error = Some(reason);
+        } else {
+            debug!(error = %reason, "attempt failed again");
+        }
+        self.shared.engine().on_failure(now).into_iter().collect()
+    }
+
+    /// Logs, counts and updates the flag file for each event.
+    fn handle(&self, events: Vec<Event>) {
+        let election = &self.shared.election;
+        let id = &self.shared.id;
+        for event in events {
+            match event {
+                Event::Acquired { token } => {
+                    info!(election, id, token, "acquired leadership");
+                    self.shared.metrics.transitions.with_label_values(&["acquired"]).inc();
+                    self.write_flag();
+                }
+                Event::Renewed { .. } => self.write_flag(),
+                Event::Lost { token, reason } => {
+                    self.remove_flag();
+                    info!(election, id, token, reason = reason.as_str(), "lost leadership");
+                    self.shared.metrics.transitions.with_label_values(&["lost"]).inc();
+                }
+                Event::DuplicateId { instance } => {
+                    self.shared.metrics.duplicate_id.inc();
+                    error!(
+                        election,
+                        id,
+                        other_instance = instance.as_deref().unwrap_or(""),
+                        "another process holds the lease under this replica's id; give every replica its own id"
+                    );
+                }
+            }
+        }
+    }
+
+    fn write_flag(&self) {
+        let Some(flag) = &self.flag else { return };
+        let Some((token, deadline)) = self.shared.engine().lease(boot_now()) else {
+            return;
+        };
+        if let Err(e) = flag.write(&self.shared.election, &self.shared.id, token, unix_ms(deadline)) {
+            error!(path = %flag.path().display(), error = %e, "cannot write the flag file");
+        }
+    }
+
+    fn remove_flag(&self) {
+        let Some(flag) = &self.flag else { return };
+        if let Err(e) = flag.remove() {
+            error!(path = %flag.path().display(), error = %e, "cannot remove the flag file");
+        }
+    }
+
+    /// Stop claiming leadership locally, then free the row, within
+    /// [`RELEASE_BUDGET`].
+    async fn step_down_and_release(&mut self) {
+        let event = self.shared.engine().shutdown(boot_now());
+        let was_leader = event.is_some();
+        self.handle(event.into_iter().collect());
+        self.remove_flag();
+        if !was_leader {
+            return;
+        }
+        let instance = self.shared.engine().instance().to_owned();
+        let election = self.shared.election.clone();
+        let release = async {
+            if self.conn.is_none() {
+                let url = self.settings.database.resolve()?;
+                self.conn = Some(Connection::connect(&url).await.map_err(|e| e.to_string())?);
+            }
+            let conn = self.conn.as_mut().expect("connected above");
+            conn.release(&election, &instance).await.map_err(|e| e.to_string())
+        };
+        match tokio::time::timeout(RELEASE_BUDGET, release).await {
+            Ok(Ok(true)) => info!(election, "released the lease"),
+            Ok(Ok(false)) => info!(election, "nothing to release: the lease was no longer ours"),
+            Ok(Err(e)) => warn!(election, error = %e, "could not release the lease; it expires by itself"),
+            Err(_) => warn!(election, "release timed out; the lease expires by itself"),
+        }
+    }
+}
+
+/// Wakes the loop when a release of this election is notified (PostgreSQL).
+/// Checks at start that notifications arrive at all; when they do not (a
+/// transaction-pooling proxy drops them silently) it gives up and the loop
+/// relies on polling, which it does anyway.
+async fn listen_for_releases(
+    source: DatabaseSource,
+    election: String,
+    heartbeat: Duration,
+    wake: Arc<Notify>,
+    shutdown: CancellationToken,
+) {
+    let mut backoff = Duration::from_millis(100);
+    let mut checked = false;
+    while !shutdown.is_cancelled() {
+        let result: Result<(), String> = async {
+            let url = source.resolve()?;
+            let Some(mut listener) = Listener::connect(&url).await.map_err(|e| e.to_string())? else {
+                return Ok(());
+            };
+            if !checked {
+                if !listener.probe(Duration::from_secs(2)).await.map_err(|e| e.to_string())? {
+                    warn!("release notifications are not delivered (transaction-pooling proxy?); polling only");
+                    return Ok(());
+                }
+                debug!("release notifications work");
+                checked = true;
+            }
+            backoff = Duration::from_millis(100);
+            loop {
+                let payload = listener.next().await.map_err(|e| e.to_string())?;
+                if payload == election {
+                    wake.notify_one();
+                }
+            }
+        }
+        .await;
+        match result {
+            Ok(()) => return,
+            Err(e) => debug!(error = %e, "release listener failed; reconnecting"),
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(heartbeat.max(Duration::from_secs(1)));
+    }
+}

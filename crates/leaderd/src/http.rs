@@ -1,0 +1,178 @@
+//! The HTTP surface: `/leader`, `/`, `/healthz`, `/readyz`, `/metrics`.
+//!
+//! Every answer is computed from the engine at the moment of the request, so a
+//! process that was paused past its deadline answers 503 on its first request
+//! after resuming.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::Serialize;
+
+use crate::election::Shared;
+
+/// Builds the router; tests drive it with `oneshot`, no socket needed.
+pub fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/leader", get(leader))
+        .route("/", get(compat))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .with_state(shared)
+}
+
+#[derive(Serialize)]
+struct LeaderBody<'a> {
+    election: &'a str,
+    id: &'a str,
+    is_leader: bool,
+    leader: Option<String>,
+    token: Option<i64>,
+    lease_remaining_ms: Option<u64>,
+    ttl_ms: u64,
+    heartbeat_ms: u64,
+}
+
+fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+async fn leader(State(shared): State<Arc<Shared>>) -> Response {
+    let view = shared.view();
+    let timing = shared.timing();
+    let status = if view.is_leader {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = LeaderBody {
+        election: &shared.election,
+        id: &shared.id,
+        is_leader: view.is_leader,
+        leader: view.leader,
+        token: view.token,
+        lease_remaining_ms: view.lease_remaining.map(millis),
+        ttl_ms: millis(timing.ttl()),
+        heartbeat_ms: millis(timing.heartbeat()),
+    };
+    (status, Json(body)).into_response()
+}
+
+/// The Kubernetes `election` sidecar's answer, for drop-in use.
+async fn compat(State(shared): State<Arc<Shared>>) -> Json<serde_json::Value> {
+    let name = shared.view().leader.unwrap_or_default();
+    Json(serde_json::json!({ "name": name }))
+}
+
+fn status_json(ok: bool, what: &str) -> Response {
+    let (code, status) = if ok {
+        (StatusCode::OK, "ok")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+    };
+    (code, Json(serde_json::json!({ "status": status, "check": what }))).into_response()
+}
+
+async fn healthz(State(shared): State<Arc<Shared>>) -> Response {
+    status_json(shared.healthy(), "election loop")
+}
+
+async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
+    status_json(shared.db_up(), "database")
+}
+
+async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+    let body = shared.metrics.render(&shared.view(), shared.db_up());
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        body,
+    )
+        .into_response()
+}
+
+async fn not_found() -> Response {
+    (StatusCode::NOT_FOUND, Json(serde_json::json!({ "error": "not found" }))).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::{Method, Request};
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    fn shared() -> Arc<Shared> {
+        let cli = <crate::cli::Cli as clap::Parser>::try_parse_from(["leaderd", "--id", "pod-a"]).unwrap();
+        let settings = crate::settings::Settings::load(&cli.config, &crate::settings::ProcessEnv).unwrap();
+        Arc::new(Shared::new(&settings))
+    }
+
+    async fn call(method: Method, uri: &str) -> (StatusCode, String) {
+        let req = Request::builder().method(method).uri(uri).body(Body::empty()).unwrap();
+        let res = router(shared()).oneshot(req).await.unwrap();
+        let status = res.status();
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn follower_answers_503_with_the_full_body() {
+        let (status, body) = call(Method::GET, "/leader").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["is_leader"], false);
+        assert_eq!(v["id"], "pod-a");
+        assert_eq!(v["election"], "default");
+        assert_eq!(v["leader"], serde_json::Value::Null);
+        assert_eq!(v["ttl_ms"], 1200);
+        assert_eq!(v["heartbeat_ms"], 1000);
+    }
+
+    #[tokio::test]
+    async fn compat_root_always_answers_200() {
+        let (status, body) = call(Method::GET, "/").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body, r#"{"name":""}"#);
+    }
+
+    #[tokio::test]
+    async fn unknown_paths_and_methods() {
+        assert_eq!(call(Method::GET, "/nope").await.0, StatusCode::NOT_FOUND);
+        assert_eq!(call(Method::POST, "/leader").await.0, StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(call(Method::DELETE, "/metrics").await.0, StatusCode::METHOD_NOT_ALLOWED);
+    }
+
+    #[tokio::test]
+    async fn readiness_needs_a_database_round_trip() {
+        assert_eq!(call(Method::GET, "/readyz").await.0, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(call(Method::GET, "/healthz").await.0, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn metrics_are_labelled_with_the_election() {
+        let (status, body) = call(Method::GET, "/metrics").await;
+        assert_eq!(status, StatusCode::OK);
+        for name in [
+            "leaderd_is_leader",
+            "leaderd_fencing_token",
+            "leaderd_transitions_total",
+            "leaderd_heartbeat_duration_seconds",
+            "leaderd_heartbeat_errors_total",
+            "leaderd_lease_remaining_seconds",
+            "leaderd_db_up",
+            "leaderd_duplicate_id_total",
+        ] {
+            assert!(body.contains(name), "{name} missing");
+        }
+        for line in body.lines().filter(|l| !l.starts_with('#')) {
+            assert!(line.contains("election=\"default\""), "unlabelled: {line}");
+        }
+    }
+}

@@ -1,0 +1,590 @@
+//! Configuration: flags > `LEADERD_*` environment > config file (TOML/YAML) >
+//! `DATABASE_URL` (for `database_url` only) > defaults.
+//!
+//! Everything is validated here, before anything binds or connects, and every
+//! problem is reported with its key, its value (passwords redacted) and where
+//! the value came from. Unknown keys in a file are errors; unknown `LEADERD_*`
+//! variables only warnings, because Kubernetes injects `LEADERD_PORT` and the
+//! like into every pod when a Service is named `leaderd`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use leaderd_core::{Timing, MAX_NAME_CHARS};
+use leaderd_store::DatabaseUrl;
+use serde::Deserialize;
+
+use crate::cli::ConfigArgs;
+
+/// Every key, in the order the README documents them.
+pub const KEYS: &[&str] = &[
+    "database_url",
+    "database_url_file",
+    "election",
+    "id",
+    "heartbeat",
+    "ttl",
+    "listen",
+    "flag_file",
+    "migrate",
+    "log_format",
+];
+
+/// The configuration could not be used. Each entry names its key.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration:\n{}", .problems.iter().map(|p| format!("  - {p}")).collect::<Vec<_>>().join("\n"))]
+pub struct ConfigError {
+    pub problems: Vec<String>,
+}
+
+/// Where the database URL comes from.
+#[derive(Debug, Clone)]
+pub enum DatabaseSource {
+    Url(DatabaseUrl),
+    /// Re-read at every reconnect, so a rotated Kubernetes secret is picked up.
+    File(PathBuf),
+}
+
+impl DatabaseSource {
+    /// The URL to connect with now.
+    pub fn resolve(&self) -> Result<DatabaseUrl, String> {
+        match self {
+            DatabaseSource::Url(u) => Ok(u.clone()),
+            DatabaseSource::File(p) => read_url_file(p),
+        }
+    }
+}
+
+impl fmt::Display for DatabaseSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DatabaseSource::Url(u) => u.fmt(f),
+            DatabaseSource::File(p) => write!(f, "URL from file {}", p.display()),
+        }
+    }
+}
+
+fn read_url_file(path: &Path) -> Result<DatabaseUrl, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    DatabaseUrl::parse(text.trim_end_matches(['\n', '\r'])).map_err(|e| format!("{} holds an {e}", path.display()))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub database: DatabaseSource,
+    pub election: String,
+    pub id: String,
+    pub timing: Timing,
+    pub listen: SocketAddr,
+    pub flag_file: Option<PathBuf>,
+    pub migrate: bool,
+    pub log_format: LogFormat,
+    /// Things worth a warning once logging is up (unknown variables).
+    pub warnings: Vec<String>,
+}
+
+/// The keys as a config file may hold them.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileLayer {
+    database_url: Option<String>,
+    database_url_file: Option<String>,
+    election: Option<String>,
+    id: Option<String>,
+    heartbeat: Option<String>,
+    ttl: Option<String>,
+    listen: Option<String>,
+    flag_file: Option<String>,
+    migrate: Option<bool>,
+    log_format: Option<String>,
+}
+
+/// A value and where it came from, for error messages.
+#[derive(Debug, Clone)]
+struct Sourced {
+    value: String,
+    from: String,
+}
+
+/// The raw, layered values of every key.
+struct Layers {
+    values: BTreeMap<&'static str, Sourced>,
+}
+
+impl Layers {
+    fn get(&self, key: &str) -> Option<&Sourced> {
+        self.values.get(key)
+    }
+}
+
+/// Where the process environment comes from; a map in tests.
+pub trait Env {
+    fn var(&self, key: &str) -> Option<String>;
+    fn vars(&self) -> Vec<(String, String)>;
+}
+
+/// The real process environment.
+#[derive(Debug)]
+pub struct ProcessEnv;
+
+impl Env for ProcessEnv {
+    fn var(&self, key: &str) -> Option<String> {
+        std::env::var(key).ok()
+    }
+    fn vars(&self) -> Vec<(String, String)> {
+        std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+            .collect()
+    }
+}
+
+impl Settings {
+    /// Builds the settings from flags, environment and the config file.
+    pub fn load(args: &ConfigArgs, env: &dyn Env) -> Result<Settings, ConfigError> {
+        let mut problems = Vec::new();
+        let mut warnings = Vec::new();
+        let layers = layer(args, env, &mut problems, &mut warnings);
+        let settings = validate(&layers, env, &mut problems, warnings);
+        match settings {
+            Some(s) if problems.is_empty() => Ok(s),
+            _ => Err(ConfigError { problems }),
+        }
+    }
+}
+
+fn layer(args: &ConfigArgs, env: &dyn Env, problems: &mut Vec<String>, warnings: &mut Vec<String>) -> Layers {
+    let mut values = BTreeMap::new();
+    // Lowest first; later layers overwrite.
+    if let Some(url) = env.var("DATABASE_URL") {
+        values.insert(
+            "database_url",
+            Sourced {
+                value: url,
+                from: "DATABASE_URL".into(),
+            },
+        );
+    }
+    if let Some(path) = &args.config {
+        match read_file(path) {
+            Ok(file) => {
+                let from = format!("config file {}", path.display());
+                let file_values = [
+                    ("database_url", file.database_url),
+                    ("database_url_file", file.database_url_file),
+                    ("election", file.election),
+                    ("id", file.id),
+                    ("heartbeat", file.heartbeat),
+                    ("ttl", file.ttl),
+                    ("listen", file.listen),
+                    ("flag_file", file.flag_file),
+                    ("migrate", file.migrate.map(|b| b.to_string())),
+                    ("log_format", file.log_format),
+                ];
+                for (key, value) in file_values {
+                    if let Some(value) = value {
+                        values.insert(key, Sourced { value, from: from.clone() });
+                    }
+                }
+            }
+            Err(e) => problems.push(e),
+        }
+    }
+    for (name, value) in env.vars() {
+        let Some(key) = name.strip_prefix("LEADERD_") else {
+            continue;
+        };
+        let key = key.to_ascii_lowercase();
+        match KEYS.iter().find(|k| **k == key) {
+            Some(k) => {
+                values.insert(k, Sourced { value, from: name });
+            }
+            None => warnings.push(format!("ignoring unknown environment variable {name}")),
+        }
+    }
+    let flags = [
+        ("database_url", args.database_url.clone()),
+        ("database_url_file", args.database_url_file.clone()),
+        ("election", args.election.clone()),
+        ("id", args.id.clone()),
+        ("heartbeat", args.heartbeat.clone()),
+        ("ttl", args.ttl.clone()),
+        ("listen", args.listen.clone()),
+        ("flag_file", args.flag_file.clone()),
+        (
+            "migrate",
+            match (args.migrate, args.no_migrate) {
+                (true, _) => Some("true".to_owned()),
+                (_, true) => Some("false".to_owned()),
+                _ => None,
+            },
+        ),
+        ("log_format", args.log_format.clone()),
+    ];
+    for (key, value) in flags {
+        if let Some(value) = value {
+            values.insert(
+                key,
+                Sourced {
+                    value,
+                    from: format!("--{}", key.replace('_', "-")),
+                },
+            );
+        }
+    }
+    Layers { values }
+}
+
+fn read_file(path: &Path) -> Result<FileLayer, String> {
+    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or_default();
+    let format = match ext.to_ascii_lowercase().as_str() {
+        "toml" => config::FileFormat::Toml,
+        "yaml" | "yml" => config::FileFormat::Yaml,
+        _ => {
+            return Err(format!(
+                "config file {}: unknown format (name it *.toml, *.yaml or *.yml)",
+                path.display()
+            ))
+        }
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| format!("config file {}: {e}", path.display()))?;
+    config::Config::builder()
+        .add_source(config::File::from_str(&text, format))
+        .build()
+        .and_then(|c| c.try_deserialize::<FileLayer>())
+        .map_err(|e| format!("config file {}: {}", path.display(), redact_config_error(&e.to_string())))
+}
+
+/// `config` errors may quote a value; a URL value could hold a password.
+fn redact_config_error(msg: &str) -> String {
+    msg.split(' ')
+        .map(|w| match DatabaseUrl::parse(w.trim_matches(|c| c == '"' || c == '`' || c == '\'')) {
+            Ok(u) if w.contains('@') => u.to_string(),
+            _ => w.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn problem(problems: &mut Vec<String>, key: &str, s: &Sourced, shown: &str, why: impl fmt::Display) {
+    problems.push(format!("`{key}` = {shown:?} (from {}): {why}", s.from));
+}
+
+fn validate(layers: &Layers, env: &dyn Env, problems: &mut Vec<String>, warnings: Vec<String>) -> Option<Settings> {
+    let database = database_source(layers, env, problems);
+    let election = name_key(layers, "election", || Some("default".into()), problems);
+    let id = name_key(layers, "id", || default_id(env), problems);
+    let heartbeat = duration_key(layers, "heartbeat", Duration::from_secs(1), problems);
+    let ttl = duration_key(layers, "ttl", Duration::from_millis(1200), problems);
+    let timing = match (heartbeat, ttl) {
+        (Some(h), Some(t)) => match Timing::new(h, t) {
+            Ok(timing) => Some(timing),
+            Err(e) => {
+                problems.push(format!("`heartbeat`/`ttl`: {e}"));
+                None
+            }
+        },
+        _ => None,
+    };
+    let listen = match layers.get("listen") {
+        None => Some(SocketAddr::from(([127, 0, 0, 1], 4040))),
+        Some(s) => match s.value.parse::<SocketAddr>() {
+            Ok(a) => Some(a),
+            Err(e) => {
+                problem(problems, "listen", s, &s.value, format!("{e} (expected HOST:PORT, e.g. 0.0.0.0:4040)"));
+                None
+            }
+        },
+    };
+    let flag_file = match layers.get("flag_file") {
+        Some(s) if s.value.is_empty() => {
+            problem(problems, "flag_file", s, &s.value, "must not be empty");
+            None
+        }
+        Some(s) => Some(PathBuf::from(&s.value)),
+        None => None,
+    };
+    let migrate = match layers.get("migrate") {
+        None => Some(true),
+        Some(s) => match s.value.to_ascii_lowercase().as_str() {
+            "true" | "1" | "yes" | "on" => Some(true),
+            "false" | "0" | "no" | "off" => Some(false),
+            _ => {
+                problem(problems, "migrate", s, &s.value, "expected true or false");
+                None
+            }
+        },
+    };
+    let log_format = match layers.get("log_format").map(|s| (s, s.value.as_str())) {
+        None | Some((_, "text")) => Some(LogFormat::Text),
+        Some((_, "json")) => Some(LogFormat::Json),
+        Some((s, v)) => {
+            problem(problems, "log_format", s, v, "expected text or json");
+            None
+        }
+    };
+    Some(Settings {
+        database: database?,
+        election: election?,
+        id: id?,
+        timing: timing?,
+        listen: listen?,
+        flag_file,
+        migrate: migrate?,
+        log_format: log_format?,
+        warnings,
+    })
+}
+
+fn database_source(layers: &Layers, env: &dyn Env, problems: &mut Vec<String>) -> Option<DatabaseSource> {
+    let url = layers.get("database_url");
+    let file = layers.get("database_url_file");
+    match (url, file) {
+        (Some(u), Some(f)) if u.from != "DATABASE_URL" => {
+            problems.push(format!(
+                "`database_url` (from {}) and `database_url_file` (from {}) are both set; set only one",
+                u.from, f.from
+            ));
+            None
+        }
+        (_, Some(f)) => {
+            if f.value.is_empty() {
+                problem(problems, "database_url_file", f, &f.value, "must not be empty");
+                return None;
+            }
+            let path = PathBuf::from(&f.value);
+            match read_url_file(&path) {
+                Ok(_) => Some(DatabaseSource::File(path)),
+                Err(e) => {
+                    problem(problems, "database_url_file", f, &f.value, e);
+                    None
+                }
+            }
+        }
+        (Some(u), None) => match DatabaseUrl::parse(&u.value) {
+            Ok(url) => Some(DatabaseSource::Url(url)),
+            Err(e) => {
+                // Never echo a value that may carry a password.
+                problem(problems, "database_url", u, "<redacted>", e);
+                None
+            }
+        },
+        (None, None) => {
+            if env.var("KUBERNETES_SERVICE_HOST").is_some() {
+                problems.push(
+                    "`database_url`: not set, and this is a Kubernetes pod (KUBERNETES_SERVICE_HOST is set). \
+                     The SQLite default is private to each pod, so every pod would lead: \
+                     set database_url or database_url_file to the shared database"
+                        .into(),
+                );
+                return None;
+            }
+            DatabaseUrl::parse("sqlite://leaderd.db").ok().map(DatabaseSource::Url)
+        }
+    }
+}
+
+fn name_key(
+    layers: &Layers,
+    key: &str,
+    default: impl FnOnce() -> Option<String>,
+    problems: &mut Vec<String>,
+) -> Option<String> {
+    let Some(s) = layers.get(key) else {
+        return default();
+    };
+    let chars = s.value.chars().count();
+    if chars == 0 || chars > MAX_NAME_CHARS {
+        problem(problems, key, s, &s.value, format!("must be 1 to {MAX_NAME_CHARS} characters, got {chars}"));
+        None
+    } else if s.value.chars().any(char::is_control) {
+        problem(problems, key, s, &s.value, "must not contain control characters");
+        None
+    } else {
+        Some(s.value.clone())
+    }
+}
+
+fn duration_key(layers: &Layers, key: &str, default: Duration, problems: &mut Vec<String>) -> Option<Duration> {
+    let Some(s) = layers.get(key) else {
+        return Some(default);
+    };
+    match humantime::parse_duration(s.value.trim()) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            problem(problems, key, s, &s.value, format!("{e} (expected a duration such as 1s or 250ms)"));
+            None
+        }
+    }
+}
+
+/// `$POD_NAME`, else `$HOSTNAME`, else the host name, else a random UUID.
+fn default_id(env: &dyn Env) -> Option<String> {
+    let usable = |s: &String| !s.is_empty() && s.chars().count() <= MAX_NAME_CHARS;
+    env.var("POD_NAME")
+        .filter(usable)
+        .or_else(|| env.var("HOSTNAME").filter(usable))
+        .or_else(|| {
+            let name = rustix::system::uname().nodename().to_string_lossy().into_owned();
+            Some(name).filter(usable)
+        })
+        .or_else(|| Some(uuid::Uuid::new_v4().to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use std::collections::HashMap;
+
+    struct MapEnv(HashMap<String, String>);
+
+    impl Env for MapEnv {
+        fn var(&self, key: &str) -> Option<String> {
+            self.0.get(key).cloned()
+        }
+        fn vars(&self) -> Vec<(String, String)> {
+            self.0.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+        }
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> MapEnv {
+        MapEnv(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
+    }
+
+    fn load(argv: &[&str], e: &MapEnv) -> Result<Settings, ConfigError> {
+        let cli = crate::cli::Cli::try_parse_from(std::iter::once("leaderd").chain(argv.iter().copied())).unwrap();
+        Settings::load(&cli.config, e)
+    }
+
+    fn problems(argv: &[&str], e: &MapEnv) -> String {
+        load(argv, e).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn defaults() {
+        let s = load(&[], &env(&[("POD_NAME", "pod-a")])).unwrap();
+        assert_eq!(s.id, "pod-a");
+        assert_eq!(s.election, "default");
+        assert_eq!(s.timing.heartbeat(), Duration::from_secs(1));
+        assert_eq!(s.timing.ttl(), Duration::from_millis(1200));
+        assert_eq!(s.listen.to_string(), "127.0.0.1:4040");
+        assert!(s.migrate);
+        assert_eq!(s.database.to_string(), "sqlite://leaderd.db");
+    }
+
+    #[test]
+    fn precedence_flag_env_file_database_url() {
+        let dir = std::env::temp_dir().join(format!("leaderd-cfg-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("c.toml");
+        std::fs::write(&file, "election = \"from-file\"\nid = \"file-id\"\nttl = \"3s\"\nheartbeat = \"1s\"\n").unwrap();
+        let e = env(&[
+            ("LEADERD_ID", "env-id"),
+            ("LEADERD_TTL", "2s"),
+            ("DATABASE_URL", "postgres://u:pw@h/d"),
+        ]);
+        let s = load(&["--config", file.to_str().unwrap(), "--ttl", "5s"], &e).unwrap();
+        assert_eq!(s.election, "from-file");
+        assert_eq!(s.id, "env-id");
+        assert_eq!(s.timing.ttl(), Duration::from_secs(5));
+        assert_eq!(s.database.to_string(), "postgres://u:REDACTED@h/d");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn unknown_file_key_is_an_error_and_unknown_env_a_warning() {
+        let dir = std::env::temp_dir().join(format!("leaderd-cfg-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("c.yaml");
+        std::fs::write(&file, "election: x\nhartbeat: 1s\n").unwrap();
+        let msg = problems(&["--config", file.to_str().unwrap()], &env(&[]));
+        assert!(msg.contains("hartbeat"), "{msg}");
+        let s = load(&[], &env(&[("LEADERD_PORT", "tcp://10.0.0.1:4040"), ("POD_NAME", "p")])).unwrap();
+        assert_eq!(s.warnings.len(), 1);
+        assert!(s.warnings[0].contains("LEADERD_PORT"));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn every_bad_value_is_named_with_its_key() {
+        let long = "x".repeat(101);
+        let msg = problems(
+            &[
+                "--ttl",
+                "soon",
+                "--heartbeat",
+                "1",
+                "--listen",
+                "nowhere",
+                "--log-format",
+                "xml",
+                "--election",
+                &long,
+                "--id",
+                "",
+                "--database-url",
+                "redis://u:hunter2@h/0",
+            ],
+            &env(&[]),
+        );
+        for key in ["`ttl`", "`heartbeat`", "`listen`", "`log_format`", "`election`", "`id`", "`database_url`"] {
+            assert!(msg.contains(key), "{key} missing from: {msg}");
+        }
+        assert!(msg.contains("--ttl"), "names the source: {msg}");
+        assert!(!msg.contains("hunter2"), "{msg}");
+    }
+
+    #[test]
+    fn ttl_must_exceed_heartbeat() {
+        let msg = problems(&["--ttl", "1s", "--heartbeat", "1s"], &env(&[]));
+        assert!(msg.contains("ttl"), "{msg}");
+    }
+
+    #[test]
+    fn url_and_url_file_together_are_rejected() {
+        let msg = problems(
+            &["--database-url", "postgres://h/d", "--database-url-file", "/nonexistent"],
+            &env(&[]),
+        );
+        assert!(msg.contains("both set"), "{msg}");
+    }
+
+    #[test]
+    fn unreadable_url_file_is_rejected() {
+        let msg = problems(&["--database-url-file", "/nonexistent/url"], &env(&[]));
+        assert!(msg.contains("`database_url_file`") && msg.contains("cannot read"), "{msg}");
+    }
+
+    #[test]
+    fn url_file_is_trimmed_and_read() {
+        let path = std::env::temp_dir().join(format!("leaderd-url-{}", uuid::Uuid::new_v4()));
+        std::fs::write(&path, "postgres://u:pw@h/d\n").unwrap();
+        let s = load(&["--database-url-file", path.to_str().unwrap()], &env(&[])).unwrap();
+        assert_eq!(s.database.resolve().unwrap().to_string(), "postgres://u:REDACTED@h/d");
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn sqlite_default_is_refused_in_kubernetes() {
+        let msg = problems(&[], &env(&[("KUBERNETES_SERVICE_HOST", "10.0.0.1")]));
+        assert!(msg.contains("KUBERNETES_SERVICE_HOST"), "{msg}");
+        assert!(load(&["--database-url", "postgres://h/d"], &env(&[("KUBERNETES_SERVICE_HOST", "10.0.0.1")])).is_ok());
+    }
+
+    #[test]
+    fn migrate_flags() {
+        assert!(!load(&["--no-migrate"], &env(&[])).unwrap().migrate);
+        assert!(!load(&[], &env(&[("LEADERD_MIGRATE", "false")])).unwrap().migrate);
+        assert!(problems(&[], &env(&[("LEADERD_MIGRATE", "maybe")])).contains("`migrate`"));
+    }
+}
