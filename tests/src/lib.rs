@@ -1,1 +1,366 @@
-//! placeholder
+//! Test harness for leaderd: throwaway databases on the real servers, real
+//! `leaderd` processes, and waiting on conditions with deadlines.
+//!
+//! Servers are found through `TEST_POSTGRES_URL` (default
+//! `postgres://postgres@127.0.0.1:5432/test`); each test gets its own fresh
+//! database, dropped when the test ends.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+
+pub use serde_json::Value;
+
+/// The admin URL of the PostgreSQL server the tests use.
+pub fn postgres_admin_url() -> String {
+    std::env::var("TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// Runs a future to completion on a private runtime in its own thread, so it
+/// works from sync tests, async tests and `Drop` alike.
+pub fn block_on<F, T>(f: F) -> T
+where
+    F: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("test runtime")
+            .block_on(f)
+    })
+    .join()
+    .expect("test helper thread panicked")
+}
+
+/// Runs SQL statements on `url`, panicking on failure.
+pub fn pg_exec(url: &str, statements: &[&str]) {
+    let url = url.to_owned();
+    let statements: Vec<String> = statements.iter().map(|s| s.to_string()).collect();
+    block_on(async move {
+        let mut conn = AsyncPgConnection::establish(&url)
+            .await
+            .expect("connect to test PostgreSQL");
+        for sql in statements {
+            diesel::sql_query(&sql)
+                .execute(&mut conn)
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        }
+    })
+}
+
+/// A fresh PostgreSQL database, dropped at the end of the test.
+#[derive(Debug)]
+pub struct TempDb {
+    pub url: String,
+    name: String,
+    admin: String,
+}
+
+impl TempDb {
+    pub fn postgres() -> TempDb {
+        let admin = postgres_admin_url();
+        let name = format!("leaderd_t_{}", uuid::Uuid::new_v4().simple());
+        pg_exec(&admin, &[&format!("CREATE DATABASE {name}")]);
+        let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
+        TempDb {
+            url: format!("{base}/{name}"),
+            name,
+            admin,
+        }
+    }
+
+    /// This database's URL logging in as another role.
+    pub fn url_as(&self, role: &str) -> String {
+        let rest = self
+            .url
+            .split_once("://")
+            .map_or(self.url.as_str(), |(_, r)| r);
+        let host = rest.split_once('@').map_or(rest, |(_, h)| h);
+        format!("postgres://{role}@{host}")
+    }
+}
+
+impl Drop for TempDb {
+    fn drop(&mut self) {
+        let admin = self.admin.clone();
+        let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
+        let _ = std::panic::catch_unwind(|| pg_exec(&admin, &[&sql]));
+    }
+}
+
+/// A scratch directory, removed at the end of the test.
+#[derive(Debug)]
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    pub fn new() -> Scratch {
+        let dir =
+            std::env::temp_dir().join(format!("leaderd-test-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        Scratch(dir)
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Default for Scratch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Process-level tests measure failover in milliseconds; running them one at
+/// a time keeps two cores from turning contention into flakes.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Polls `f` every few milliseconds until it returns `Some`, or panics after
+/// `within` with `what` in the message.
+pub fn wait_for<T>(within: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        if Instant::now() >= deadline {
+            panic!("timed out after {within:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The `leaderd` binary under test: `$LEADERD_BIN`, else the one cargo built
+/// beside this test executable.
+pub fn leaderd_bin() -> PathBuf {
+    if let Ok(p) = std::env::var("LEADERD_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let bin = dir.join("leaderd");
+    assert!(
+        bin.exists(),
+        "{} not found: build it first (`cargo build -p leaderd`) or set LEADERD_BIN",
+        bin.display()
+    );
+    bin
+}
+
+/// A free TCP port on loopback (bound then released).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// A plain HTTP/1.1 GET on loopback: status and body, or `None` when nothing
+/// answers.
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s =
+        TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(500))
+            .ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    let status = buf.split(' ').nth(1)?.parse().ok()?;
+    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
+    Some((status, body))
+}
+
+/// Sends raw bytes and returns whatever came back (for junk-request tests).
+pub fn http_raw(port: u16, bytes: &[u8]) -> String {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return String::new();
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let _ = s.write_all(bytes);
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// One real `leaderd run` process.
+#[derive(Debug)]
+pub struct Daemon {
+    child: Child,
+    pub id: String,
+    pub port: u16,
+    pub flag: PathBuf,
+    pub log: PathBuf,
+}
+
+impl Daemon {
+    /// Starts `leaderd run` for `id` against `url`, with its flag file and log
+    /// in `dir`, plus `extra` arguments. The environment is cleared of
+    /// anything that could configure it behind the test's back.
+    pub fn start(url: &str, id: &str, dir: &Scratch, extra: &[&str]) -> Daemon {
+        let port = free_port();
+        let flag = dir.path(&format!("{id}.flag"));
+        let log = dir.path(&format!("{id}.log"));
+        let mut cmd = Command::new(leaderd_bin());
+        cmd.arg("run")
+            .args(["--database-url", url, "--id", id])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--flag-file", flag.to_str().expect("utf-8 path")])
+            .args(["--log-format", "json"])
+            .args(extra);
+        Self::spawn(cmd, id, port, flag, log)
+    }
+
+    /// Spawns a prepared command (for tests that need unusual arguments).
+    pub fn spawn(mut cmd: Command, id: &str, port: u16, flag: PathBuf, log: PathBuf) -> Daemon {
+        scrub_env(&mut cmd);
+        let log_file = std::fs::File::create(&log).expect("log file");
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .expect("spawn leaderd");
+        let d = Daemon {
+            child,
+            id: id.to_owned(),
+            port,
+            flag,
+            log,
+        };
+        wait_for(
+            Duration::from_secs(10),
+            &format!("{id} to serve HTTP"),
+            || http_get(d.port, "/healthz").map(|_| ()),
+        );
+        d
+    }
+
+    pub fn pid(&self) -> i32 {
+        i32::try_from(self.child.id()).expect("pid fits")
+    }
+
+    /// `GET /leader`: status and parsed body.
+    pub fn leader(&self) -> Option<(u16, Value)> {
+        let (status, body) = http_get(self.port, "/leader")?;
+        Some((status, serde_json::from_str(&body).ok()?))
+    }
+
+    /// Whether `/leader` answers 200 now.
+    pub fn is_leader(&self) -> bool {
+        matches!(self.leader(), Some((200, _)))
+    }
+
+    pub fn signal(&self, sig: rustix::process::Signal) {
+        let pid = rustix::process::Pid::from_raw(self.pid()).expect("pid");
+        let _ = rustix::process::kill_process(pid, sig);
+    }
+
+    pub fn sigkill(&self) {
+        self.signal(rustix::process::Signal::KILL);
+    }
+
+    pub fn sigterm(&self) {
+        self.signal(rustix::process::Signal::TERM);
+    }
+
+    /// Waits up to `within` for the process to exit.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Everything the daemon logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The daemon's JSON log lines.
+    pub fn log_events(&self) -> Vec<Value> {
+        self.log_text()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits until exactly one of `daemons` answers 200 on `/leader` and returns
+/// its index.
+pub fn wait_single_leader(daemons: &[&Daemon], within: Duration) -> usize {
+    wait_for(within, "exactly one leader", || {
+        let leaders: Vec<usize> = daemons
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| d.is_leader())
+            .map(|(i, _)| i)
+            .collect();
+        (leaders.len() == 1).then(|| leaders[0])
+    })
+}
+
+/// Runs `leaderd` with `args` to completion: exit code, stdout, stderr.
+pub fn run_cli(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let mut cmd = Command::new(leaderd_bin());
+    scrub_env(&mut cmd);
+    let out = cmd
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run leaderd");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Removes from `cmd`'s environment everything that could configure leaderd
+/// behind a test's back.
+pub fn scrub_env(cmd: &mut Command) {
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy();
+        if k.starts_with("LEADERD_")
+            || k == "DATABASE_URL"
+            || k == "KUBERNETES_SERVICE_HOST"
+            || k == "RUST_LOG"
+        {
+            cmd.env_remove(&*k);
+        }
+    }
+}

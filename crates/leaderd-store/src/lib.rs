@@ -97,7 +97,10 @@ impl Connection {
     }
 
     /// The spec's acquire-or-renew, judged by the database's clock.
-    pub async fn acquire_or_renew(&mut self, req: &LeaseRequest<'_>) -> Result<Attempt, StoreError> {
+    pub async fn acquire_or_renew(
+        &mut self,
+        req: &LeaseRequest<'_>,
+    ) -> Result<Attempt, StoreError> {
         match self {
             Connection::Postgres(c) => c.acquire_or_renew(req).await,
         }

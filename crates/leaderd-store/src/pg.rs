@@ -138,7 +138,10 @@ fn rows<ST>(sql: &str) -> Rows<'_, ST> {
     Rows(Fixed(sql), std::marker::PhantomData)
 }
 
-fixed_statement!(AcquireOrRenew<'a>, (Bool, Nullable<Text>, Nullable<Text>, BigInt, BigInt));
+fixed_statement!(
+    AcquireOrRenew<'a>,
+    (Bool, Nullable<Text>, Nullable<Text>, BigInt, BigInt)
+);
 fixed_statement!(CreateRow<'a>, ());
 fixed_statement!(Release<'a>, BigInt);
 
@@ -177,7 +180,10 @@ impl PgStore {
         Ok(Self { conn })
     }
 
-    pub(crate) async fn acquire_or_renew(&mut self, req: &LeaseRequest<'_>) -> Result<Attempt, StoreError> {
+    pub(crate) async fn acquire_or_renew(
+        &mut self,
+        req: &LeaseRequest<'_>,
+    ) -> Result<Attempt, StoreError> {
         let stmt = AcquireOrRenew(req, req.ttl_us());
         let rows: Vec<AttemptRow> = stmt.load(&mut self.conn).await?;
         match rows.into_iter().next() {
@@ -194,19 +200,26 @@ impl PgStore {
         }
     }
 
-    pub(crate) async fn release(&mut self, election: &str, instance: &str) -> Result<bool, StoreError> {
-        let n: i64 = Release { election, instance }.get_result(&mut self.conn).await?;
+    pub(crate) async fn release(
+        &mut self,
+        election: &str,
+        instance: &str,
+    ) -> Result<bool, StoreError> {
+        let n: i64 = Release { election, instance }
+            .get_result(&mut self.conn)
+            .await?;
         Ok(n > 0)
     }
 
     pub(crate) async fn elections(&mut self) -> Result<Vec<ElectionRow>, StoreError> {
-        let rows: Vec<(String, Option<String>, i64, i64)> = rows::<(Text, Nullable<Text>, BigInt, BigInt)>(
-            "SELECT name, holder, token, \
+        let rows: Vec<(String, Option<String>, i64, i64)> =
+            rows::<(Text, Nullable<Text>, BigInt, BigInt)>(
+                "SELECT name, holder, token, \
              (EXTRACT(EPOCH FROM expires_at - now()) * 1000000)::bigint \
              FROM service_leader_lock ORDER BY name",
-        )
-        .load(&mut self.conn)
-        .await?;
+            )
+            .load(&mut self.conn)
+            .await?;
         Ok(rows
             .into_iter()
             .map(|(name, holder, token, remaining_us)| ElectionRow {
@@ -222,8 +235,9 @@ impl PgStore {
         if self.up_to_date().await {
             return Ok(Migrated::UpToDate);
         }
-        let wrapper: diesel_async::async_connection_wrapper::AsyncConnectionWrapper<AsyncPgConnection> =
-            self.conn.into();
+        let wrapper: diesel_async::async_connection_wrapper::AsyncConnectionWrapper<
+            AsyncPgConnection,
+        > = self.conn.into();
         tokio::task::spawn_blocking(move || {
             let mut conn = wrapper;
             use diesel::connection::SimpleConnection;
@@ -236,7 +250,13 @@ impl PgStore {
         })
         .await
         .map_err(|e| StoreError::Migration(e.to_string()))?
-        .map(|n| if n == 0 { Migrated::UpToDate } else { Migrated::Applied })
+        .map(|n| {
+            if n == 0 {
+                Migrated::UpToDate
+            } else {
+                Migrated::Applied
+            }
+        })
     }
 
     /// Whether every embedded migration is recorded as applied. Reads only,
@@ -249,7 +269,10 @@ impl PgStore {
             "SELECT EXISTS (SELECT 1 FROM __diesel_schema_migrations WHERE version = '{latest}') \
              AND to_regclass('service_leader_lock') IS NOT NULL"
         );
-        matches!(rows::<Bool>(&sql).get_result::<bool>(&mut self.conn).await, Ok(true))
+        matches!(
+            rows::<Bool>(&sql).get_result::<bool>(&mut self.conn).await,
+            Ok(true)
+        )
     }
 }
 
@@ -295,7 +318,9 @@ impl Listener {
         let mut conn = AsyncPgConnection::establish(url.expose())
             .await
             .map_err(StoreError::Connect)?;
-        diesel::sql_query(format!("LISTEN {CHANNEL}")).execute(&mut conn).await?;
+        diesel::sql_query(format!("LISTEN {CHANNEL}"))
+            .execute(&mut conn)
+            .await?;
         Ok(Some(Self { conn }))
     }
 

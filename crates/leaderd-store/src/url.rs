@@ -73,7 +73,9 @@ impl DatabaseUrl {
             return Err(StoreError::InvalidUrl("URL has no host".into()));
         }
         if parsed.path().trim_start_matches('/').is_empty() {
-            return Err(StoreError::InvalidUrl("URL names no database (…/DBNAME)".into()));
+            return Err(StoreError::InvalidUrl(
+                "URL names no database (…/DBNAME)".into(),
+            ));
         }
         let mut raw = raw.to_owned();
         if backend == Backend::Mysql && parsed.scheme() != "mysql" {
@@ -138,18 +140,33 @@ mod tests {
 
     #[test]
     fn knows_the_backends() {
-        assert_eq!(DatabaseUrl::parse("postgresql://h/d").unwrap().backend(), Backend::Postgres);
+        assert_eq!(
+            DatabaseUrl::parse("postgresql://h/d").unwrap().backend(),
+            Backend::Postgres
+        );
         let m = DatabaseUrl::parse("mariadb://root:pw@h/d").unwrap();
         assert_eq!(m.backend(), Backend::Mysql);
         assert!(m.expose().starts_with("mysql://"));
         let s = DatabaseUrl::parse("sqlite://leaderd.db").unwrap();
         assert_eq!(s.sqlite_path(), Some("leaderd.db"));
-        assert_eq!(DatabaseUrl::parse("sqlite:///var/x.db").unwrap().sqlite_path(), Some("/var/x.db"));
+        assert_eq!(
+            DatabaseUrl::parse("sqlite:///var/x.db")
+                .unwrap()
+                .sqlite_path(),
+            Some("/var/x.db")
+        );
     }
 
     #[test]
     fn rejects_what_it_cannot_use() {
-        for bad in ["redis://h/0", "nonsense", "postgres://", "postgres://h", "sqlite://", "mysql://u:p@/d"] {
+        for bad in [
+            "redis://h/0",
+            "nonsense",
+            "postgres://",
+            "postgres://h",
+            "sqlite://",
+            "mysql://u:p@/d",
+        ] {
             let err = DatabaseUrl::parse(bad).unwrap_err().to_string();
             assert!(!err.is_empty(), "{bad}");
             assert!(!err.contains(":p@"), "{err}");

@@ -19,7 +19,9 @@ pub fn boot_now() -> BootTime {
 /// `at` as milliseconds since the Unix epoch, by this host's wall clock.
 pub fn unix_ms(at: BootTime) -> u64 {
     let now_boot = boot_now();
-    let now_wall = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let now_wall = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
     let wall = if at >= now_boot {
         now_wall + at.saturating_since(now_boot)
     } else {

@@ -46,7 +46,12 @@ impl Shared {
         Self {
             election: settings.election.clone(),
             id: settings.id.clone(),
-            engine: Mutex::new(Engine::new(settings.timing, settings.id.clone(), instance, now)),
+            engine: Mutex::new(Engine::new(
+                settings.timing,
+                settings.id.clone(),
+                instance,
+                now,
+            )),
             last_db_ok: Mutex::new(None),
             last_progress: Mutex::new(now),
             metrics: Metrics::new(&settings.election),
@@ -95,11 +100,7 @@ impl Shared {
 }
 
 /// Runs the election until `shutdown` fires, then releases the row.
-pub async fn run(
-    shared: Arc<Shared>,
-    settings: Settings,
-    shutdown: CancellationToken,
-) {
+pub async fn run(shared: Arc<Shared>, settings: Settings, shutdown: CancellationToken) {
     let flag = settings.flag_file.clone().map(FlagFile::new);
     if let Some(flag) = &flag {
         if let Err(e) = flag.remove() {
@@ -184,7 +185,9 @@ impl Loop {
                 if self.last_error.take().is_some() {
                     info!(election = %self.shared.election, "database reachable again");
                 }
-                self.shared.engine().on_attempt(sent_at, received_at, answer)
+                self.shared
+                    .engine()
+                    .on_attempt(sent_at, received_at, answer)
             }
             Ok(Err(e)) => self.failed(e.to_string(), received_at),
             Err(_) => self.failed(format!("attempt timed out after {timeout:?}"), received_at),
@@ -218,7 +221,9 @@ impl Loop {
             ttl,
         };
         let conn = self.conn.as_mut().expect("connected above");
-        conn.acquire_or_renew(&req).await.map_err(|e: StoreError| e.to_string())
+        conn.acquire_or_renew(&req)
+            .await
+            .map_err(|e: StoreError| e.to_string())
     }
 
     fn failed(&mut self, reason: String, now: BootTime) -> Vec<Event> {
@@ -241,14 +246,28 @@ impl Loop {
             match event {
                 Event::Acquired { token } => {
                     info!(election, id, token, "acquired leadership");
-                    self.shared.metrics.transitions.with_label_values(&["acquired"]).inc();
+                    self.shared
+                        .metrics
+                        .transitions
+                        .with_label_values(&["acquired"])
+                        .inc();
                     self.write_flag();
                 }
                 Event::Renewed { .. } => self.write_flag(),
                 Event::Lost { token, reason } => {
                     self.remove_flag();
-                    info!(election, id, token, reason = reason.as_str(), "lost leadership");
-                    self.shared.metrics.transitions.with_label_values(&["lost"]).inc();
+                    info!(
+                        election,
+                        id,
+                        token,
+                        reason = reason.as_str(),
+                        "lost leadership"
+                    );
+                    self.shared
+                        .metrics
+                        .transitions
+                        .with_label_values(&["lost"])
+                        .inc();
                 }
                 Event::DuplicateId { instance } => {
                     self.shared.metrics.duplicate_id.inc();
@@ -268,7 +287,12 @@ impl Loop {
         let Some((token, deadline)) = self.shared.engine().lease(boot_now()) else {
             return;
         };
-        if let Err(e) = flag.write(&self.shared.election, &self.shared.id, token, unix_ms(deadline)) {
+        if let Err(e) = flag.write(
+            &self.shared.election,
+            &self.shared.id,
+            token,
+            unix_ms(deadline),
+        ) {
             error!(path = %flag.path().display(), error = %e, "cannot write the flag file");
         }
     }
@@ -298,12 +322,16 @@ impl Loop {
                 self.conn = Some(Connection::connect(&url).await.map_err(|e| e.to_string())?);
             }
             let conn = self.conn.as_mut().expect("connected above");
-            conn.release(&election, &instance).await.map_err(|e| e.to_string())
+            conn.release(&election, &instance)
+                .await
+                .map_err(|e| e.to_string())
         };
         match tokio::time::timeout(RELEASE_BUDGET, release).await {
             Ok(Ok(true)) => info!(election, "released the lease"),
             Ok(Ok(false)) => info!(election, "nothing to release: the lease was no longer ours"),
-            Ok(Err(e)) => warn!(election, error = %e, "could not release the lease; it expires by itself"),
+            Ok(Err(e)) => {
+                warn!(election, error = %e, "could not release the lease; it expires by itself")
+            }
             Err(_) => warn!(election, "release timed out; the lease expires by itself"),
         }
     }

@@ -26,7 +26,10 @@ struct Content<'a> {
 
 impl FlagFile {
     pub fn new(path: PathBuf) -> Self {
-        let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+        let mut name = path
+            .file_name()
+            .map(|n| n.to_os_string())
+            .unwrap_or_default();
         name.push(format!(".tmp.{}", std::process::id()));
         let tmp = path.with_file_name(name);
         Self { path, tmp }
@@ -37,7 +40,13 @@ impl FlagFile {
     }
 
     /// Atomically replaces the file with the current lease.
-    pub fn write(&self, election: &str, id: &str, token: i64, expires_at_unix_ms: u64) -> io::Result<()> {
+    pub fn write(
+        &self,
+        election: &str,
+        id: &str,
+        token: i64,
+        expires_at_unix_ms: u64,
+    ) -> io::Result<()> {
         let body = serde_json::to_vec(&Content {
             election,
             id,
@@ -73,11 +82,16 @@ mod tests {
         let flag = FlagFile::new(dir.join("leader"));
         flag.write("default", "pod-a", 7, 1_000).unwrap();
         flag.write("default", "pod-a", 8, 2_000).unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(flag.path()).unwrap()).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(flag.path()).unwrap()).unwrap();
         assert_eq!(v["token"], 8);
         assert_eq!(v["expires_at_unix_ms"], 2_000);
         assert_eq!(v["id"], "pod-a");
-        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "no temp file left");
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            1,
+            "no temp file left"
+        );
         flag.remove().unwrap();
         flag.remove().unwrap();
         assert!(!flag.path().exists());

@@ -76,7 +76,11 @@ fn status_json(ok: bool, what: &str) -> Response {
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
     };
-    (code, Json(serde_json::json!({ "status": status, "check": what }))).into_response()
+    (
+        code,
+        Json(serde_json::json!({ "status": status, "check": what })),
+    )
+        .into_response()
 }
 
 async fn healthz(State(shared): State<Arc<Shared>>) -> Response {
@@ -90,14 +94,21 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     let body = shared.metrics.render(&shared.view(), shared.db_up());
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         body,
     )
         .into_response()
 }
 
 async fn not_found() -> Response {
-    (StatusCode::NOT_FOUND, Json(serde_json::json!({ "error": "not found" }))).into_response()
+    (
+        StatusCode::NOT_FOUND,
+        Json(serde_json::json!({ "error": "not found" })),
+    )
+        .into_response()
 }
 
 #[cfg(test)]
@@ -109,13 +120,19 @@ mod tests {
     use tower::ServiceExt;
 
     fn shared() -> Arc<Shared> {
-        let cli = <crate::cli::Cli as clap::Parser>::try_parse_from(["leaderd", "--id", "pod-a"]).unwrap();
-        let settings = crate::settings::Settings::load(&cli.config, &crate::settings::ProcessEnv).unwrap();
+        let cli = <crate::cli::Cli as clap::Parser>::try_parse_from(["leaderd", "--id", "pod-a"])
+            .unwrap();
+        let settings =
+            crate::settings::Settings::load(&cli.config, &crate::settings::ProcessEnv).unwrap();
         Arc::new(Shared::new(&settings))
     }
 
     async fn call(method: Method, uri: &str) -> (StatusCode, String) {
-        let req = Request::builder().method(method).uri(uri).body(Body::empty()).unwrap();
+        let req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .body(Body::empty())
+            .unwrap();
         let res = router(shared()).oneshot(req).await.unwrap();
         let status = res.status();
         let body = res.into_body().collect().await.unwrap().to_bytes();
@@ -145,13 +162,22 @@ mod tests {
     #[tokio::test]
     async fn unknown_paths_and_methods() {
         assert_eq!(call(Method::GET, "/nope").await.0, StatusCode::NOT_FOUND);
-        assert_eq!(call(Method::POST, "/leader").await.0, StatusCode::METHOD_NOT_ALLOWED);
-        assert_eq!(call(Method::DELETE, "/metrics").await.0, StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(
+            call(Method::POST, "/leader").await.0,
+            StatusCode::METHOD_NOT_ALLOWED
+        );
+        assert_eq!(
+            call(Method::DELETE, "/metrics").await.0,
+            StatusCode::METHOD_NOT_ALLOWED
+        );
     }
 
     #[tokio::test]
     async fn readiness_needs_a_database_round_trip() {
-        assert_eq!(call(Method::GET, "/readyz").await.0, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            call(Method::GET, "/readyz").await.0,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
         assert_eq!(call(Method::GET, "/healthz").await.0, StatusCode::OK);
     }
 

@@ -33,7 +33,9 @@ fn main() -> ExitCode {
         Err(e) => {
             let _ = e.print();
             return match e.kind() {
-                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => ExitCode::SUCCESS,
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+                    ExitCode::SUCCESS
+                }
                 _ => ExitCode::from(2),
             };
         }
@@ -81,7 +83,11 @@ fn main() -> ExitCode {
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().flatten_event(true).init(),
@@ -141,7 +147,10 @@ async fn migrate(settings: Settings) -> anyhow::Result<()> {
 
 async fn status(settings: Settings, json: bool) -> anyhow::Result<()> {
     let mut conn = connect(&settings).await?;
-    let rows = conn.elections().await.context("cannot read service_leader_lock")?;
+    let rows = conn
+        .elections()
+        .await
+        .context("cannot read service_leader_lock")?;
     if json {
         let list: Vec<_> = rows
             .iter()
@@ -157,14 +166,22 @@ async fn status(settings: Settings, json: bool) -> anyhow::Result<()> {
             .collect();
         println!("{}", serde_json::to_string_pretty(&list)?);
     } else {
-        println!("{:<30} {:<30} {:>20} {:>12}", "ELECTION", "HOLDER", "TOKEN", "REMAINING");
+        println!(
+            "{:<30} {:<30} {:>20} {:>12}",
+            "ELECTION", "HOLDER", "TOKEN", "REMAINING"
+        );
         for r in &rows {
             let (holder, remaining) = match &r.holder {
-                Some(h) if r.remaining_us > 0 => (h.as_str(), format!("{}ms", r.remaining_us / 1000)),
+                Some(h) if r.remaining_us > 0 => {
+                    (h.as_str(), format!("{}ms", r.remaining_us / 1000))
+                }
                 Some(_) => ("(expired)", "-".to_owned()),
                 None => ("(free)", "-".to_owned()),
             };
-            println!("{:<30} {:<30} {:>20} {:>12}", r.name, holder, r.token, remaining);
+            println!(
+                "{:<30} {:<30} {:>20} {:>12}",
+                r.name, holder, r.token, remaining
+            );
         }
     }
     Ok(())

@@ -5,7 +5,8 @@
 //! than the scrape; counters and the histogram are fed by the election loop.
 
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
 };
 
 use leaderd_core::View;
@@ -25,9 +26,12 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn new(election: &str) -> Self {
-        let labels = [("election".to_owned(), election.to_owned())].into_iter().collect();
+        let labels = [("election".to_owned(), election.to_owned())]
+            .into_iter()
+            .collect();
         let registry = Registry::new_custom(None, Some(labels)).expect("valid registry labels");
-        let is_leader = IntGauge::new("leaderd_is_leader", "1 while this replica leads, else 0").unwrap();
+        let is_leader =
+            IntGauge::new("leaderd_is_leader", "1 while this replica leads, else 0").unwrap();
         let fencing_token = IntGauge::new(
             "leaderd_fencing_token",
             "Fencing token of the current leader as last seen (0 when unknown)",
@@ -44,7 +48,10 @@ impl Metrics {
         )
         .unwrap();
         let transitions = IntCounterVec::new(
-            Opts::new("leaderd_transitions_total", "Leadership changes of this replica"),
+            Opts::new(
+                "leaderd_transitions_total",
+                "Leadership changes of this replica",
+            ),
             &["kind"],
         )
         .unwrap();
@@ -53,11 +60,16 @@ impl Metrics {
                 "leaderd_heartbeat_duration_seconds",
                 "Duration of acquire-or-renew attempts, connection included",
             )
-            .buckets(vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]),
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+            ]),
         )
         .unwrap();
-        let heartbeat_errors =
-            IntCounter::new("leaderd_heartbeat_errors_total", "Failed acquire-or-renew attempts").unwrap();
+        let heartbeat_errors = IntCounter::new(
+            "leaderd_heartbeat_errors_total",
+            "Failed acquire-or-renew attempts",
+        )
+        .unwrap();
         let duplicate_id = IntCounter::new(
             "leaderd_duplicate_id_total",
             "Times the row carried this replica's id with another process's instance",

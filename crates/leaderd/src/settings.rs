@@ -68,8 +68,10 @@ impl fmt::Display for DatabaseSource {
 }
 
 fn read_url_file(path: &Path) -> Result<DatabaseUrl, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    DatabaseUrl::parse(text.trim_end_matches(['\n', '\r'])).map_err(|e| format!("{} holds an {e}", path.display()))
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    DatabaseUrl::parse(text.trim_end_matches(['\n', '\r']))
+        .map_err(|e| format!("{} holds an {e}", path.display()))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,7 +164,12 @@ impl Settings {
     }
 }
 
-fn layer(args: &ConfigArgs, env: &dyn Env, problems: &mut Vec<String>, warnings: &mut Vec<String>) -> Layers {
+fn layer(
+    args: &ConfigArgs,
+    env: &dyn Env,
+    problems: &mut Vec<String>,
+    warnings: &mut Vec<String>,
+) -> Layers {
     let mut values = BTreeMap::new();
     // Lowest first; later layers overwrite.
     if let Some(url) = env.var("DATABASE_URL") {
@@ -192,7 +199,13 @@ fn layer(args: &ConfigArgs, env: &dyn Env, problems: &mut Vec<String>, warnings:
                 ];
                 for (key, value) in file_values {
                     if let Some(value) = value {
-                        values.insert(key, Sourced { value, from: from.clone() });
+                        values.insert(
+                            key,
+                            Sourced {
+                                value,
+                                from: from.clone(),
+                            },
+                        );
                     }
                 }
             }
@@ -245,7 +258,10 @@ fn layer(args: &ConfigArgs, env: &dyn Env, problems: &mut Vec<String>, warnings:
 }
 
 fn read_file(path: &Path) -> Result<FileLayer, String> {
-    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or_default();
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .unwrap_or_default();
     let format = match ext.to_ascii_lowercase().as_str() {
         "toml" => config::FileFormat::Toml,
         "yaml" | "yml" => config::FileFormat::Yaml,
@@ -256,30 +272,50 @@ fn read_file(path: &Path) -> Result<FileLayer, String> {
             ))
         }
     };
-    let text = std::fs::read_to_string(path).map_err(|e| format!("config file {}: {e}", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("config file {}: {e}", path.display()))?;
     config::Config::builder()
         .add_source(config::File::from_str(&text, format))
         .build()
         .and_then(|c| c.try_deserialize::<FileLayer>())
-        .map_err(|e| format!("config file {}: {}", path.display(), redact_config_error(&e.to_string())))
+        .map_err(|e| {
+            format!(
+                "config file {}: {}",
+                path.display(),
+                redact_config_error(&e.to_string())
+            )
+        })
 }
 
 /// `config` errors may quote a value; a URL value could hold a password.
 fn redact_config_error(msg: &str) -> String {
     msg.split(' ')
-        .map(|w| match DatabaseUrl::parse(w.trim_matches(|c| c == '"' || c == '`' || c == '\'')) {
-            Ok(u) if w.contains('@') => u.to_string(),
-            _ => w.to_owned(),
-        })
+        .map(
+            |w| match DatabaseUrl::parse(w.trim_matches(|c| c == '"' || c == '`' || c == '\'')) {
+                Ok(u) if w.contains('@') => u.to_string(),
+                _ => w.to_owned(),
+            },
+        )
         .collect::<Vec<_>>()
         .join(" ")
 }
 
-fn problem(problems: &mut Vec<String>, key: &str, s: &Sourced, shown: &str, why: impl fmt::Display) {
+fn problem(
+    problems: &mut Vec<String>,
+    key: &str,
+    s: &Sourced,
+    shown: &str,
+    why: impl fmt::Display,
+) {
     problems.push(format!("`{key}` = {shown:?} (from {}): {why}", s.from));
 }
 
-fn validate(layers: &Layers, env: &dyn Env, problems: &mut Vec<String>, warnings: Vec<String>) -> Option<Settings> {
+fn validate(
+    layers: &Layers,
+    env: &dyn Env,
+    problems: &mut Vec<String>,
+    warnings: Vec<String>,
+) -> Option<Settings> {
     let database = database_source(layers, env, problems);
     let election = name_key(layers, "election", || Some("default".into()), problems);
     let id = name_key(layers, "id", || default_id(env), problems);
@@ -300,7 +336,13 @@ fn validate(layers: &Layers, env: &dyn Env, problems: &mut Vec<String>, warnings
         Some(s) => match s.value.parse::<SocketAddr>() {
             Ok(a) => Some(a),
             Err(e) => {
-                problem(problems, "listen", s, &s.value, format!("{e} (expected HOST:PORT, e.g. 0.0.0.0:4040)"));
+                problem(
+                    problems,
+                    "listen",
+                    s,
+                    &s.value,
+                    format!("{e} (expected HOST:PORT, e.g. 0.0.0.0:4040)"),
+                );
                 None
             }
         },
@@ -345,7 +387,11 @@ fn validate(layers: &Layers, env: &dyn Env, problems: &mut Vec<String>, warnings
     })
 }
 
-fn database_source(layers: &Layers, env: &dyn Env, problems: &mut Vec<String>) -> Option<DatabaseSource> {
+fn database_source(
+    layers: &Layers,
+    env: &dyn Env,
+    problems: &mut Vec<String>,
+) -> Option<DatabaseSource> {
     let url = layers.get("database_url");
     let file = layers.get("database_url_file");
     match (url, file) {
@@ -358,7 +404,13 @@ fn database_source(layers: &Layers, env: &dyn Env, problems: &mut Vec<String>) -
         }
         (_, Some(f)) => {
             if f.value.is_empty() {
-                problem(problems, "database_url_file", f, &f.value, "must not be empty");
+                problem(
+                    problems,
+                    "database_url_file",
+                    f,
+                    &f.value,
+                    "must not be empty",
+                );
                 return None;
             }
             let path = PathBuf::from(&f.value);
@@ -388,7 +440,9 @@ fn database_source(layers: &Layers, env: &dyn Env, problems: &mut Vec<String>) -
                 );
                 return None;
             }
-            DatabaseUrl::parse("sqlite://leaderd.db").ok().map(DatabaseSource::Url)
+            DatabaseUrl::parse("sqlite://leaderd.db")
+                .ok()
+                .map(DatabaseSource::Url)
         }
     }
 }
@@ -404,24 +458,47 @@ fn name_key(
     };
     let chars = s.value.chars().count();
     if chars == 0 || chars > MAX_NAME_CHARS {
-        problem(problems, key, s, &s.value, format!("must be 1 to {MAX_NAME_CHARS} characters, got {chars}"));
+        problem(
+            problems,
+            key,
+            s,
+            &s.value,
+            format!("must be 1 to {MAX_NAME_CHARS} characters, got {chars}"),
+        );
         None
     } else if s.value.chars().any(char::is_control) {
-        problem(problems, key, s, &s.value, "must not contain control characters");
+        problem(
+            problems,
+            key,
+            s,
+            &s.value,
+            "must not contain control characters",
+        );
         None
     } else {
         Some(s.value.clone())
     }
 }
 
-fn duration_key(layers: &Layers, key: &str, default: Duration, problems: &mut Vec<String>) -> Option<Duration> {
+fn duration_key(
+    layers: &Layers,
+    key: &str,
+    default: Duration,
+    problems: &mut Vec<String>,
+) -> Option<Duration> {
     let Some(s) = layers.get(key) else {
         return Some(default);
     };
     match humantime::parse_duration(s.value.trim()) {
         Ok(d) => Some(d),
         Err(e) => {
-            problem(problems, key, s, &s.value, format!("{e} (expected a duration such as 1s or 250ms)"));
+            problem(
+                problems,
+                key,
+                s,
+                &s.value,
+                format!("{e} (expected a duration such as 1s or 250ms)"),
+            );
             None
         }
     }
@@ -434,7 +511,10 @@ fn default_id(env: &dyn Env) -> Option<String> {
         .filter(usable)
         .or_else(|| env.var("HOSTNAME").filter(usable))
         .or_else(|| {
-            let name = rustix::system::uname().nodename().to_string_lossy().into_owned();
+            let name = rustix::system::uname()
+                .nodename()
+                .to_string_lossy()
+                .into_owned();
             Some(name).filter(usable)
         })
         .or_else(|| Some(uuid::Uuid::new_v4().to_string()))
@@ -458,11 +538,18 @@ mod tests {
     }
 
     fn env(pairs: &[(&str, &str)]) -> MapEnv {
-        MapEnv(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
+        MapEnv(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
     }
 
     fn load(argv: &[&str], e: &MapEnv) -> Result<Settings, ConfigError> {
-        let cli = crate::cli::Cli::try_parse_from(std::iter::once("leaderd").chain(argv.iter().copied())).unwrap();
+        let cli =
+            crate::cli::Cli::try_parse_from(std::iter::once("leaderd").chain(argv.iter().copied()))
+                .unwrap();
         Settings::load(&cli.config, e)
     }
 
@@ -487,7 +574,11 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("leaderd-cfg-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("c.toml");
-        std::fs::write(&file, "election = \"from-file\"\nid = \"file-id\"\nttl = \"3s\"\nheartbeat = \"1s\"\n").unwrap();
+        std::fs::write(
+            &file,
+            "election = \"from-file\"\nid = \"file-id\"\nttl = \"3s\"\nheartbeat = \"1s\"\n",
+        )
+        .unwrap();
         let e = env(&[
             ("LEADERD_ID", "env-id"),
             ("LEADERD_TTL", "2s"),
@@ -509,7 +600,11 @@ mod tests {
         std::fs::write(&file, "election: x\nhartbeat: 1s\n").unwrap();
         let msg = problems(&["--config", file.to_str().unwrap()], &env(&[]));
         assert!(msg.contains("hartbeat"), "{msg}");
-        let s = load(&[], &env(&[("LEADERD_PORT", "tcp://10.0.0.1:4040"), ("POD_NAME", "p")])).unwrap();
+        let s = load(
+            &[],
+            &env(&[("LEADERD_PORT", "tcp://10.0.0.1:4040"), ("POD_NAME", "p")]),
+        )
+        .unwrap();
         assert_eq!(s.warnings.len(), 1);
         assert!(s.warnings[0].contains("LEADERD_PORT"));
         std::fs::remove_dir_all(dir).unwrap();
@@ -537,7 +632,15 @@ mod tests {
             ],
             &env(&[]),
         );
-        for key in ["`ttl`", "`heartbeat`", "`listen`", "`log_format`", "`election`", "`id`", "`database_url`"] {
+        for key in [
+            "`ttl`",
+            "`heartbeat`",
+            "`listen`",
+            "`log_format`",
+            "`election`",
+            "`id`",
+            "`database_url`",
+        ] {
             assert!(msg.contains(key), "{key} missing from: {msg}");
         }
         assert!(msg.contains("--ttl"), "names the source: {msg}");
@@ -553,7 +656,12 @@ mod tests {
     #[test]
     fn url_and_url_file_together_are_rejected() {
         let msg = problems(
-            &["--database-url", "postgres://h/d", "--database-url-file", "/nonexistent"],
+            &[
+                "--database-url",
+                "postgres://h/d",
+                "--database-url-file",
+                "/nonexistent",
+            ],
             &env(&[]),
         );
         assert!(msg.contains("both set"), "{msg}");
@@ -562,7 +670,10 @@ mod tests {
     #[test]
     fn unreadable_url_file_is_rejected() {
         let msg = problems(&["--database-url-file", "/nonexistent/url"], &env(&[]));
-        assert!(msg.contains("`database_url_file`") && msg.contains("cannot read"), "{msg}");
+        assert!(
+            msg.contains("`database_url_file`") && msg.contains("cannot read"),
+            "{msg}"
+        );
     }
 
     #[test]
@@ -570,7 +681,10 @@ mod tests {
         let path = std::env::temp_dir().join(format!("leaderd-url-{}", uuid::Uuid::new_v4()));
         std::fs::write(&path, "postgres://u:pw@h/d\n").unwrap();
         let s = load(&["--database-url-file", path.to_str().unwrap()], &env(&[])).unwrap();
-        assert_eq!(s.database.resolve().unwrap().to_string(), "postgres://u:REDACTED@h/d");
+        assert_eq!(
+            s.database.resolve().unwrap().to_string(),
+            "postgres://u:REDACTED@h/d"
+        );
         std::fs::remove_file(path).unwrap();
     }
 
@@ -578,13 +692,21 @@ mod tests {
     fn sqlite_default_is_refused_in_kubernetes() {
         let msg = problems(&[], &env(&[("KUBERNETES_SERVICE_HOST", "10.0.0.1")]));
         assert!(msg.contains("KUBERNETES_SERVICE_HOST"), "{msg}");
-        assert!(load(&["--database-url", "postgres://h/d"], &env(&[("KUBERNETES_SERVICE_HOST", "10.0.0.1")])).is_ok());
+        assert!(load(
+            &["--database-url", "postgres://h/d"],
+            &env(&[("KUBERNETES_SERVICE_HOST", "10.0.0.1")])
+        )
+        .is_ok());
     }
 
     #[test]
     fn migrate_flags() {
         assert!(!load(&["--no-migrate"], &env(&[])).unwrap().migrate);
-        assert!(!load(&[], &env(&[("LEADERD_MIGRATE", "false")])).unwrap().migrate);
+        assert!(
+            !load(&[], &env(&[("LEADERD_MIGRATE", "false")]))
+                .unwrap()
+                .migrate
+        );
         assert!(problems(&[], &env(&[("LEADERD_MIGRATE", "maybe")])).contains("`migrate`"));
     }
 }

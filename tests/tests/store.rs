@@ -1,0 +1,436 @@
+//! The store conformance suite: the same cases against every backend, each
+//! case in a fresh database on the real server.
+
+use std::time::{Duration, Instant};
+
+use leaderd_store::{Attempt, Connection, DatabaseUrl, LeaseRequest, Migrated};
+use leaderd_tests::TempDb;
+
+const TTL: Duration = Duration::from_millis(300);
+
+fn req<'a>(election: &'a str, holder: &'a str, instance: &'a str) -> LeaseRequest<'a> {
+    LeaseRequest {
+        election,
+        holder,
+        instance,
+        ttl: TTL,
+    }
+}
+
+async fn connect(url: &str) -> Connection {
+    let url = DatabaseUrl::parse(url).unwrap();
+    Connection::connect(&url).await.unwrap()
+}
+
+async fn migrated(url: &str) -> Connection {
+    connect(url).await.migrate().await.unwrap();
+    connect(url).await
+}
+
+/// Attempts until granted (the first attempt creates the row, blocked for one
+/// ttl), failing after `within`.
+async fn acquire(conn: &mut Connection, r: &LeaseRequest<'_>, within: Duration) -> i64 {
+    let deadline = Instant::now() + within;
+    loop {
+        match conn.acquire_or_renew(r).await.unwrap() {
+            Attempt::Granted { token } => return token,
+            other => assert!(
+                Instant::now() < deadline,
+                "not granted in {within:?}: {other:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn refused(a: Attempt) -> leaderd_store::Observed {
+    match a {
+        Attempt::Refused(o) => o,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+pub async fn missing_row_is_created_blocked_for_one_ttl(url: &str) {
+    let mut c = migrated(url).await;
+    let r = req("e", "a", "ia");
+    assert_eq!(c.acquire_or_renew(&r).await.unwrap(), Attempt::Created);
+    let seen = refused(c.acquire_or_renew(&r).await.unwrap());
+    assert_eq!(seen.holder, None);
+    assert!(
+        seen.remaining_us > 0 && seen.remaining_us <= 300_000,
+        "{seen:?}"
+    );
+    let started = Instant::now();
+    acquire(&mut c, &r, Duration::from_secs(2)).await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(150),
+        "blocked row was taken early"
+    );
+}
+
+pub async fn grant_then_refusal_names_the_holder(url: &str) {
+    let mut a = migrated(url).await;
+    let mut b = connect(url).await;
+    let token = acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(2)).await;
+    let seen = refused(b.acquire_or_renew(&req("e", "b", "ib")).await.unwrap());
+    assert_eq!(seen.holder.as_deref(), Some("a"));
+    assert_eq!(seen.instance.as_deref(), Some("ia"));
+    assert_eq!(seen.token, token);
+    assert!(
+        seen.remaining_us > 0 && seen.remaining_us <= 300_000,
+        "{seen:?}"
+    );
+}
+
+pub async fn renewal_keeps_the_token_and_extends(url: &str) {
+    let mut a = migrated(url).await;
+    let r = req("e", "a", "ia");
+    let token = acquire(&mut a, &r, Duration::from_secs(2)).await;
+    // Renew well past the original ttl: the lease stays ours, same token.
+    let until = Instant::now() + Duration::from_millis(700);
+    while Instant::now() < until {
+        assert_eq!(
+            a.acquire_or_renew(&r).await.unwrap(),
+            Attempt::Granted { token }
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut b = connect(url).await;
+    assert_eq!(
+        refused(b.acquire_or_renew(&req("e", "b", "ib")).await.unwrap()).token,
+        token
+    );
+}
+
+pub async fn takeover_after_expiry_bumps_the_token(url: &str) {
+    let mut a = migrated(url).await;
+    let mut b = connect(url).await;
+    let t1 = acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(2)).await;
+    let t2 = acquire(&mut b, &req("e", "b", "ib"), Duration::from_secs(2)).await;
+    assert_eq!(t2, t1 + 1);
+    // The old holder is refused now, and re-taking bumps again.
+    let seen = refused(a.acquire_or_renew(&req("e", "a", "ia")).await.unwrap());
+    assert_eq!(seen.holder.as_deref(), Some("b"));
+    let t3 = acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(2)).await;
+    assert_eq!(t3, t2 + 1);
+}
+
+pub async fn same_id_other_instance_is_refused(url: &str) {
+    let mut a = migrated(url).await;
+    let mut b = connect(url).await;
+    acquire(&mut a, &req("e", "pod", "first"), Duration::from_secs(2)).await;
+    let seen = refused(
+        b.acquire_or_renew(&req("e", "pod", "second"))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(seen.holder.as_deref(), Some("pod"));
+    assert_eq!(seen.instance.as_deref(), Some("first"));
+}
+
+pub async fn release_by_the_holder_only(url: &str) {
+    let mut a = migrated(url).await;
+    let mut b = connect(url).await;
+    let t1 = acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(2)).await;
+    assert!(
+        !b.release("e", "ib").await.unwrap(),
+        "a non-holder released"
+    );
+    assert!(!b.release("e", "nobody").await.unwrap());
+    assert_eq!(
+        refused(b.acquire_or_renew(&req("e", "b", "ib")).await.unwrap())
+            .holder
+            .as_deref(),
+        Some("a")
+    );
+    assert!(a.release("e", "ia").await.unwrap());
+    // Free at once: the next attempt wins with the next token.
+    assert_eq!(
+        b.acquire_or_renew(&req("e", "b", "ib")).await.unwrap(),
+        Attempt::Granted { token: t1 + 1 }
+    );
+    assert!(!a.release("e", "ia").await.unwrap(), "released twice");
+}
+
+pub async fn concurrent_attempts_give_exactly_one_holder(url: &str) {
+    migrated(url).await;
+    // Create the row and let its block lapse, so all tasks race for a free row.
+    let mut c = connect(url).await;
+    acquire(&mut c, &req("race", "seed", "seed"), Duration::from_secs(2)).await;
+    assert!(c.release("race", "seed").await.unwrap());
+    let tasks: Vec<_> = (0..16)
+        .map(|i| {
+            let url = url.to_owned();
+            tokio::spawn(async move {
+                let mut conn = connect(&url).await;
+                let (id, inst) = (format!("r{i}"), format!("i{i}"));
+                conn.acquire_or_renew(&req("race", &id, &inst))
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut granted = 0;
+    for t in tasks {
+        if matches!(t.await.unwrap(), Attempt::Granted { .. }) {
+            granted += 1;
+        }
+    }
+    assert_eq!(granted, 1);
+}
+
+pub async fn tokens_never_decrease_across_a_deleted_row(url: &str, delete: impl FnOnce()) {
+    let mut a = migrated(url).await;
+    let t1 = acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(2)).await;
+    delete();
+    assert_eq!(
+        a.acquire_or_renew(&req("e", "a", "ia")).await.unwrap(),
+        Attempt::Created
+    );
+    let t2 = acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(2)).await;
+    assert!(t2 > t1, "token went from {t1} to {t2}");
+}
+
+pub async fn migration_is_idempotent_and_concurrent(url: &str) {
+    let runs: Vec<_> = (0..6)
+        .map(|_| {
+            let url = url.to_owned();
+            tokio::spawn(async move { connect(&url).await.migrate().await })
+        })
+        .collect();
+    let mut applied = 0;
+    for r in runs {
+        if r.await.unwrap().unwrap() == Migrated::Applied {
+            applied += 1;
+        }
+    }
+    assert!(applied <= 1, "applied {applied} times");
+    assert_eq!(
+        connect(url).await.migrate().await.unwrap(),
+        Migrated::UpToDate
+    );
+    assert!(connect(url).await.elections().await.unwrap().is_empty());
+}
+
+pub async fn status_lists_every_election(url: &str) {
+    let mut a = migrated(url).await;
+    acquire(&mut a, &req("one", "a", "ia"), Duration::from_secs(2)).await;
+    assert_eq!(
+        a.acquire_or_renew(&req("two", "a", "ia")).await.unwrap(),
+        Attempt::Created
+    );
+    let rows = a.elections().await.unwrap();
+    assert_eq!(
+        rows.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(),
+        ["one", "two"]
+    );
+    assert_eq!(rows[0].holder.as_deref(), Some("a"));
+    assert!(rows[0].remaining_us > 0);
+    assert_eq!(rows[1].holder, None);
+}
+
+macro_rules! conformance {
+    ($backend:ident, $make:expr, $delete_row:expr) => {
+        mod $backend {
+            use super::*;
+
+            #[tokio::test]
+            async fn missing_row_is_created_blocked_for_one_ttl() {
+                let db: TempDb = $make;
+                super::missing_row_is_created_blocked_for_one_ttl(&db.url).await;
+            }
+            #[tokio::test]
+            async fn grant_then_refusal_names_the_holder() {
+                let db: TempDb = $make;
+                super::grant_then_refusal_names_the_holder(&db.url).await;
+            }
+            #[tokio::test]
+            async fn renewal_keeps_the_token_and_extends() {
+                let db: TempDb = $make;
+                super::renewal_keeps_the_token_and_extends(&db.url).await;
+            }
+            #[tokio::test]
+            async fn takeover_after_expiry_bumps_the_token() {
+                let db: TempDb = $make;
+                super::takeover_after_expiry_bumps_the_token(&db.url).await;
+            }
+            #[tokio::test]
+            async fn same_id_other_instance_is_refused() {
+                let db: TempDb = $make;
+                super::same_id_other_instance_is_refused(&db.url).await;
+            }
+            #[tokio::test]
+            async fn release_by_the_holder_only() {
+                let db: TempDb = $make;
+                super::release_by_the_holder_only(&db.url).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn concurrent_attempts_give_exactly_one_holder() {
+                let db: TempDb = $make;
+                super::concurrent_attempts_give_exactly_one_holder(&db.url).await;
+            }
+            #[tokio::test]
+            async fn tokens_never_decrease_across_a_deleted_row() {
+                let db: TempDb = $make;
+                let delete = $delete_row;
+                super::tokens_never_decrease_across_a_deleted_row(&db.url, || delete(&db)).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn migration_is_idempotent_and_concurrent() {
+                let db: TempDb = $make;
+                super::migration_is_idempotent_and_concurrent(&db.url).await;
+            }
+            #[tokio::test]
+            async fn status_lists_every_election() {
+                let db: TempDb = $make;
+                super::status_lists_every_election(&db.url).await;
+            }
+        }
+    };
+}
+
+conformance!(postgres, TempDb::postgres(), |db: &TempDb| {
+    leaderd_tests::pg_exec(&db.url, &["DELETE FROM service_leader_lock"])
+});
+
+/// PostgreSQL specifics: what a refusal does not do, NOTIFY, and a user with
+/// data rights only.
+mod postgres_only {
+    use super::*;
+    use leaderd_store::Listener;
+    use leaderd_tests::{block_on, pg_exec};
+
+    fn scalar(url: &str, sql: &str) -> String {
+        let (url, sql) = (url.to_owned(), sql.to_owned());
+        block_on(async move {
+            use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+            #[derive(diesel::QueryableByName)]
+            struct V {
+                #[diesel(sql_type = diesel::sql_types::Text)]
+                v: String,
+            }
+            let mut c = AsyncPgConnection::establish(&url).await.unwrap();
+            let rows: Vec<V> = diesel::sql_query(format!("SELECT ({sql})::text AS v"))
+                .load(&mut c)
+                .await
+                .unwrap();
+            rows.into_iter().next().unwrap().v
+        })
+    }
+
+    #[tokio::test]
+    async fn refusal_writes_nothing_locks_nothing_and_burns_no_sequence_value() {
+        let db = TempDb::postgres();
+        let mut a = migrated(&db.url).await;
+        let mut b = connect(&db.url).await;
+        acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(2)).await;
+        let version = scalar(
+            &db.url,
+            "SELECT xmin FROM service_leader_lock WHERE name = 'e'",
+        );
+        let seq = scalar(&db.url, "SELECT last_value FROM service_leader_lock_id_seq");
+        // Hold the row lock in another transaction: a refusal must not wait
+        // for it, because it never asks for it.
+        let url = db.url.clone();
+        let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            block_on(async move {
+                use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
+                let mut c = AsyncPgConnection::establish(&url).await.unwrap();
+                c.batch_execute(
+                    "BEGIN; SELECT * FROM service_leader_lock WHERE name = 'e' FOR UPDATE",
+                )
+                .await
+                .unwrap();
+                locked_tx.send(()).unwrap();
+                let _ = tokio::task::spawn_blocking(move || done_rx.recv()).await;
+                c.batch_execute("ROLLBACK").await.unwrap();
+            })
+        });
+        locked_rx.recv().unwrap();
+        for _ in 0..20 {
+            let r = tokio::time::timeout(
+                Duration::from_secs(1),
+                b.acquire_or_renew(&req("e", "b", "ib")),
+            )
+            .await;
+            assert!(matches!(r, Ok(Ok(Attempt::Refused(_)))), "{r:?}");
+        }
+        done_tx.send(()).unwrap();
+        holder.join().unwrap();
+        assert_eq!(
+            scalar(
+                &db.url,
+                "SELECT xmin FROM service_leader_lock WHERE name = 'e'"
+            ),
+            version
+        );
+        assert_eq!(
+            scalar(&db.url, "SELECT last_value FROM service_leader_lock_id_seq"),
+            seq
+        );
+    }
+
+    #[tokio::test]
+    async fn release_notifies_listeners() {
+        let db = TempDb::postgres();
+        let mut a = migrated(&db.url).await;
+        let url = DatabaseUrl::parse(&db.url).unwrap();
+        let mut listener = Listener::connect(&url)
+            .await
+            .unwrap()
+            .expect("postgres listens");
+        assert!(listener.probe(Duration::from_secs(2)).await.unwrap());
+        acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(2)).await;
+        assert!(a.release("e", "ia").await.unwrap());
+        let payload = tokio::time::timeout(Duration::from_secs(2), listener.next())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(payload, "e");
+    }
+
+    #[tokio::test]
+    async fn a_user_with_data_rights_only_works_once_the_table_exists() {
+        let db = TempDb::postgres();
+        migrated(&db.url).await;
+        let role = format!("leaderd_data_{}", uuid::Uuid::new_v4().simple());
+        pg_exec(
+            &db.url,
+            &[
+                &format!("CREATE ROLE {role} LOGIN"),
+                &format!("GRANT SELECT, INSERT, UPDATE ON service_leader_lock TO {role}"),
+                &format!("GRANT USAGE ON SEQUENCE service_leader_lock_id_seq TO {role}"),
+                &format!("GRANT SELECT ON __diesel_schema_migrations TO {role}"),
+                &format!("REVOKE CREATE ON SCHEMA public FROM {role}"),
+            ],
+        );
+        let as_role = db.url_as(&role);
+        assert_eq!(
+            connect(&as_role).await.migrate().await.unwrap(),
+            Migrated::UpToDate
+        );
+        let mut c = connect(&as_role).await;
+        acquire(&mut c, &req("e", "a", "ia"), Duration::from_secs(2)).await;
+        drop(c);
+        pg_exec(&db.url, &[&format!("DROP OWNED BY {role}")]);
+        drop(db);
+        pg_exec(
+            &leaderd_tests::postgres_admin_url(),
+            &[&format!("DROP ROLE IF EXISTS {role}")],
+        );
+    }
+
+    #[tokio::test]
+    async fn a_missing_table_is_a_clear_error() {
+        let db = TempDb::postgres();
+        let mut c = connect(&db.url).await;
+        let err = c
+            .acquire_or_renew(&req("e", "a", "ia"))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("service_leader_lock"), "{err}");
+    }
+}
