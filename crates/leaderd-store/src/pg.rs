@@ -22,7 +22,7 @@ const MIGRATIONS: EmbeddedMigrations = embed_migrations!("../../migrations/postg
 pub const CHANNEL: &str = "leaderd";
 
 /// Serialises concurrent migrations (`pg_advisory_lock` key).
-const MIGRATION_LOCK_KEY: i64 = 0x6c65_6164_6572_64; // "leaderd"
+const MIGRATION_LOCK_KEY: i64 = 0x006c_6561_6465_7264; // "leaderd" in ASCII
 
 /// Declares a statement with fixed SQL text: diesel then prepares it once per
 /// connection and reuses it (the cache is keyed by the SQL).

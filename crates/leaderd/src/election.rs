@@ -143,13 +143,9 @@ impl Loop {
         loop {
             let now = boot_now();
             self.shared.progress(now);
-            let due = {
-                let mut engine = self.shared.engine();
-                let events: Vec<Event> = engine.poll(now).into_iter().collect();
-                drop(engine);
-                self.handle(events);
-                self.shared.engine().attempt_due(now)
-            };
+            let events: Vec<Event> = self.shared.engine().poll(now).into_iter().collect();
+            self.handle(events);
+            let due = self.shared.engine().attempt_due(now);
             if due {
                 tokio::select! {
                     biased;
@@ -210,10 +206,14 @@ impl Loop {
             }
             self.conn = Some(Connection::connect(&url).await.map_err(|e| e.to_string())?);
         }
-        let engine = self.shared.engine();
-        let (holder, instance) = (engine.id().to_owned(), engine.instance().to_owned());
-        let ttl = engine.timing().ttl();
-        drop(engine);
+        let (holder, instance, ttl) = {
+            let engine = self.shared.engine();
+            (
+                engine.id().to_owned(),
+                engine.instance().to_owned(),
+                engine.timing().ttl(),
+            )
+        };
         let req = LeaseRequest {
             election: &self.shared.election,
             holder: &holder,

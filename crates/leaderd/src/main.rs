@@ -122,9 +122,8 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
     election::run(shared, settings, shutdown).await;
     // Leadership is already given up and the row released; stop serving.
     http_stop.cancel();
-    match tokio::time::timeout(Duration::from_millis(300), server).await {
-        Ok(Ok(Err(e))) => warn!(error = %e, "HTTP server stopped with an error"),
-        Ok(_) | Err(_) => {}
+    if let Ok(Ok(Err(e))) = tokio::time::timeout(Duration::from_millis(300), server).await {
+        warn!(error = %e, "HTTP server stopped with an error");
     }
     info!("stopped");
     Ok(())

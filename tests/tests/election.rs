@@ -1,0 +1,231 @@
+//! Process-level elections: real `leaderd` daemons on one real database.
+
+use std::time::{Duration, Instant};
+
+use leaderd_tests::{serial, wait_for, wait_single_leader, Daemon, Scratch, TempDb, Value};
+
+/// Default timing: heartbeat 1 s, ttl 1.2 s.
+const TTL: Duration = Duration::from_millis(1200);
+/// Slack the spec allows on top of the expected failover.
+const SLACK: Duration = Duration::from_millis(300);
+
+/// What every `/leader` sample must satisfy, across all daemons and time:
+/// a token is reported as leading by one id only, and leading tokens never go
+/// backwards.
+#[derive(Default)]
+struct Checker {
+    max_token: i64,
+    owners: std::collections::HashMap<i64, String>,
+}
+
+impl Checker {
+    fn sample(&mut self, daemons: &[&Daemon]) -> Vec<usize> {
+        let mut leaders = Vec::new();
+        for (i, d) in daemons.iter().enumerate() {
+            if let Some((200, body)) = d.leader() {
+                let token = body["token"].as_i64().expect("leader reports a token");
+                assert_eq!(
+                    body["leader"].as_str(),
+                    Some(d.id.as_str()),
+                    "a leader names itself"
+                );
+                assert!(
+                    token >= self.max_token,
+                    "token went back from {} to {token}",
+                    self.max_token
+                );
+                self.max_token = token;
+                let owner = self.owners.entry(token).or_insert_with(|| d.id.clone());
+                assert_eq!(owner, &d.id, "token {token} reported by two replicas");
+                leaders.push(i);
+            }
+        }
+        leaders
+    }
+
+    /// Samples until one of `daemons` leads; returns its index.
+    fn wait_leader(&mut self, daemons: &[&Daemon], within: Duration) -> usize {
+        wait_for(within, "a leader", || {
+            let leaders = self.sample(daemons);
+            assert!(leaders.len() <= 1, "two leaders at once: {leaders:?}");
+            leaders.first().copied()
+        })
+    }
+}
+
+fn token(d: &Daemon) -> i64 {
+    d.leader().expect("daemon answers").1["token"]
+        .as_i64()
+        .expect("token")
+}
+
+fn start_three(db: &TempDb, dir: &Scratch) -> Vec<Daemon> {
+    ["a", "b", "c"]
+        .iter()
+        .map(|id| Daemon::start(&db.url, id, dir, &[]))
+        .collect()
+}
+
+#[test]
+fn three_daemons_elect_exactly_one_leader_and_stay_stable() {
+    let _serial = serial();
+    let db = TempDb::postgres();
+    let dir = Scratch::new();
+    let ds = start_three(&db, &dir);
+    let refs: Vec<&Daemon> = ds.iter().collect();
+    let leader = wait_single_leader(&refs, Duration::from_secs(10));
+    let first_token = token(&ds[leader]);
+    let mut checker = Checker::default();
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        assert_eq!(
+            checker.sample(&refs),
+            vec![leader],
+            "leadership moved or split"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        token(&ds[leader]),
+        first_token,
+        "a stable leader keeps its token"
+    );
+    for (i, d) in ds.iter().enumerate() {
+        let (status, body) = d.leader().unwrap();
+        assert_eq!(
+            body["leader"].as_str(),
+            Some(ds[leader].id.as_str()),
+            "{} names the leader",
+            d.id
+        );
+        assert_eq!(body["token"].as_i64(), Some(first_token));
+        assert_eq!(status == 200, i == leader);
+        assert_eq!(d.flag.exists(), i == leader, "flag file of {}", d.id);
+    }
+    let flag: Value = serde_json::from_slice(&std::fs::read(&ds[leader].flag).unwrap()).unwrap();
+    assert_eq!(flag["token"].as_i64(), Some(first_token));
+    assert_eq!(flag["id"].as_str(), Some(ds[leader].id.as_str()));
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let expires = flag["expires_at_unix_ms"].as_i64().unwrap();
+    assert!(
+        expires > now_ms && expires <= now_ms + 1200,
+        "flag expiry {expires} vs now {now_ms}"
+    );
+}
+
+/// Kills the leader of `ds` with `kill`, measures the time until another
+/// daemon answers 200, and checks the token grew.
+fn failover(ds: &mut [Daemon], kill: impl FnOnce(&Daemon), within: Duration) -> (usize, Duration) {
+    let refs: Vec<&Daemon> = ds.iter().collect();
+    let mut checker = Checker::default();
+    let old = checker.wait_leader(&refs, Duration::from_secs(10));
+    let old_token = token(&ds[old]);
+    let others: Vec<&Daemon> = ds
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != old)
+        .map(|(_, d)| d)
+        .collect();
+    let started = Instant::now();
+    kill(&ds[old]);
+    let new = checker.wait_leader(&others, within + Duration::from_secs(2));
+    let took = started.elapsed();
+    assert!(token(others[new]) > old_token, "token did not grow");
+    assert!(took <= within, "failover took {took:?}, limit {within:?}");
+    eprintln!("failover took {took:?}");
+    (old, took)
+}
+
+#[test]
+fn sigkill_of_the_leader_fails_over_within_ttl() {
+    let _serial = serial();
+    let db = TempDb::postgres();
+    let dir = Scratch::new();
+    let mut ds = start_three(&db, &dir);
+    let (killed, _) = failover(&mut ds, Daemon::sigkill, TTL + SLACK);
+    ds[killed]
+        .wait_exit(Duration::from_secs(2))
+        .expect("killed");
+}
+
+#[test]
+fn sigterm_of_the_leader_hands_over_at_once_and_exits_cleanly() {
+    let _serial = serial();
+    let db = TempDb::postgres();
+    let dir = Scratch::new();
+    let mut ds = start_three(&db, &dir);
+    let (stopped, _) = failover(&mut ds, Daemon::sigterm, SLACK);
+    let status = ds[stopped]
+        .wait_exit(Duration::from_secs(2))
+        .expect("exits within 2 s");
+    assert_eq!(status.code(), Some(0));
+    assert!(!ds[stopped].flag.exists(), "flag file left behind");
+    let events = ds[stopped].log_events();
+    assert!(
+        events
+            .iter()
+            .any(|e| e["reason"] == "shutdown" && e["token"].is_i64()),
+        "no shutdown transition logged: {}",
+        ds[stopped].log_text()
+    );
+}
+
+#[test]
+fn tokens_grow_at_every_change_of_leader() {
+    let _serial = serial();
+    let db = TempDb::postgres();
+    let dir = Scratch::new();
+    let mut ds = start_three(&db, &dir);
+    let mut tokens = Vec::new();
+    for round in 0..4 {
+        let refs: Vec<&Daemon> = ds.iter().collect();
+        let leader = wait_single_leader(&refs, Duration::from_secs(10));
+        tokens.push(token(&ds[leader]));
+        ds[leader].sigterm();
+        assert_eq!(
+            ds[leader]
+                .wait_exit(Duration::from_secs(2))
+                .and_then(|s| s.code()),
+            Some(0)
+        );
+        let id = format!("{}{round}", ds[leader].id);
+        ds[leader] = Daemon::start(&db.url, &id, &dir, &[]);
+    }
+    assert!(tokens.windows(2).all(|w| w[1] > w[0]), "tokens: {tokens:?}");
+}
+
+#[test]
+fn sigterm_is_bounded_when_the_database_is_unreachable() {
+    let _serial = serial();
+    let dir = Scratch::new();
+    // Nothing listens on this port: every connect fails at once.
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{}/none",
+        leaderd_tests::free_port()
+    );
+    let mut d = Daemon::start(&url, "lonely", &dir, &[]);
+    wait_for(
+        Duration::from_secs(5),
+        "a failed attempt to be logged",
+        || {
+            d.log_text()
+                .contains("database attempt failed")
+                .then_some(())
+        },
+    );
+    let (status, _) = d.leader().unwrap();
+    assert_eq!(status, 503);
+    assert_eq!(leaderd_tests::http_get(d.port, "/readyz").unwrap().0, 503);
+    assert_eq!(leaderd_tests::http_get(d.port, "/healthz").unwrap().0, 200);
+    let started = Instant::now();
+    d.sigterm();
+    let code = d
+        .wait_exit(Duration::from_secs(2))
+        .expect("exits within 2 s")
+        .code();
+    assert_eq!(code, Some(0));
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
