@@ -22,6 +22,11 @@ pub fn postgres_admin_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
+/// The admin URL of the MySQL/MariaDB server the tests use.
+pub fn mysql_admin_url() -> String {
+    std::env::var("TEST_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+}
+
 /// Runs a future to completion on a private runtime in its own thread, so it
 /// works from sync tests, async tests and `Drop` alike.
 pub fn block_on<F, T>(f: F) -> T
@@ -40,42 +45,111 @@ where
     .expect("test helper thread panicked")
 }
 
-/// Runs SQL statements on `url`, panicking on failure.
+/// Runs SQL statements on a PostgreSQL `url`, panicking on failure.
 pub fn pg_exec(url: &str, statements: &[&str]) {
+    exec(Kind::Postgres, url, statements);
+}
+
+/// Runs SQL statements on `url`, panicking on failure.
+fn exec(kind: Kind, url: &str, statements: &[&str]) {
     let url = url.to_owned();
     let statements: Vec<String> = statements.iter().map(|s| s.to_string()).collect();
     block_on(async move {
-        let mut conn = AsyncPgConnection::establish(&url)
-            .await
-            .expect("connect to test PostgreSQL");
-        for sql in statements {
-            diesel::sql_query(&sql)
-                .execute(&mut conn)
-                .await
-                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        use diesel_async::{AsyncMysqlConnection, SimpleAsyncConnection};
+        match kind {
+            Kind::Postgres => {
+                let mut conn = AsyncPgConnection::establish(&url)
+                    .await
+                    .expect("connect to test PostgreSQL");
+                for sql in statements {
+                    diesel::sql_query(&sql)
+                        .execute(&mut conn)
+                        .await
+                        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+                }
+            }
+            Kind::Mysql => {
+                let mut conn = AsyncMysqlConnection::establish(&url)
+                    .await
+                    .expect("connect to test MariaDB");
+                for sql in statements {
+                    conn.batch_execute(&sql)
+                        .await
+                        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+                }
+            }
+            Kind::Sqlite => {
+                use diesel::connection::SimpleConnection;
+                use diesel::Connection;
+                let path = url.trim_start_matches("sqlite://");
+                let mut conn = diesel::SqliteConnection::establish(path).expect("open test SQLite");
+                conn.batch_execute("PRAGMA busy_timeout = 5000")
+                    .expect("busy timeout");
+                for sql in statements {
+                    conn.batch_execute(&sql)
+                        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+                }
+            }
         }
     })
 }
 
-/// A fresh PostgreSQL database, dropped at the end of the test.
+/// The database families under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Postgres,
+    Mysql,
+    Sqlite,
+}
+
+/// A fresh database (PostgreSQL or MariaDB database, or SQLite file), dropped
+/// at the end of the test.
 #[derive(Debug)]
 pub struct TempDb {
     pub url: String,
+    pub kind: Kind,
     name: String,
     admin: String,
+    _dir: Option<Scratch>,
 }
 
 impl TempDb {
     pub fn postgres() -> TempDb {
-        let admin = postgres_admin_url();
+        Self::server(Kind::Postgres, postgres_admin_url())
+    }
+
+    pub fn mysql() -> TempDb {
+        Self::server(Kind::Mysql, mysql_admin_url())
+    }
+
+    pub fn sqlite() -> TempDb {
+        let dir = Scratch::new();
+        let url = format!("sqlite://{}", dir.path("leaderd.db").display());
+        TempDb {
+            url,
+            kind: Kind::Sqlite,
+            name: String::new(),
+            admin: String::new(),
+            _dir: Some(dir),
+        }
+    }
+
+    fn server(kind: Kind, admin: String) -> TempDb {
         let name = format!("leaderd_t_{}", uuid::Uuid::new_v4().simple());
-        pg_exec(&admin, &[&format!("CREATE DATABASE {name}")]);
+        exec(kind, &admin, &[&format!("CREATE DATABASE {name}")]);
         let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
         TempDb {
             url: format!("{base}/{name}"),
+            kind,
             name,
             admin,
+            _dir: None,
         }
+    }
+
+    /// Runs SQL statements on this database.
+    pub fn exec(&self, statements: &[&str]) {
+        exec(self.kind, &self.url, statements);
     }
 
     /// This database's URL logging in as another role.
@@ -91,9 +165,13 @@ impl TempDb {
 
 impl Drop for TempDb {
     fn drop(&mut self) {
-        let admin = self.admin.clone();
-        let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
-        let _ = std::panic::catch_unwind(|| pg_exec(&admin, &[&sql]));
+        let sql = match self.kind {
+            Kind::Postgres => format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
+            Kind::Mysql => format!("DROP DATABASE IF EXISTS {}", self.name),
+            Kind::Sqlite => return,
+        };
+        let (kind, admin) = (self.kind, self.admin.clone());
+        let _ = std::panic::catch_unwind(|| exec(kind, &admin, &[&sql]));
     }
 }
 
@@ -361,6 +439,73 @@ pub fn scrub_env(cmd: &mut Command) {
             || k == "RUST_LOG"
         {
             cmd.env_remove(&*k);
+        }
+    }
+}
+
+/// A transaction on its own connection that holds a write lock on the lock
+/// row (`SELECT … FOR UPDATE`; on SQLite `BEGIN IMMEDIATE`, the whole file)
+/// until dropped.
+#[derive(Debug)]
+pub struct RowLock {
+    release: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TempDb {
+    /// Locks the row of `election` in another transaction.
+    pub fn lock_row(&self, election: &str) -> RowLock {
+        let (kind, url) = (self.kind, self.url.clone());
+        let select =
+            format!("SELECT * FROM service_leader_lock WHERE name = '{election}' FOR UPDATE");
+        let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            block_on(async move {
+                use diesel_async::{AsyncMysqlConnection, SimpleAsyncConnection};
+                match kind {
+                    Kind::Postgres => {
+                        let mut c = AsyncPgConnection::establish(&url).await.unwrap();
+                        c.batch_execute("BEGIN").await.unwrap();
+                        c.batch_execute(&select).await.unwrap();
+                        locked_tx.send(()).unwrap();
+                        let _ = tokio::task::spawn_blocking(move || release_rx.recv()).await;
+                        c.batch_execute("ROLLBACK").await.unwrap();
+                    }
+                    Kind::Mysql => {
+                        let mut c = AsyncMysqlConnection::establish(&url).await.unwrap();
+                        c.batch_execute("START TRANSACTION").await.unwrap();
+                        c.batch_execute(&select).await.unwrap();
+                        locked_tx.send(()).unwrap();
+                        let _ = tokio::task::spawn_blocking(move || release_rx.recv()).await;
+                        c.batch_execute("ROLLBACK").await.unwrap();
+                    }
+                    Kind::Sqlite => {
+                        use diesel::connection::SimpleConnection;
+                        use diesel::Connection;
+                        let path = url.trim_start_matches("sqlite://").to_owned();
+                        let mut c = diesel::SqliteConnection::establish(&path).unwrap();
+                        c.batch_execute("BEGIN IMMEDIATE").unwrap();
+                        locked_tx.send(()).unwrap();
+                        let _ = release_rx.recv();
+                        c.batch_execute("ROLLBACK").unwrap();
+                    }
+                }
+            })
+        });
+        locked_rx.recv().expect("row locked");
+        RowLock {
+            release: Some(release_tx),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for RowLock {
+    fn drop(&mut self) {
+        drop(self.release.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
         }
     }
 }

@@ -1,24 +1,34 @@
-//! Database adapters of leaderd: the `service_leader_lock` table on each
-//! backend.
+//! Database adapters of leaderd: the `service_leader_lock` table on
+//! PostgreSQL, MySQL/MariaDB and SQLite.
 //!
-//! A [`Connection`] runs the spec's operations as fixed SQL statements built
-//! as small diesel `QueryFragment`s, so the driver prepares each once and a
-//! renewal costs one round trip:
-//! - acquire-or-renew: an `UPDATE … WHERE (expired OR mine) … RETURNING`, with
-//!   the current holder read in the same statement when refused; a refused
-//!   attempt writes nothing and locks nothing. Only a missing row costs an
-//!   `INSERT`, which creates it free and blocked for one ttl.
-//! - release by the holding instance only, with a `NOTIFY` on PostgreSQL.
+//! A [`Connection`] runs the spec's operations as fixed SQL statements (see
+//! `sql`), which the driver prepares once per connection:
+//! - acquire-or-renew, judged by the database's clock. A leader's renewal is
+//!   one round trip everywhere; a refused attempt writes and locks nothing.
+//!   PostgreSQL does it all in one `UPDATE … RETURNING`; MySQL and SQLite read
+//!   first and write only to renew or to take an expired row (see `cas`).
+//!   A missing row is inserted free and blocked for one ttl.
+//! - release by the holding instance only (with `NOTIFY` on PostgreSQL);
+//! - listing the elections, and migrations embedded in the binary.
 //!
-//! Every time that matters is the database's own clock. This crate does not
-//! decide leadership (that is `leaderd-core`), retry, or time out: callers wrap
-//! each call in their own timeout and drop the connection when it fires.
+//! This crate does not decide leadership (that is `leaderd-core`), retry, or
+//! time out: callers wrap each call in their own timeout and drop the
+//! connection when it fires.
 
+mod cas;
+mod clock;
+mod mysql;
 mod pg;
+mod sql;
+mod sqlite;
 mod url;
 
 use std::time::Duration;
 
+use diesel::backend::Backend as DieselBackend;
+use diesel::migration::MigrationSource;
+
+pub use clock::{boot_id, boot_now};
 pub use leaderd_core::{Attempt, Observed};
 pub use pg::Listener;
 pub use url::{Backend, DatabaseUrl};
@@ -29,9 +39,6 @@ pub enum StoreError {
     /// The URL cannot be used.
     #[error("invalid database URL: {0}")]
     InvalidUrl(String),
-    /// This build has no driver for the URL's backend.
-    #[error("the {0} backend is not supported by this build")]
-    Unsupported(&'static str),
     /// Connecting failed (network, authentication, unknown database).
     #[error("cannot connect to the database: {0}")]
     Connect(#[source] diesel::ConnectionError),
@@ -41,6 +48,9 @@ pub enum StoreError {
     /// Creating or upgrading the table failed.
     #[error("migration failed: {0}")]
     Migration(String),
+    /// Local I/O failed (reading the boot id, a blocking task died).
+    #[error("{0}")]
+    Local(String),
 }
 
 /// One acquire-or-renew request.
@@ -54,6 +64,9 @@ pub struct LeaseRequest<'a> {
     pub instance: &'a str,
     /// Lease length granted by the database.
     pub ttl: Duration,
+    /// The token this instance holds while it leads, so a renewal can be a
+    /// single `UPDATE` on backends without `RETURNING`.
+    pub held_token: Option<i64>,
 }
 
 impl LeaseRequest<'_> {
@@ -72,6 +85,28 @@ pub struct ElectionRow {
     pub remaining_us: i64,
 }
 
+impl From<(String, Option<String>, i64, i64)> for ElectionRow {
+    fn from((name, holder, token, remaining_us): (String, Option<String>, i64, i64)) -> Self {
+        Self {
+            name,
+            holder,
+            token,
+            remaining_us,
+        }
+    }
+}
+
+fn observed(
+    (holder, instance, token, remaining_us): (Option<String>, Option<String>, i64, i64),
+) -> Observed {
+    Observed {
+        holder,
+        instance,
+        token,
+        remaining_us,
+    }
+}
+
 /// What a migration run did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Migrated {
@@ -81,19 +116,50 @@ pub enum Migrated {
     Applied,
 }
 
+impl Migrated {
+    fn from_count(applied: usize) -> Self {
+        if applied == 0 {
+            Migrated::UpToDate
+        } else {
+            Migrated::Applied
+        }
+    }
+}
+
+/// The newest embedded migration's version.
+fn latest_version<DB: DieselBackend>(migrations: &impl MigrationSource<DB>) -> String {
+    migrations
+        .migrations()
+        .ok()
+        .and_then(|m| m.iter().map(|m| m.name().version().to_string()).max())
+        .unwrap_or_default()
+}
+
+/// Runs blocking work (migrations, opening SQLite) off the async threads.
+async fn run_blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| StoreError::Local(format!("blocking task failed: {e}")))?
+}
+
 /// A connection to the lock table on one backend.
 #[derive(Debug)]
 pub enum Connection {
     Postgres(pg::PgStore),
+    Mysql(mysql::MysqlStore),
+    Sqlite(sqlite::SqliteStore),
 }
 
 impl Connection {
     /// Opens a connection. No timeout: wrap it.
     pub async fn connect(url: &DatabaseUrl) -> Result<Self, StoreError> {
-        match url.backend() {
-            Backend::Postgres => Ok(Connection::Postgres(pg::PgStore::connect(url).await?)),
-            other => Err(StoreError::Unsupported(other.as_str())),
-        }
+        Ok(match url.backend() {
+            Backend::Postgres => Connection::Postgres(pg::PgStore::connect(url).await?),
+            Backend::Mysql => Connection::Mysql(mysql::MysqlStore::connect(url).await?),
+            Backend::Sqlite => Connection::Sqlite(sqlite::SqliteStore::connect(url).await?),
+        })
     }
 
     /// The spec's acquire-or-renew, judged by the database's clock.
@@ -103,6 +169,8 @@ impl Connection {
     ) -> Result<Attempt, StoreError> {
         match self {
             Connection::Postgres(c) => c.acquire_or_renew(req).await,
+            Connection::Mysql(c) => c.acquire_or_renew(req).await,
+            Connection::Sqlite(c) => c.acquire_or_renew(req).await,
         }
     }
 
@@ -110,6 +178,8 @@ impl Connection {
     pub async fn release(&mut self, election: &str, instance: &str) -> Result<bool, StoreError> {
         match self {
             Connection::Postgres(c) => c.release(election, instance).await,
+            Connection::Mysql(c) => c.release(election, instance).await,
+            Connection::Sqlite(c) => c.release(election, instance).await,
         }
     }
 
@@ -117,6 +187,8 @@ impl Connection {
     pub async fn elections(&mut self) -> Result<Vec<ElectionRow>, StoreError> {
         match self {
             Connection::Postgres(c) => c.elections().await,
+            Connection::Mysql(c) => c.elections().await,
+            Connection::Sqlite(c) => c.elections().await,
         }
     }
 
@@ -125,6 +197,8 @@ impl Connection {
     pub async fn migrate(self) -> Result<Migrated, StoreError> {
         match self {
             Connection::Postgres(c) => c.migrate().await,
+            Connection::Mysql(c) => c.migrate().await,
+            Connection::Sqlite(c) => c.migrate().await,
         }
     }
 }

@@ -1,20 +1,9 @@
-//! The host's boot clock (`CLOCK_BOOTTIME`), and converting its instants to
-//! wall-clock time for the flag file.
+//! Converting boot-clock instants to wall-clock time for the flag file.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use leaderd_core::BootTime;
-use rustix::time::{clock_gettime, ClockId};
-
-/// Now, on the boot clock: monotonic, never stepped, and counting through
-/// suspend, so a deadline on it cannot be stretched.
-pub fn boot_now() -> BootTime {
-    let ts = clock_gettime(ClockId::Boottime);
-    BootTime::from_since_boot(Duration::new(
-        u64::try_from(ts.tv_sec).unwrap_or(0),
-        u32::try_from(ts.tv_nsec).unwrap_or(0),
-    ))
-}
+pub use leaderd_store::boot_now;
 
 /// `at` as milliseconds since the Unix epoch, by this host's wall clock.
 pub fn unix_ms(at: BootTime) -> u64 {

@@ -206,12 +206,13 @@ impl Loop {
             }
             self.conn = Some(Connection::connect(&url).await.map_err(|e| e.to_string())?);
         }
-        let (holder, instance, ttl) = {
+        let (holder, instance, ttl, held_token) = {
             let engine = self.shared.engine();
             (
                 engine.id().to_owned(),
                 engine.instance().to_owned(),
                 engine.timing().ttl(),
+                engine.lease(boot_now()).map(|(token, _)| token),
             )
         };
         let req = LeaseRequest {
@@ -219,6 +220,7 @@ impl Loop {
             holder: &holder,
             instance: &instance,
             ttl,
+            held_token,
         };
         let conn = self.conn.as_mut().expect("connected above");
         conn.acquire_or_renew(&req)
