@@ -146,6 +146,10 @@ async fn run_blocking<T: Send + 'static>(
 
 /// A connection to the lock table on one backend.
 #[derive(Debug)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "a daemon holds one or two connections; boxing would buy nothing"
+)]
 pub enum Connection {
     Postgres(pg::PgStore),
     Mysql(mysql::MysqlStore),
