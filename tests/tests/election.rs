@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 use leaderd_tests::{serial, wait_for, wait_single_leader, Daemon, Scratch, TempDb, Value};
 
 /// Default timing: heartbeat 1 s, ttl 1.2 s.
+const HEARTBEAT: Duration = Duration::from_millis(1000);
 const TTL: Duration = Duration::from_millis(1200);
 /// Slack the spec allows on top of the expected failover.
 const SLACK: Duration = Duration::from_millis(300);
@@ -66,10 +67,8 @@ fn start_three(db: &TempDb, dir: &Scratch) -> Vec<Daemon> {
         .collect()
 }
 
-#[test]
-fn three_daemons_elect_exactly_one_leader_and_stay_stable() {
+fn three_daemons_elect_exactly_one_leader_and_stay_stable(db: TempDb) {
     let _serial = serial();
-    let db = TempDb::postgres();
     let dir = Scratch::new();
     let ds = start_three(&db, &dir);
     let refs: Vec<&Daemon> = ds.iter().collect();
@@ -139,10 +138,8 @@ fn failover(ds: &mut [Daemon], kill: impl FnOnce(&Daemon), within: Duration) -> 
     (old, took)
 }
 
-#[test]
-fn sigkill_of_the_leader_fails_over_within_ttl() {
+fn sigkill_of_the_leader_fails_over_within_ttl(db: TempDb) {
     let _serial = serial();
-    let db = TempDb::postgres();
     let dir = Scratch::new();
     let mut ds = start_three(&db, &dir);
     let (killed, _) = failover(&mut ds, Daemon::sigkill, TTL + SLACK);
@@ -151,13 +148,13 @@ fn sigkill_of_the_leader_fails_over_within_ttl() {
         .expect("killed");
 }
 
-#[test]
-fn sigterm_of_the_leader_hands_over_at_once_and_exits_cleanly() {
+/// `within`: 300 ms where release notifications wake the followers
+/// (PostgreSQL), else one heartbeat + 300 ms.
+fn sigterm_of_the_leader_hands_over_and_exits_cleanly(db: TempDb, within: Duration) {
     let _serial = serial();
-    let db = TempDb::postgres();
     let dir = Scratch::new();
     let mut ds = start_three(&db, &dir);
-    let (stopped, _) = failover(&mut ds, Daemon::sigterm, SLACK);
+    let (stopped, _) = failover(&mut ds, Daemon::sigterm, within);
     let status = ds[stopped]
         .wait_exit(Duration::from_secs(2))
         .expect("exits within 2 s");
@@ -173,10 +170,8 @@ fn sigterm_of_the_leader_hands_over_at_once_and_exits_cleanly() {
     );
 }
 
-#[test]
-fn tokens_grow_at_every_change_of_leader() {
+fn tokens_grow_at_every_change_of_leader(db: TempDb) {
     let _serial = serial();
-    let db = TempDb::postgres();
     let dir = Scratch::new();
     let mut ds = start_three(&db, &dir);
     let mut tokens = Vec::new();
@@ -229,3 +224,102 @@ fn sigterm_is_bounded_when_the_database_is_unreachable() {
     assert_eq!(code, Some(0));
     assert!(started.elapsed() < Duration::from_secs(2));
 }
+
+/// One daemon's wall clock is an hour off (libfaketime, wall clock only, as
+/// NTP trouble would do): expiry is the database's business, so it neither
+/// steals a live lease nor stalls the election.
+fn a_skewed_wall_clock_changes_nothing(db: TempDb, shift: &str) {
+    let _serial = serial();
+    let Some(lib) = faketime_lib() else {
+        panic!("libfaketime is missing: install Debian's `faketime` (scripts/test does)");
+    };
+    let dir = Scratch::new();
+    let mut ds = vec![Daemon::start(&db.url, "a", &dir, &[])];
+    let refs: Vec<&Daemon> = ds.iter().collect();
+    wait_single_leader(&refs, Duration::from_secs(10));
+    let port = leaderd_tests::free_port();
+    let mut cmd = std::process::Command::new(leaderd_tests::leaderd_bin());
+    cmd.arg("run")
+        .args([
+            "--database-url",
+            &db.url,
+            "--id",
+            "skewed",
+            "--log-format",
+            "json",
+        ])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .env("LD_PRELOAD", &lib)
+        .env("FAKETIME", shift)
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+    ds.push(Daemon::spawn(
+        cmd,
+        "skewed",
+        port,
+        dir.path("skewed.flag"),
+        dir.path("skewed.log"),
+    ));
+    // Stable for several leases: the live leader keeps it.
+    let mut checker = Checker::default();
+    let refs: Vec<&Daemon> = ds.iter().collect();
+    let until = Instant::now() + TTL * 3;
+    while Instant::now() < until {
+        assert_eq!(
+            checker.sample(&refs),
+            vec![0],
+            "the skewed daemon took a live lease"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // And it takes over normally when the leader dies.
+    ds[0].sigkill();
+    let others: Vec<&Daemon> = ds[1..].iter().collect();
+    checker.wait_leader(&others, TTL + SLACK + Duration::from_millis(200));
+}
+
+fn faketime_lib() -> Option<String> {
+    [
+        "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+        "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+    ]
+    .into_iter()
+    .find(|p| std::path::Path::new(p).exists())
+    .map(str::to_owned)
+}
+
+macro_rules! elections {
+    ($backend:ident, $make:expr, $sigterm_within:expr) => {
+        mod $backend {
+            use super::*;
+
+            #[test]
+            fn three_daemons_elect_exactly_one_leader_and_stay_stable() {
+                super::three_daemons_elect_exactly_one_leader_and_stay_stable($make);
+            }
+            #[test]
+            fn sigkill_of_the_leader_fails_over_within_ttl() {
+                super::sigkill_of_the_leader_fails_over_within_ttl($make);
+            }
+            #[test]
+            fn sigterm_of_the_leader_hands_over_and_exits_cleanly() {
+                super::sigterm_of_the_leader_hands_over_and_exits_cleanly($make, $sigterm_within);
+            }
+            #[test]
+            fn tokens_grow_at_every_change_of_leader() {
+                super::tokens_grow_at_every_change_of_leader($make);
+            }
+            #[test]
+            fn a_wall_clock_an_hour_ahead_changes_nothing() {
+                super::a_skewed_wall_clock_changes_nothing($make, "+1h");
+            }
+            #[test]
+            fn a_wall_clock_an_hour_behind_changes_nothing() {
+                super::a_skewed_wall_clock_changes_nothing($make, "-1h");
+            }
+        }
+    };
+}
+
+elections!(postgres, TempDb::postgres(), SLACK);
+elections!(mysql, TempDb::mysql(), HEARTBEAT + SLACK);
+elections!(sqlite, TempDb::sqlite(), HEARTBEAT + SLACK);
