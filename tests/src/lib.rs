@@ -14,6 +14,10 @@ use std::time::{Duration, Instant};
 
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 
+pub mod checker;
+pub mod pgserver;
+pub mod proxy;
+
 pub use serde_json::Value;
 
 /// The admin URL of the PostgreSQL server the tests use.
@@ -313,6 +317,9 @@ impl Daemon {
     /// Spawns a prepared command (for tests that need unusual arguments).
     pub fn spawn(mut cmd: Command, id: &str, port: u16, flag: PathBuf, log: PathBuf) -> Daemon {
         scrub_env(&mut cmd);
+        // Renewals (with their deadlines) are logged at debug; the
+        // split-brain checker needs them.
+        cmd.env("RUST_LOG", "info,leaderd::election=debug");
         let log_file = std::fs::File::create(&log).expect("log file");
         let child = cmd
             .stdin(Stdio::null())

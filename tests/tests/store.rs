@@ -213,6 +213,20 @@ pub async fn migration_is_idempotent_and_concurrent(url: &str) {
     assert!(connect(url).await.elections().await.unwrap().is_empty());
 }
 
+pub async fn migrate_recreates_a_dropped_table(db: &TempDb) {
+    migrated(&db.url).await;
+    db.exec(&["DROP TABLE service_leader_lock"]);
+    assert_eq!(
+        connect(&db.url).await.migrate().await.unwrap(),
+        Migrated::Applied
+    );
+    let mut c = connect(&db.url).await;
+    assert_eq!(
+        c.acquire_or_renew(&req("e", "a", "ia")).await.unwrap(),
+        Attempt::Created
+    );
+}
+
 pub async fn status_lists_every_election(url: &str) {
     let mut a = migrated(url).await;
     acquire(&mut a, &req("one", "a", "ia"), Duration::from_secs(2)).await;
@@ -318,6 +332,11 @@ macro_rules! conformance {
             async fn a_missing_table_is_a_clear_error() {
                 let db: TempDb = $make;
                 super::a_missing_table_is_a_clear_error(&db.url).await;
+            }
+            #[tokio::test]
+            async fn migrate_recreates_a_dropped_table() {
+                let db: TempDb = $make;
+                super::migrate_recreates_a_dropped_table(&db).await;
             }
             #[tokio::test]
             async fn status_lists_every_election() {

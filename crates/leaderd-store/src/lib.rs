@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use diesel::backend::Backend as DieselBackend;
 use diesel::migration::MigrationSource;
+use diesel_migrations::{EmbeddedMigrations, MigrationHarness};
 
 pub use clock::{boot_id, boot_now};
 pub use leaderd_core::{Attempt, Observed};
@@ -133,6 +134,34 @@ fn latest_version<DB: DieselBackend>(migrations: &impl MigrationSource<DB>) -> S
         .ok()
         .and_then(|m| m.iter().map(|m| m.name().version().to_string()).max())
         .unwrap_or_default()
+}
+
+/// Runs the pending migrations, then makes sure the table really exists: an
+/// operator may have dropped it while the migration stayed recorded. The
+/// migrations are idempotent (`CREATE TABLE IF NOT EXISTS`), so re-running
+/// them is safe. Returns how many ran.
+fn run_migrations<DB, C>(conn: &mut C, migrations: EmbeddedMigrations) -> Result<usize, StoreError>
+where
+    DB: DieselBackend,
+    C: diesel::Connection<Backend = DB> + MigrationHarness<DB> + 'static,
+    EmbeddedMigrations: MigrationSource<DB>,
+{
+    let failed = |e: Box<dyn std::error::Error + Send + Sync>| StoreError::Migration(e.to_string());
+    let all = MigrationSource::<DB>::migrations(&migrations).map_err(failed)?;
+    let mut ran = conn
+        .run_pending_migrations(migrations)
+        .map_err(failed)?
+        .len();
+    if conn
+        .batch_execute("SELECT 1 FROM service_leader_lock WHERE 1 = 0")
+        .is_err()
+    {
+        for m in all {
+            m.run(conn).map_err(failed)?;
+            ran += 1;
+        }
+    }
+    Ok(ran)
 }
 
 /// Runs blocking work (migrations, opening SQLite) off the async threads.

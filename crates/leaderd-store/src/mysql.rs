@@ -15,7 +15,7 @@ use diesel::mysql::Mysql;
 use diesel::sql_types::{BigInt, Bool, Nullable, Text};
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_async::{AsyncConnection, AsyncMysqlConnection, RunQueryDsl};
-use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
+use diesel_migrations::{embed_migrations, EmbeddedMigrations};
 
 use crate::cas::{self, CasOps};
 use crate::sql::{Bind, Stmt};
@@ -118,9 +118,9 @@ impl MysqlStore {
             // DDL is not transactional in MySQL: serialise concurrent
             // migrations with a named lock instead.
             conn.batch_execute("DO GET_LOCK('leaderd_migrate', 30)")?;
-            let result = conn.run_pending_migrations(MIGRATIONS).map(|v| v.len());
+            let result = crate::run_migrations(&mut conn, MIGRATIONS);
             conn.batch_execute("DO RELEASE_LOCK('leaderd_migrate')")?;
-            result.map_err(|e| StoreError::Migration(e.to_string()))
+            result
         })
         .await
         .map(Migrated::from_count)

@@ -11,7 +11,7 @@ use diesel::pg::Pg;
 use diesel::sql_types::{BigInt, Bool, Nullable, Text};
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
-use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
+use diesel_migrations::{embed_migrations, EmbeddedMigrations};
 use futures_util::StreamExt;
 
 use crate::sql::{Bind, Stmt};
@@ -163,9 +163,9 @@ impl PgStore {
             conn.batch_execute(&format!("SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})"))?;
             // Another replica may have migrated while we waited for the lock;
             // the harness re-reads what is applied, so this is a no-op then.
-            let result = conn.run_pending_migrations(MIGRATIONS).map(|v| v.len());
+            let result = crate::run_migrations(&mut conn, MIGRATIONS);
             conn.batch_execute(&format!("SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})"))?;
-            result.map_err(|e| StoreError::Migration(e.to_string()))
+            result
         })
         .await
         .map(Migrated::from_count)

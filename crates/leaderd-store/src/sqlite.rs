@@ -16,7 +16,7 @@ use diesel::sql_types::{BigInt, Bool, Nullable, Text};
 use diesel::{Connection as _, SqliteConnection};
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use diesel_async::RunQueryDsl;
-use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
+use diesel_migrations::{embed_migrations, EmbeddedMigrations};
 
 use crate::cas::{self, CasOps};
 use crate::sql::{Bind, Stmt};
@@ -149,11 +149,7 @@ impl SqliteStore {
             // BEGIN IMMEDIATE takes the write lock first, so concurrent
             // migrations run one after another and the later ones find
             // nothing pending.
-            conn.immediate_transaction(|conn| {
-                conn.run_pending_migrations(MIGRATIONS)
-                    .map(|v| v.len())
-                    .map_err(|e| StoreError::Migration(e.to_string()))
-            })
+            conn.immediate_transaction(|conn| crate::run_migrations(conn, MIGRATIONS))
         })
         .await
         .map(Migrated::from_count)

@@ -78,10 +78,19 @@ impl DatabaseUrl {
             ));
         }
         let mut raw = raw.to_owned();
-        if backend == Backend::Mysql && parsed.scheme() != "mysql" {
+        if backend == Backend::Mysql {
+            let mut driver = parsed.clone();
             // The driver only knows `mysql://`.
-            let _ = parsed.set_scheme("mysql");
-            raw = parsed.to_string();
+            let _ = driver.set_scheme("mysql");
+            // mysql_async would otherwise switch a loopback TCP connection to
+            // the server's Unix socket, bypassing whatever the URL names
+            // (a proxy, a port forward).
+            if !driver.query_pairs().any(|(k, _)| k == "prefer_socket") {
+                driver
+                    .query_pairs_mut()
+                    .append_pair("prefer_socket", "false");
+            }
+            raw = driver.to_string();
         }
         if parsed.password().is_some() {
             let _ = parsed.set_password(Some("REDACTED"));
@@ -147,6 +156,11 @@ mod tests {
         let m = DatabaseUrl::parse("mariadb://root:pw@h/d").unwrap();
         assert_eq!(m.backend(), Backend::Mysql);
         assert!(m.expose().starts_with("mysql://"));
+        assert!(
+            m.expose().ends_with("?prefer_socket=false"),
+            "{}",
+            m.expose()
+        );
         let s = DatabaseUrl::parse("sqlite://leaderd.db").unwrap();
         assert_eq!(s.sqlite_path(), Some("leaderd.db"));
         assert_eq!(

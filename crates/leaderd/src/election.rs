@@ -122,6 +122,7 @@ pub async fn run(shared: Arc<Shared>, settings: Settings, shutdown: Cancellation
         conn: None,
         migrated: false,
         last_error: None,
+        deadline: None,
     };
     lp.elect(&wake, &shutdown).await;
     lp.step_down_and_release().await;
@@ -136,6 +137,12 @@ struct Loop {
     migrated: bool,
     /// The last failure, so each change of reason is logged once.
     last_error: Option<String>,
+    /// The local deadline in force, for the transition logs.
+    deadline: Option<BootTime>,
+}
+
+fn micros(t: BootTime) -> u64 {
+    u64::try_from(t.since_boot().as_micros()).unwrap_or(u64::MAX)
 }
 
 impl Loop {
@@ -241,13 +248,27 @@ impl Loop {
     }
 
     /// Logs, counts and updates the flag file for each event.
-    fn handle(&self, events: Vec<Event>) {
-        let election = &self.shared.election;
-        let id = &self.shared.id;
+    ///
+    /// Transitions carry boot-clock times in microseconds (`at_us`,
+    /// `deadline_us`), comparable across every process on the host, so a
+    /// checker can rebuild each replica's leadership intervals from the logs.
+    fn handle(&mut self, events: Vec<Event>) {
+        let election = self.shared.election.clone();
+        let id = self.shared.id.clone();
+        let (election, id) = (election.as_str(), id.as_str());
         for event in events {
+            let now = boot_now();
             match event {
                 Event::Acquired { token } => {
-                    info!(election, id, token, "acquired leadership");
+                    self.deadline = self.shared.engine().lease(now).map(|(_, d)| d);
+                    info!(
+                        election,
+                        id,
+                        token,
+                        at_us = micros(now),
+                        deadline_us = self.deadline.map(micros),
+                        "acquired leadership"
+                    );
                     self.shared
                         .metrics
                         .transitions
@@ -255,7 +276,16 @@ impl Loop {
                         .inc();
                     self.write_flag();
                 }
-                Event::Renewed { .. } => self.write_flag(),
+                Event::Renewed { token } => {
+                    self.deadline = self.shared.engine().lease(now).map(|(_, d)| d);
+                    debug!(
+                        election,
+                        token,
+                        deadline_us = self.deadline.map(micros),
+                        "renewed"
+                    );
+                    self.write_flag();
+                }
                 Event::Lost { token, reason } => {
                     self.remove_flag();
                     info!(
@@ -263,6 +293,8 @@ impl Loop {
                         id,
                         token,
                         reason = reason.as_str(),
+                        at_us = micros(now),
+                        deadline_us = self.deadline.take().map(micros),
                         "lost leadership"
                     );
                     self.shared
@@ -289,12 +321,13 @@ impl Loop {
         let Some((token, deadline)) = self.shared.engine().lease(boot_now()) else {
             return;
         };
-        if let Err(e) = flag.write(
+        let written = flag.write(
             &self.shared.election,
             &self.shared.id,
             token,
             unix_ms(deadline),
-        ) {
+        );
+        if let Err(e) = written {
             error!(path = %flag.path().display(), error = %e, "cannot write the flag file");
         }
     }

@@ -1,0 +1,131 @@
+//! A throwaway PostgreSQL server (initdb + pg_ctl on a free port), so a test
+//! can stop and restart the database without touching the shared one.
+//!
+//! PostgreSQL refuses to run as root; when the tests run as root the server
+//! runs as the `postgres` user via `runuser`.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::{free_port, wait_for, Scratch};
+
+#[derive(Debug)]
+pub struct PgServer {
+    pub port: u16,
+    data: PathBuf,
+    bin: PathBuf,
+    _dir: Scratch,
+}
+
+fn pg_bin() -> PathBuf {
+    let root = PathBuf::from("/usr/lib/postgresql");
+    let mut versions: Vec<_> = std::fs::read_dir(&root)
+        .expect("PostgreSQL installed under /usr/lib/postgresql")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    versions.sort();
+    versions.pop().expect("a PostgreSQL version").join("bin")
+}
+
+fn as_postgres(cmd: &PathBuf) -> Command {
+    if rustix::process::geteuid().is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(cmd);
+        c
+    } else {
+        Command::new(cmd)
+    }
+}
+
+impl PgServer {
+    /// initdb and start a server with trust auth on a free port.
+    pub fn start() -> PgServer {
+        let dir = Scratch::new();
+        let data = dir.path("data");
+        let bin = pg_bin();
+        if rustix::process::geteuid().is_root() {
+            let ok = Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(&dir.0)
+                .status()
+                .expect("chown");
+            assert!(ok.success());
+        }
+        let out = as_postgres(&bin.join("initdb"))
+            .args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"])
+            .arg(&data)
+            .output()
+            .expect("initdb");
+        assert!(
+            out.status.success(),
+            "initdb: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let server = PgServer {
+            port: free_port(),
+            data,
+            bin,
+            _dir: dir,
+        };
+        server.run_ctl("start");
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    fn run_ctl(&self, action: &str) {
+        let opts = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            self.port,
+            self.data.display()
+        );
+        let mut cmd = as_postgres(&self.bin.join("pg_ctl"));
+        cmd.args(["-D"])
+            .arg(&self.data)
+            .args(["-o", &opts, "-w", "-m", "fast"]);
+        cmd.arg("-l").arg(self.data.join("server.log")).arg(action);
+        let out = cmd.output().expect("pg_ctl");
+        assert!(
+            out.status.success(),
+            "pg_ctl {action}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if action != "stop" {
+            let port = self.port;
+            wait_for(
+                Duration::from_secs(10),
+                "PostgreSQL to accept connections",
+                || {
+                    std::net::TcpStream::connect(("127.0.0.1", port))
+                        .ok()
+                        .map(|_| ())
+                },
+            );
+        }
+    }
+
+    pub fn stop(&self) {
+        self.run_ctl("stop");
+    }
+
+    pub fn restart(&self) {
+        self.run_ctl("restart");
+    }
+
+    pub fn start_again(&self) {
+        self.run_ctl("start");
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        let _ = as_postgres(&self.bin.join("pg_ctl"))
+            .args(["-D"])
+            .arg(&self.data)
+            .args(["-m", "immediate", "stop"])
+            .output();
+    }
+}

@@ -1,0 +1,511 @@
+//! Faults and bad input: never two leaders, never a lost leader.
+//!
+//! Every daemon reaches its database through its own fault proxy, so the
+//! leader's link alone can be cut, blackholed or slowed. After every scenario
+//! the split-brain checker rebuilds all leadership intervals from the
+//! daemons' logs and asserts that none overlap; liveness is checked by
+//! waiting for a leader after the fault heals.
+//!
+//! The long soak (hundreds of faults) is `#[ignore]`d; run it with
+//! `SOAK_FAULTS=500 cargo test -p leaderd-tests --test faults -- --ignored --nocapture soak`.
+
+use std::time::{Duration, Instant};
+
+use leaderd_tests::checker::assert_no_overlap;
+use leaderd_tests::pgserver::PgServer;
+use leaderd_tests::proxy::{Fault, FaultProxy};
+use leaderd_tests::{http_get, http_raw, run_cli, serial, wait_for, Daemon, Kind, Scratch, TempDb};
+
+const TTL: Duration = Duration::from_millis(1200);
+const SLACK: Duration = Duration::from_millis(300);
+
+/// Replicas that each talk to the database through their own proxy.
+struct Cluster {
+    daemons: Vec<Daemon>,
+    proxies: Vec<FaultProxy>,
+    url: String,
+    dir: Scratch,
+}
+
+fn upstream(url: &str) -> std::net::SocketAddr {
+    let rest = url.split_once("://").unwrap().1;
+    let host = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+    let hostport = host.split('/').next().unwrap();
+    hostport.parse().expect("host:port")
+}
+
+impl Cluster {
+    fn start(url: &str, n: usize) -> Cluster {
+        let mut c = Cluster {
+            daemons: Vec::new(),
+            proxies: Vec::new(),
+            url: url.to_owned(),
+            dir: Scratch::new(),
+        };
+        for i in 0..n {
+            c.add(&format!("r{i}"));
+        }
+        c
+    }
+
+    fn add(&mut self, id: &str) {
+        let proxy = FaultProxy::start(upstream(&self.url));
+        let d = Daemon::start(&proxy.url(&self.url), id, &self.dir, &[]);
+        self.proxies.push(proxy);
+        self.daemons.push(d);
+    }
+
+    /// Replaces replica `i` with a new process (a new instance).
+    fn restart(&mut self, i: usize, id: &str) {
+        let url = self.proxies[i].url(&self.url);
+        self.daemons[i] = Daemon::start(&url, id, &self.dir, &[]);
+    }
+
+    fn refs(&self) -> Vec<&Daemon> {
+        self.daemons.iter().collect()
+    }
+
+    /// Waits for exactly one leader among the live daemons.
+    fn leader(&self, within: Duration) -> usize {
+        wait_for(within, "a single leader", || {
+            let leaders: Vec<usize> = (0..self.daemons.len())
+                .filter(|&i| self.daemons[i].is_leader())
+                .collect();
+            (leaders.len() == 1).then(|| leaders[0])
+        })
+    }
+
+    /// Waits for a leader other than `not`.
+    fn new_leader(&self, not: usize, within: Duration) -> usize {
+        wait_for(within, "a new leader", || {
+            (0..self.daemons.len()).find(|&i| i != not && self.daemons[i].is_leader())
+        })
+    }
+
+    fn check(&self) -> usize {
+        assert_no_overlap(&self.refs()).len()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // A failed scenario is only as useful as what the daemons said.
+        if std::thread::panicking() {
+            for d in &self.daemons {
+                eprintln!("----- log of {} -----\n{}", d.id, d.log_text());
+            }
+        }
+    }
+}
+
+fn pg() -> TempDb {
+    TempDb::postgres()
+}
+
+/// A fault on the leader's link only; checks the takeover, the old leader's
+/// step-down, and (after healing) that the cluster still has one leader.
+fn partition_leader(db: &TempDb, fault: Fault, hold: Duration) {
+    let c = Cluster::start(&db.url, 3);
+    let old = c.leader(Duration::from_secs(10));
+    c.proxies[old].set(fault);
+    let new = c.new_leader(old, 3 * TTL + SLACK);
+    // The old leader stopped calling itself leader by its deadline.
+    wait_for(TTL, "the old leader to step down", || {
+        (!c.daemons[old].is_leader()).then_some(())
+    });
+    std::thread::sleep(hold.saturating_sub(3 * TTL));
+    c.proxies[old].heal();
+    let after = c.leader(TTL + SLACK);
+    assert_eq!(after, new, "a healed replica must not take a live lease");
+    assert!(c.check() >= 2);
+}
+
+#[test]
+fn blackholed_leader_steps_down_and_is_replaced() {
+    let _s = serial();
+    partition_leader(&pg(), Fault::Blackhole, Duration::from_secs(3));
+}
+
+#[test]
+fn latency_above_the_ttl_costs_the_leader_its_lease() {
+    let _s = serial();
+    partition_leader(
+        &pg(),
+        Fault::Latency(Duration::from_millis(1500)),
+        Duration::from_secs(3),
+    );
+}
+
+#[test]
+fn replies_delayed_past_the_deadline_are_not_believed() {
+    let _s = serial();
+    partition_leader(
+        &pg(),
+        Fault::DelayReplies(Duration::from_millis(1500)),
+        Duration::from_secs(3),
+    );
+}
+
+#[test]
+fn requests_forwarded_then_cut_before_the_reply() {
+    let _s = serial();
+    partition_leader(&pg(), Fault::CutBeforeReply, Duration::from_secs(3));
+}
+
+#[test]
+fn cut_connections_are_reopened_and_the_leader_keeps_its_lease() {
+    let _s = serial();
+    let db = pg();
+    let c = Cluster::start(&db.url, 3);
+    let leader = c.leader(Duration::from_secs(10));
+    let token = c.daemons[leader].leader().unwrap().1["token"].clone();
+    for _ in 0..5 {
+        // A cut, healed at once: the retry on a fresh connection renews well
+        // before the deadline.
+        c.proxies[leader].set(Fault::Cut);
+        c.proxies[leader].heal();
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            c.daemons[leader].is_leader(),
+            "lost the lease over a brief cut"
+        );
+    }
+    assert_eq!(c.daemons[leader].leader().unwrap().1["token"], token);
+    c.check();
+}
+
+#[test]
+fn mariadb_blackholed_leader_steps_down_and_is_replaced() {
+    let _s = serial();
+    partition_leader(&TempDb::mysql(), Fault::Blackhole, Duration::from_secs(3));
+}
+
+#[test]
+fn sigstopped_leader_answers_503_the_moment_it_resumes() {
+    let _s = serial();
+    let db = pg();
+    let c = Cluster::start(&db.url, 3);
+    let old = c.leader(Duration::from_secs(10));
+    c.daemons[old].signal(rustix::process::Signal::STOP);
+    let new = c.new_leader(old, TTL + SLACK);
+    std::thread::sleep((2 * TTL).saturating_sub(TTL));
+    // Ask while it is stopped; the answer is computed when it resumes.
+    let port = c.daemons[old].port;
+    let asked = std::thread::spawn(move || http_get(port, "/leader"));
+    std::thread::sleep(Duration::from_millis(100));
+    c.daemons[old].signal(rustix::process::Signal::CONT);
+    let (status, body) = asked.join().unwrap().expect("answer after SIGCONT");
+    assert_eq!(status, 503, "{body}");
+    assert!(c.daemons[new].is_leader());
+    wait_for(
+        Duration::from_secs(2),
+        "the resumed flag file to go",
+        || (!c.daemons[old].flag.exists()).then_some(()),
+    );
+    c.check();
+}
+
+#[test]
+fn database_restart_is_survived() {
+    let _s = serial();
+    let server = PgServer::start();
+    let c = Cluster::start(&server.url(), 3);
+    c.leader(Duration::from_secs(10));
+    server.restart();
+    c.leader(Duration::from_secs(2) + TTL + SLACK);
+    // Down for longer than a lease: everybody steps down, then one leads.
+    server.stop();
+    wait_for(TTL + SLACK, "no leader while the database is down", || {
+        c.daemons.iter().all(|d| !d.is_leader()).then_some(())
+    });
+    // Ready means a round trip within max(3 × heartbeat, ttl) = 3 s.
+    wait_for(Duration::from_secs(3) + SLACK, "readiness to drop", || {
+        c.daemons
+            .iter()
+            .all(|d| http_get(d.port, "/readyz").map(|r| r.0) == Some(503))
+            .then_some(())
+    });
+    for d in &c.daemons {
+        assert_eq!(http_get(d.port, "/healthz").unwrap().0, 200, "{}", d.id);
+    }
+    server.start_again();
+    c.leader(Duration::from_secs(3) + TTL + SLACK);
+    c.check();
+}
+
+#[test]
+fn a_deleted_row_makes_the_leader_step_down_then_recovers() {
+    let _s = serial();
+    let db = pg();
+    let c = Cluster::start(&db.url, 3);
+    let old = c.leader(Duration::from_secs(10));
+    db.exec(&["DELETE FROM service_leader_lock"]);
+    wait_for(TTL, "the leader to step down", || {
+        (!c.daemons[old].is_leader()).then_some(())
+    });
+    c.leader(3 * TTL);
+    c.check();
+}
+
+#[test]
+fn a_dropped_table_means_no_leader_until_migrated_again() {
+    let _s = serial();
+    let db = pg();
+    let c = Cluster::start(&db.url, 3);
+    c.leader(Duration::from_secs(10));
+    db.exec(&["DROP TABLE service_leader_lock"]);
+    wait_for(TTL + SLACK, "no leader without the table", || {
+        c.daemons.iter().all(|d| !d.is_leader()).then_some(())
+    });
+    wait_for(Duration::from_secs(4), "readiness to drop", || {
+        c.daemons
+            .iter()
+            .all(|d| http_get(d.port, "/readyz").map(|r| r.0) == Some(503))
+            .then_some(())
+    });
+    for d in &c.daemons {
+        assert!(
+            d.log_text().contains("service_leader_lock"),
+            "{} did not say why",
+            d.id
+        );
+    }
+    let (code, _, err) = run_cli(&["migrate", "--database-url", &db.url], &[]);
+    assert_eq!(code, 0, "{err}");
+    c.leader(Duration::from_secs(3) + TTL);
+    c.check();
+}
+
+#[test]
+fn twenty_replicas_elect_one() {
+    let _s = serial();
+    let db = pg();
+    let mut c = Cluster::start(&db.url, 20);
+    let leader = c.leader(Duration::from_secs(15));
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until {
+        let n = c.daemons.iter().filter(|d| d.is_leader()).count();
+        assert!(n <= 1, "{n} leaders");
+    }
+    c.daemons[leader].sigkill();
+    c.new_leader(leader, TTL + SLACK + Duration::from_millis(500));
+    c.daemons[leader] = Daemon::start(&c.proxies[leader].url(&c.url), "r-back", &c.dir, &[]);
+    c.check();
+}
+
+#[test]
+fn rolling_restart_of_every_replica() {
+    let _s = serial();
+    let db = pg();
+    let mut c = Cluster::start(&db.url, 3);
+    c.leader(Duration::from_secs(10));
+    for i in 0..3 {
+        c.daemons[i].sigterm();
+        assert_eq!(
+            c.daemons[i]
+                .wait_exit(Duration::from_secs(2))
+                .and_then(|s| s.code()),
+            Some(0)
+        );
+        // Keep the old log for the checker before replacing the process.
+        let id = format!("r{i}-v2");
+        let old_log = c.daemons[i].log_events();
+        let old_id = c.daemons[i].id.clone();
+        c.restart(i, &id);
+        leaderd_tests::checker::check(&mut leaderd_tests::checker::intervals_from(
+            &old_id, &old_log,
+        ));
+        c.leader(TTL + SLACK);
+    }
+    c.check();
+}
+
+/// Bad input: every problem is a clear, specific error, never a leader.
+mod bad_input {
+    use super::*;
+
+    #[test]
+    fn missing_table_with_no_migrate_never_leads() {
+        let _s = serial();
+        let db = pg();
+        let dir = Scratch::new();
+        let d = Daemon::start(&db.url, "a", &dir, &["--no-migrate"]);
+        wait_for(
+            Duration::from_secs(5),
+            "the missing table to be reported",
+            || d.log_text().contains("service_leader_lock").then_some(()),
+        );
+        let until = Instant::now() + TTL * 2;
+        while Instant::now() < until {
+            assert_eq!(d.leader().unwrap().0, 503);
+        }
+        assert_eq!(http_get(d.port, "/readyz").unwrap().0, 503);
+    }
+
+    #[test]
+    fn a_user_without_write_permission_never_leads() {
+        let _s = serial();
+        let db = pg();
+        let (code, _, err) = run_cli(&["migrate", "--database-url", &db.url], &[]);
+        assert_eq!(code, 0, "{err}");
+        let role = format!("leaderd_ro_{}", uuid::Uuid::new_v4().simple());
+        db.exec(&[
+            &format!("CREATE ROLE {role} LOGIN"),
+            &format!("GRANT SELECT ON service_leader_lock, __diesel_schema_migrations TO {role}"),
+        ]);
+        let dir = Scratch::new();
+        let d = Daemon::start(&db.url_as(&role), "ro", &dir, &[]);
+        wait_for(
+            Duration::from_secs(5),
+            "permission denied to be reported",
+            || d.log_text().contains("permission denied").then_some(()),
+        );
+        let until = Instant::now() + TTL * 2;
+        while Instant::now() < until {
+            assert_eq!(d.leader().unwrap().0, 503);
+        }
+        drop(d);
+        db.exec(&[&format!("DROP OWNED BY {role}")]);
+        drop(db);
+        leaderd_tests::pg_exec(
+            &leaderd_tests::postgres_admin_url(),
+            &[&format!("DROP ROLE IF EXISTS {role}")],
+        );
+    }
+
+    #[test]
+    fn junk_and_oversized_http_requests_get_4xx_and_do_no_harm() {
+        let _s = serial();
+        let db = pg();
+        let dir = Scratch::new();
+        let d = Daemon::start(&db.url, "a", &dir, &[]);
+        wait_for(Duration::from_secs(5), "leadership", || {
+            d.is_leader().then_some(())
+        });
+        let junk: Vec<Vec<u8>> = vec![
+            b"GARBAGE\r\n\r\n".to_vec(),
+            b"GET /leader HTTP/9.9\r\n\r\n".to_vec(),
+            b"\x00\x01\x02\x03\xff\xfe\r\n\r\n".to_vec(),
+            format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(100_000)).into_bytes(),
+            format!(
+                "GET /leader HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+                "b".repeat(200_000)
+            )
+            .into_bytes(),
+            b"POST /leader HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello".to_vec(),
+            b"GET /leader?x=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".to_vec(),
+        ];
+        for bytes in &junk {
+            let answer = http_raw(d.port, bytes);
+            if let Some(status) = answer.split(' ').nth(1).and_then(|s| s.parse::<u16>().ok()) {
+                assert!(
+                    (400..500).contains(&status) || status == 200,
+                    "unexpected {status} for {:?}",
+                    String::from_utf8_lossy(&bytes[..bytes.len().min(40)])
+                );
+            }
+        }
+        assert_eq!(http_get(d.port, "/nope").unwrap().0, 404);
+        assert!(d.is_leader(), "the daemon was harmed");
+    }
+
+    #[test]
+    fn the_password_never_appears_in_any_output() {
+        let _s = serial();
+        let db = TempDb::mysql();
+        // A wrong password: the server refuses, the daemon reports it.
+        let rest = db.url.split_once("://").unwrap().1;
+        let host = rest.split_once('@').unwrap().1;
+        let url = format!("mysql://root:Sup3rS3cret@{host}");
+        let dir = Scratch::new();
+        let d = Daemon::start(&url, "a", &dir, &[]);
+        wait_for(Duration::from_secs(5), "a failed attempt", || {
+            d.log_text().contains("attempt failed").then_some(())
+        });
+        let (_, body) = http_get(d.port, "/metrics").unwrap();
+        let (_, leader) = http_get(d.port, "/leader").unwrap();
+        let (c1, o1, e1) = run_cli(&["status", "--database-url", &url], &[]);
+        let (c2, o2, e2) = run_cli(&["--database-url", &url, "--ttl", "bad"], &[]);
+        assert_eq!((c1, c2), (1, 2));
+        for text in [d.log_text(), body, leader, o1, e1, o2, e2] {
+            assert!(!text.contains("Sup3rS3cret"), "password leaked: {text}");
+        }
+        assert!(
+            d.log_text().contains("REDACTED"),
+            "the URL is logged, redacted"
+        );
+        assert_eq!(db.kind, Kind::Mysql);
+    }
+}
+
+/// Hundreds of random faults on the leader's link, the leader process and the
+/// row, with the checker after every round. `SOAK_FAULTS` sets the count
+/// (default 100).
+#[test]
+#[ignore = "long: run with --ignored (see the module docs)"]
+fn soak() {
+    let _s = serial();
+    let total: usize = std::env::var("SOAK_FAULTS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100);
+    let db = pg();
+    let mut c = Cluster::start(&db.url, 3);
+    let mut counts = std::collections::BTreeMap::<&str, usize>::new();
+    let mut longest_gap = Duration::ZERO;
+    let mut generation = 0;
+    for n in 0..total {
+        let leader = c.leader(Duration::from_secs(10));
+        let kind = match n % 7 {
+            0 => "blackhole",
+            1 => "latency",
+            2 => "delay_replies",
+            3 => "cut_before_reply",
+            4 => "sigkill",
+            5 => "sigstop",
+            _ => "sigterm",
+        };
+        *counts.entry(kind).or_default() += 1;
+        match kind {
+            "sigkill" | "sigterm" | "sigstop" => {
+                match kind {
+                    "sigkill" => c.daemons[leader].sigkill(),
+                    "sigterm" => c.daemons[leader].sigterm(),
+                    _ => c.daemons[leader].signal(rustix::process::Signal::STOP),
+                }
+                c.new_leader(leader, 2 * TTL + SLACK);
+                if kind == "sigstop" {
+                    c.daemons[leader].signal(rustix::process::Signal::CONT);
+                    assert_eq!(c.daemons[leader].leader().unwrap().0, 503);
+                } else {
+                    generation += 1;
+                    let old = c.daemons[leader].log_events();
+                    let id = c.daemons[leader].id.clone();
+                    c.restart(leader, &format!("r{leader}-{generation}"));
+                    // Keep the checker's view of the killed process.
+                    let mut all = leaderd_tests::checker::intervals_from(&id, &old);
+                    for d in &c.daemons {
+                        all.extend(leaderd_tests::checker::intervals(d));
+                    }
+                    leaderd_tests::checker::check(&mut all);
+                }
+            }
+            _ => {
+                let fault = match kind {
+                    "blackhole" => Fault::Blackhole,
+                    "latency" => Fault::Latency(Duration::from_millis(1500)),
+                    "delay_replies" => Fault::DelayReplies(Duration::from_millis(1500)),
+                    _ => Fault::CutBeforeReply,
+                };
+                c.proxies[leader].set(fault);
+                c.new_leader(leader, 3 * TTL + SLACK);
+                c.proxies[leader].heal();
+            }
+        }
+        let healed_at = Instant::now();
+        c.leader(TTL + SLACK);
+        longest_gap = longest_gap.max(healed_at.elapsed());
+        c.check();
+    }
+    eprintln!("soak: {total} faults {counts:?}; longest wait for a single leader after healing {longest_gap:?}");
+}
