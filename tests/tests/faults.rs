@@ -453,6 +453,7 @@ fn soak() {
     let mut c = Cluster::start(&db.url, 3);
     let mut counts = std::collections::BTreeMap::<&str, usize>::new();
     let mut longest_gap = Duration::ZERO;
+    let mut slowest = std::collections::BTreeMap::<&str, Duration>::new();
     let mut generation = 0;
     for n in 0..total {
         let leader = c.leader(Duration::from_secs(10));
@@ -466,6 +467,7 @@ fn soak() {
             _ => "sigterm",
         };
         *counts.entry(kind).or_default() += 1;
+        let injected = Instant::now();
         match kind {
             "sigkill" | "sigterm" | "sigstop" => {
                 match kind {
@@ -474,6 +476,9 @@ fn soak() {
                     _ => c.daemons[leader].signal(rustix::process::Signal::STOP),
                 }
                 c.new_leader(leader, 2 * TTL + SLACK);
+                let took = injected.elapsed();
+                let e = slowest.entry(kind).or_default();
+                *e = (*e).max(took);
                 if kind == "sigstop" {
                     c.daemons[leader].signal(rustix::process::Signal::CONT);
                     assert_eq!(c.daemons[leader].leader().unwrap().0, 503);
@@ -499,6 +504,9 @@ fn soak() {
                 };
                 c.proxies[leader].set(fault);
                 c.new_leader(leader, 3 * TTL + SLACK);
+                let took = injected.elapsed();
+                let e = slowest.entry(kind).or_default();
+                *e = (*e).max(took);
                 c.proxies[leader].heal();
             }
         }
@@ -507,5 +515,8 @@ fn soak() {
         longest_gap = longest_gap.max(healed_at.elapsed());
         c.check();
     }
-    eprintln!("soak: {total} faults {counts:?}; longest wait for a single leader after healing {longest_gap:?}");
+    eprintln!(
+        "soak: {total} faults {counts:?}; slowest takeover per fault {slowest:?}; \
+         longest wait for a single leader after healing {longest_gap:?}; no overlapping intervals"
+    );
 }

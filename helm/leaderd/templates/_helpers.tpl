@@ -1,0 +1,108 @@
+{{/*
+Names and labels.
+*/}}
+{{- define "leaderd.fullname" -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "leaderd.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "leaderd.secretName" -}}
+{{- required "database.existingSecret must name the Secret holding the database URL" .Values.database.existingSecret -}}
+{{- end -}}
+
+{{/*
+The sidecar container, for a pod's initContainers (a native sidecar:
+restartPolicy Always, Kubernetes 1.29+). It stops after the app containers,
+so the lease is held through the app's shutdown.
+Usage: initContainers:
+         {{- include "leaderd.sidecar" . | nindent 8 }}
+*/}}
+{{- define "leaderd.sidecar" -}}
+- name: leaderd
+  image: "{{ .Values.image.repository }}:{{ .Values.image.tag }}"
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  restartPolicy: Always
+  args: ["run"]
+  env:
+    {{- if eq .Values.idSource "podName" }}
+    - name: POD_NAME
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.name
+    {{- end }}
+    - name: LEADERD_ELECTION
+      value: {{ .Values.election | quote }}
+    - name: LEADERD_DATABASE_URL_FILE
+      value: /var/run/secrets/leaderd/{{ .Values.database.secretKey }}
+    - name: LEADERD_LISTEN
+      value: {{ .Values.listen | quote }}
+    - name: LEADERD_HEARTBEAT
+      value: {{ .Values.heartbeat | quote }}
+    - name: LEADERD_TTL
+      value: {{ .Values.ttl | quote }}
+    - name: LEADERD_LOG_FORMAT
+      value: {{ .Values.logFormat | quote }}
+    - name: LEADERD_MIGRATE
+      value: {{ (not .Values.migration.enabled) | quote }}
+    {{- if .Values.flagFile.enabled }}
+    - name: LEADERD_FLAG_FILE
+      value: {{ .Values.flagFile.path | quote }}
+    {{- end }}
+  ports:
+    - name: leaderd
+      containerPort: {{ .Values.port }}
+  {{- if .Values.livenessProbe.enabled }}
+  livenessProbe:
+    httpGet:
+      path: /healthz
+      port: leaderd
+    periodSeconds: {{ .Values.livenessProbe.periodSeconds }}
+    failureThreshold: {{ .Values.livenessProbe.failureThreshold }}
+  {{- end }}
+  resources:
+    {{- toYaml .Values.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml .Values.securityContext | nindent 4 }}
+  volumeMounts:
+    - name: leaderd-db
+      mountPath: /var/run/secrets/leaderd
+      readOnly: true
+    {{- if .Values.flagFile.enabled }}
+    - name: {{ .Values.flagFile.volumeName }}
+      mountPath: {{ dir .Values.flagFile.path }}
+    {{- end }}
+{{- end -}}
+
+{{/*
+The volumes the sidecar needs, for the pod's volumes list.
+*/}}
+{{- define "leaderd.volumes" -}}
+- name: leaderd-db
+  secret:
+    secretName: {{ include "leaderd.secretName" . }}
+{{- if .Values.flagFile.enabled }}
+- name: {{ .Values.flagFile.volumeName }}
+  emptyDir:
+    medium: Memory
+    sizeLimit: 1Mi
+{{- end }}
+{{- end -}}
+
+{{/*
+A readiness probe for the app container: Ready only while this replica
+leads, so a Service routes to the leader alone.
+*/}}
+{{- define "leaderd.leaderReadinessProbe" -}}
+httpGet:
+  path: /leader
+  port: {{ .Values.port }}
+periodSeconds: 2
+failureThreshold: 1
+{{- end -}}
