@@ -7,7 +7,7 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -231,14 +231,19 @@ pub fn wait_for<T>(within: Duration, what: &str, mut f: impl FnMut() -> Option<T
 }
 
 /// The `leaderd` binary under test: `$LEADERD_BIN`, else the one cargo built
-/// beside this test executable.
+/// beside this executable (or beside its `deps/` folder).
 pub fn leaderd_bin() -> PathBuf {
     if let Ok(p) = std::env::var("LEADERD_BIN") {
         return PathBuf::from(p);
     }
     let exe = std::env::current_exe().expect("current exe");
-    let dir = exe.parent().and_then(Path::parent).expect("target dir");
-    let bin = dir.join("leaderd");
+    // Beside a binary (the bench), or one level up from a test in deps/.
+    let beside = exe.parent().expect("exe dir");
+    let bin = [beside, beside.parent().unwrap_or(beside)]
+        .iter()
+        .map(|d| d.join("leaderd"))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| beside.join("leaderd"));
     assert!(
         bin.exists(),
         "{} not found: build it first (`cargo build -p leaderd`) or set LEADERD_BIN",

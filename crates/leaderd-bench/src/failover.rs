@@ -1,0 +1,212 @@
+//! Failover: real `leaderd` daemons, the leader killed (SIGKILL) or stopped
+//! (SIGTERM) again and again, timed until another replica answers 200; and
+//! the seed's polling behaviour beside it.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use leaderd_tests::{wait_single_leader, Daemon, Kind, Scratch, TempDb};
+use rustix::process::Signal;
+
+use crate::seed::Seed;
+use crate::stats::{ms, Summary};
+use crate::Size;
+
+/// Kills the leader of three daemons `rounds` times with `signal`; the time
+/// from the signal until another daemon answers 200 on `/leader`.
+fn leaderd_failovers(url: &str, signal: Signal, rounds: usize) -> Vec<Duration> {
+    let dir = Scratch::new();
+    let mut ds: Vec<Daemon> = ["a", "b", "c"]
+        .iter()
+        .map(|id| Daemon::start(url, id, &dir, &[]))
+        .collect();
+    let mut times = Vec::new();
+    for round in 0..rounds {
+        let refs: Vec<&Daemon> = ds.iter().collect();
+        let leader = wait_single_leader(&refs, Duration::from_secs(10));
+        let leader_id = ds[leader].id.clone();
+        // Start from a steady state: every follower has seen the leader.
+        leaderd_tests::wait_for(
+            Duration::from_secs(5),
+            "followers to see the leader",
+            || {
+                ds.iter()
+                    .all(|d| {
+                        d.leader()
+                            .is_some_and(|(_, b)| b["leader"].as_str() == Some(leader_id.as_str()))
+                    })
+                    .then_some(())
+            },
+        );
+        let others: Vec<&Daemon> = ds
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != leader)
+            .map(|(_, d)| d)
+            .collect();
+        let t0 = Instant::now();
+        ds[leader].signal(signal);
+        loop {
+            if others.iter().any(|d| d.is_leader()) {
+                times.push(t0.elapsed());
+                break;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "no failover");
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        ds[leader].wait_exit(Duration::from_secs(3));
+        let id = format!("{}{round}", &ds[leader].id[..1]);
+        ds[leader] = Daemon::start(url, &id, &dir, &[]);
+    }
+    times
+}
+
+/// Per election: every grant, as (elector, when).
+type Grants = Vec<Vec<(usize, Instant)>>;
+
+/// The seed articles' behaviour: every replica tries once a second on its own
+/// fixed grid, the holder refreshes on the same grid, a holder that dies (or
+/// shuts down: there is no release) is replaced once `now > expiry` by some
+/// follower's clock. `elections` independent elections of three run at once.
+async fn seed_failovers(elections: usize) -> Result<Vec<Duration>> {
+    let db = TempDb::postgres();
+    Seed::setup(Kind::Postgres, &db.url, elections).await?;
+    let pool: Arc<Vec<tokio::sync::Mutex<Seed>>> = Arc::new({
+        let mut v = Vec::new();
+        for _ in 0..elections.min(32) {
+            v.push(tokio::sync::Mutex::new(
+                Seed::connect(Kind::Postgres, &db.url).await?,
+            ));
+        }
+        v
+    });
+    // Per election: the current holder, and every grant (elector, when).
+    let holder: Arc<Mutex<Vec<Option<usize>>>> = Arc::new(Mutex::new(vec![None; elections]));
+    let grants: Arc<Mutex<Grants>> = Arc::new(Mutex::new(vec![Vec::new(); elections]));
+    let dead: Arc<Vec<AtomicBool>> =
+        Arc::new((0..elections * 3).map(|_| AtomicBool::new(false)).collect());
+    let start = tokio::time::Instant::now();
+    let mut tasks = Vec::new();
+    for e in 0..elections {
+        for r in 0..3 {
+            let (pool, holder, grants, dead) =
+                (pool.clone(), holder.clone(), grants.clone(), dead.clone());
+            let me = e * 3 + r;
+            tasks.push(tokio::spawn(async move {
+                let phase = Duration::from_secs_f64((me as f64 * 0.618_033_988_7) % 1.0);
+                let mut tick = tokio::time::interval_at(start + phase, Duration::from_secs(1));
+                let (name, owner) = (format!("e{e}"), format!("r{me}"));
+                for _ in 0..8 {
+                    tick.tick().await;
+                    if dead[me].load(Ordering::SeqCst) {
+                        return Ok::<_, anyhow::Error>(());
+                    }
+                    let conn = &pool[me % pool.len()];
+                    if conn
+                        .lock()
+                        .await
+                        .try_lock(Kind::Postgres, &name, &owner, 1200)
+                        .await?
+                    {
+                        let mut h = holder.lock().expect("holder");
+                        if h[e] != Some(me) {
+                            h[e] = Some(me);
+                            grants.lock().expect("grants")[e].push((me, Instant::now()));
+                        }
+                    }
+                }
+                Ok(())
+            }));
+        }
+    }
+    tokio::time::sleep_until(start + Duration::from_millis(3300)).await;
+    let killed_at = Instant::now();
+    let killed: Vec<Option<usize>> = holder.lock().expect("holder").clone();
+    for k in killed.iter().flatten() {
+        dead[*k].store(true, Ordering::SeqCst);
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let grants = grants.lock().expect("grants");
+    Ok(killed
+        .iter()
+        .enumerate()
+        .filter_map(|(e, k)| {
+            let k = (*k)?;
+            grants[e]
+                .iter()
+                .filter(|(who, at)| *who != k && *at > killed_at)
+                .map(|(_, at)| *at - killed_at)
+                .min()
+        })
+        .collect())
+}
+
+fn row(what: &str, xs: Vec<Duration>) -> String {
+    let s = Summary::of(xs);
+    format!(
+        "| {what} | {} | {} | {} | {} |",
+        s.n,
+        ms(s.p50),
+        ms(s.p99),
+        ms(s.max)
+    )
+}
+
+pub async fn run(size: Size) -> Result<()> {
+    let rounds = size.pick(50, 2);
+    let mysql_rounds = size.pick(20, 1);
+    println!("## Failover\n");
+    println!(
+        "Three real `leaderd` daemons (default heartbeat 1 s, ttl 1.2 s); the leader is signalled, \
+         and the time runs until another daemon answers 200 on `/leader` (polled every 0.5 ms). \
+         The killed daemon is replaced by a new process before the next round. Seed: three \
+         replicas per election polling once a second on their own grid, {} elections at once, \
+         holders stopped without release (the seed has none, so SIGTERM = SIGKILL).\n",
+        size.pick(50, 2)
+    );
+    println!("| case | n | p50 ms | p99 ms | max ms |");
+    println!("|---|---:|---:|---:|---:|");
+    let pg = TempDb::postgres();
+    let my = TempDb::mysql();
+    let cases = [
+        (
+            "leaderd, PostgreSQL, SIGKILL",
+            pg.url.clone(),
+            Signal::KILL,
+            rounds,
+        ),
+        (
+            "leaderd, PostgreSQL, SIGTERM",
+            pg.url.clone(),
+            Signal::TERM,
+            rounds,
+        ),
+        (
+            "leaderd, MariaDB, SIGKILL",
+            my.url.clone(),
+            Signal::KILL,
+            mysql_rounds,
+        ),
+        (
+            "leaderd, MariaDB, SIGTERM",
+            my.url.clone(),
+            Signal::TERM,
+            mysql_rounds,
+        ),
+    ];
+    for (what, url, signal, n) in cases {
+        let times = tokio::task::spawn_blocking(move || leaderd_failovers(&url, signal, n)).await?;
+        println!("{}", row(what, times));
+    }
+    let seed = seed_failovers(size.pick(50, 2)).await?;
+    println!(
+        "{}",
+        row("seed polling, PostgreSQL, SIGKILL or SIGTERM", seed)
+    );
+    println!();
+    Ok(())
+}

@@ -1,0 +1,330 @@
+//! Heartbeat cost (leaderd's store against the seed algorithm) and scale (how
+//! many replicas at 1 Hz one PostgreSQL serves).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use diesel::sql_types::Text;
+use diesel::QueryableByName;
+use diesel_async::{AsyncConnection, AsyncMysqlConnection, RunQueryDsl};
+use leaderd_store::{Attempt, Connection, DatabaseUrl, LeaseRequest};
+use leaderd_tests::{Kind, TempDb};
+use tokio::sync::Mutex;
+
+use crate::seed::{self, Seed};
+use crate::stats::{ms, Summary};
+use crate::Size;
+
+/// Connections shared by the electors, as behind a pooler: PostgreSQL allows
+/// 100 connections by default, MariaDB 151.
+const POOL: usize = 64;
+/// Long enough that no lease lapses during a run.
+const TTL: Duration = Duration::from_secs(60);
+
+fn temp_db(kind: Kind) -> TempDb {
+    match kind {
+        Kind::Postgres => TempDb::postgres(),
+        _ => TempDb::mysql(),
+    }
+}
+
+fn kind_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Postgres => "PostgreSQL 15",
+        Kind::Mysql => "MariaDB 10.11",
+        Kind::Sqlite => "SQLite",
+    }
+}
+
+/// Creates the lock table with `n` free rows `e0…`, as if every replica had
+/// started long ago (so no run pays the blocked-row wait).
+async fn leaderd_rows(db: &TempDb, n: usize) -> Result<()> {
+    let url = DatabaseUrl::parse(&db.url)?;
+    Connection::connect(&url).await?.migrate().await?;
+    let expired = match db.kind {
+        Kind::Postgres => "now() - interval '1 second'",
+        _ => "UTC_TIMESTAMP(6) - INTERVAL 1 SECOND",
+    };
+    for chunk in (0..n).collect::<Vec<_>>().chunks(4000) {
+        let values: Vec<String> = chunk
+            .iter()
+            .map(|i| format!("('e{i}', 1, {expired})"))
+            .collect();
+        db.exec(&[&format!(
+            "INSERT INTO service_leader_lock (name, token, expires_at) VALUES {}",
+            values.join(",")
+        )]);
+    }
+    Ok(())
+}
+
+async fn leaderd_pool(db: &TempDb, size: usize) -> Result<Arc<Vec<Mutex<Connection>>>> {
+    let url = DatabaseUrl::parse(&db.url)?;
+    let mut conns = Vec::new();
+    for _ in 0..size {
+        conns.push(Mutex::new(Connection::connect(&url).await?));
+    }
+    Ok(Arc::new(conns))
+}
+
+/// Takes the lease of election `e{i}`; returns the token.
+async fn take(conn: &Mutex<Connection>, i: usize) -> Result<i64> {
+    let (name, id) = (format!("e{i}"), format!("r{i}"));
+    let req = LeaseRequest {
+        election: &name,
+        holder: &id,
+        instance: &id,
+        ttl: TTL,
+        held_token: None,
+    };
+    match conn.lock().await.acquire_or_renew(&req).await? {
+        Attempt::Granted { token } => Ok(token),
+        other => anyhow::bail!("could not take e{i}: {other:?}"),
+    }
+}
+
+/// Renews `e{i}` as its holder: what a leader does every `renew_every`.
+async fn renew(conn: &Mutex<Connection>, i: usize, token: i64) -> Result<()> {
+    let (name, id) = (format!("e{i}"), format!("r{i}"));
+    let req = LeaseRequest {
+        election: &name,
+        holder: &id,
+        instance: &id,
+        ttl: TTL,
+        held_token: Some(token),
+    };
+    match conn.lock().await.acquire_or_renew(&req).await? {
+        Attempt::Granted { .. } => Ok(()),
+        other => anyhow::bail!("lost e{i}: {other:?}"),
+    }
+}
+
+struct Run {
+    rate: f64,
+    lat: Summary,
+    round_trips: Option<f64>,
+}
+
+#[derive(QueryableByName)]
+struct Status {
+    #[diesel(sql_type = Text, column_name = "Value")]
+    value: String,
+}
+
+/// MariaDB's count of statements received from clients.
+async fn questions(url: &str) -> Result<u64> {
+    let mut c = AsyncMysqlConnection::establish(url).await?;
+    let rows: Vec<Status> = diesel::sql_query("SHOW GLOBAL STATUS LIKE 'Questions'")
+        .load(&mut c)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .next()
+        .context("no Questions status")?
+        .value
+        .parse()?)
+}
+
+/// Closed loop: `n` electors heartbeat as fast as the pool lets them.
+async fn closed_loop(kind: Kind, leaderd: bool, n: usize, secs: f64) -> Result<Run> {
+    let db = temp_db(kind);
+    let pool_size = n.min(POOL);
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let mut tasks = Vec::new();
+    if leaderd {
+        leaderd_rows(&db, n).await?;
+        let pool = leaderd_pool(&db, pool_size).await?;
+        let mut tokens = Vec::new();
+        for i in 0..n {
+            tokens.push(take(&pool[i % pool_size], i).await?);
+        }
+        let before = match kind {
+            Kind::Mysql => Some(questions(&db.url).await?),
+            _ => None,
+        };
+        for (i, token) in tokens.into_iter().enumerate() {
+            let pool = pool.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut lat = Vec::new();
+                while Instant::now() < deadline {
+                    let t = Instant::now();
+                    renew(&pool[i % pool.len()], i, token).await?;
+                    lat.push(t.elapsed());
+                }
+                Ok::<_, anyhow::Error>(lat)
+            }));
+        }
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await??);
+        }
+        let count = all.len();
+        let round_trips = match before {
+            // Minus this very query.
+            Some(b) => {
+                Some((questions(&db.url).await? - b).saturating_sub(1) as f64 / count as f64)
+            }
+            None => None,
+        };
+        return Ok(Run {
+            rate: count as f64 / secs,
+            lat: Summary::of(all),
+            round_trips,
+        });
+    }
+    Seed::setup(kind, &db.url, n).await?;
+    let mut conns = Vec::new();
+    for _ in 0..pool_size {
+        conns.push(Mutex::new(Seed::connect(kind, &db.url).await?));
+    }
+    let pool = Arc::new(conns);
+    let before = match kind {
+        Kind::Mysql => Some(questions(&db.url).await?),
+        _ => None,
+    };
+    for i in 0..n {
+        let pool = pool.clone();
+        tasks.push(tokio::spawn(async move {
+            let (name, owner) = (format!("e{i}"), format!("r{i}"));
+            let mut lat = Vec::new();
+            while Instant::now() < deadline {
+                let t = Instant::now();
+                let ok = pool[i % pool.len()]
+                    .lock()
+                    .await
+                    .try_lock(kind, &name, &owner, 60_000)
+                    .await?;
+                anyhow::ensure!(ok, "seed lost e{i}");
+                lat.push(t.elapsed());
+            }
+            Ok::<_, anyhow::Error>(lat)
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await??);
+    }
+    let count = all.len();
+    let round_trips = match before {
+        Some(b) => Some((questions(&db.url).await? - b).saturating_sub(1) as f64 / count as f64),
+        None => None,
+    };
+    Ok(Run {
+        rate: count as f64 / secs,
+        lat: Summary::of(all),
+        round_trips,
+    })
+}
+
+/// Heartbeats per second, latency and round trips, leaderd against the seed.
+pub async fn cost(size: Size) -> Result<()> {
+    let secs = size.pick(5.0, 0.5);
+    let electors: &[usize] = size.pick(&[1, 32, 256], &[1, 4]);
+    println!("## Heartbeat cost\n");
+    println!(
+        "Closed loop, {secs} s per cell: each elector renews its own election as fast as it can, \
+         through a pool of at most {POOL} connections. leaderd = `leaderd-store`'s renewal as a \
+         leader sends it; seed = `BEGIN; SELECT … FOR UPDATE; UPDATE; COMMIT` with the app's clock. \
+         Round trips: measured from MariaDB's `Questions` counter; on PostgreSQL by construction \
+         (leaderd 1, seed {}).\n",
+        seed::ROUND_TRIPS
+    );
+    println!("| backend | electors | leaderd hb/s | seed hb/s | ratio | leaderd p50 / p99 ms | seed p50 / p99 ms | round trips leaderd / seed |");
+    println!("|---|---:|---:|---:|---:|---|---|---|");
+    for kind in [Kind::Postgres, Kind::Mysql] {
+        for &n in electors {
+            let ours = closed_loop(kind, true, n, secs).await?;
+            let base = closed_loop(kind, false, n, secs).await?;
+            let rt = |r: &Run, constr: u64| {
+                r.round_trips
+                    .map_or(format!("{constr}"), |x| format!("{x:.2}"))
+            };
+            println!(
+                "| {} | {n} | {:.0} | {:.0} | {:.2}× | {} / {} | {} / {} | {} / {} |",
+                kind_name(kind),
+                ours.rate,
+                base.rate,
+                ours.rate / base.rate,
+                ms(ours.lat.p50),
+                ms(ours.lat.p99),
+                ms(base.lat.p50),
+                ms(base.lat.p99),
+                rt(&ours, 1),
+                rt(&base, seed::ROUND_TRIPS),
+            );
+        }
+    }
+    println!();
+    Ok(())
+}
+
+/// Open loop on PostgreSQL: `n` leaders renewing once a second each, spread
+/// over many elections and sharing a small pool (as behind PgBouncer).
+async fn open_loop(n: usize, secs: f64, pool_size: usize) -> Result<(f64, Summary)> {
+    let db = TempDb::postgres();
+    leaderd_rows(&db, n).await?;
+    let pool = leaderd_pool(&db, pool_size).await?;
+    let mut tokens = Vec::with_capacity(n);
+    for i in 0..n {
+        tokens.push(take(&pool[i % pool_size], i).await?);
+    }
+    let start = tokio::time::Instant::now();
+    let deadline = start + Duration::from_secs_f64(secs);
+    let mut tasks = Vec::new();
+    for (i, token) in tokens.into_iter().enumerate() {
+        let pool = pool.clone();
+        tasks.push(tokio::spawn(async move {
+            // Spread the phases evenly over the second.
+            let phase = Duration::from_secs_f64((i as f64 * 0.618_033_988_7) % 1.0);
+            let mut tick = tokio::time::interval_at(start + phase, Duration::from_secs(1));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut lat = Vec::new();
+            loop {
+                let at = tick.tick().await;
+                if at >= deadline {
+                    break;
+                }
+                // From the scheduled time: waiting for a pooled connection counts.
+                renew(&pool[i % pool.len()], i, token).await?;
+                lat.push(at.elapsed());
+            }
+            Ok::<_, anyhow::Error>(lat)
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await??);
+    }
+    let rate = all.len() as f64 / secs;
+    Ok((rate, Summary::of(all)))
+}
+
+/// How many replicas at 1 Hz one PostgreSQL serves with p99 under 50 ms.
+pub async fn scale(size: Size) -> Result<()> {
+    let secs = size.pick(10.0, 1.0);
+    let pool = 32;
+    let steps: &[usize] = size.pick(&[1000, 2000, 4000, 8000, 12000, 16000, 24000], &[50]);
+    println!("## Scale (PostgreSQL)\n");
+    println!(
+        "Open loop, {secs} s per step: N leaders each renew once a second (phases spread evenly), \
+         N elections, sharing a pool of {pool} connections. Latency counts from the scheduled \
+         time, so waiting for a pooled connection is included. Target: p99 < 50 ms.\n"
+    );
+    println!("| replicas | renewals/s | p50 ms | p99 ms | max ms |");
+    println!("|---:|---:|---:|---:|---:|");
+    for &n in steps {
+        let (rate, lat) = open_loop(n, secs, pool).await?;
+        println!(
+            "| {n} | {rate:.0} | {} | {} | {} |",
+            ms(lat.p50),
+            ms(lat.p99),
+            ms(lat.max)
+        );
+        if lat.p99 > Duration::from_millis(50) {
+            break;
+        }
+    }
+    println!();
+    Ok(())
+}

@@ -1,0 +1,122 @@
+//! `leaderd-bench`: the numbers users pick a leader-election sidecar on, side
+//! by side with the approach of the articles leaderd grew from, in one run.
+//!
+//! ```text
+//! cargo run --release -p leaderd-bench -- [--smoke] [heartbeat|scale|failover|serve|footprint]...
+//! ```
+//!
+//! With no part named, all run. `--smoke` shrinks every part to seconds so
+//! the test run can exercise the bench without measuring anything. Output is
+//! Markdown, ready for `BENCHMARKS.md`. It uses the local PostgreSQL and
+//! MariaDB (see the test harness for the URLs) and the `leaderd` binary built
+//! beside it.
+
+mod failover;
+mod heartbeat;
+mod seed;
+mod serve;
+mod stats;
+
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+
+/// How big each part runs.
+#[derive(Debug, Clone, Copy)]
+pub struct Size {
+    pub smoke: bool,
+}
+
+impl Size {
+    /// `full` normally, `smoke` under `--smoke`.
+    pub fn pick<T>(self, full: T, smoke: T) -> T {
+        if self.smoke {
+            smoke
+        } else {
+            full
+        }
+    }
+}
+
+const PARTS: &[&str] = &["heartbeat", "scale", "failover", "serve", "footprint"];
+
+fn main() -> Result<()> {
+    let mut smoke = false;
+    let mut parts = Vec::new();
+    for arg in std::env::args().skip(1) {
+        match arg.as_str() {
+            "--smoke" => smoke = true,
+            "--help" | "-h" => {
+                println!("usage: leaderd-bench [--smoke] [{}]...", PARTS.join("|"));
+                return Ok(());
+            }
+            p if PARTS.contains(&p) => parts.push(p.to_owned()),
+            other => bail!("unknown argument {other:?}; parts are {}", PARTS.join(", ")),
+        }
+    }
+    if parts.is_empty() {
+        parts = PARTS.iter().map(|s| s.to_string()).collect();
+    }
+    let size = Size { smoke };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    println!(
+        "# leaderd benchmark run{}\n",
+        if smoke {
+            " (smoke: numbers mean nothing)"
+        } else {
+            ""
+        }
+    );
+    println!("{}\n", machine());
+    for part in &parts {
+        match part.as_str() {
+            "heartbeat" => rt.block_on(heartbeat::cost(size))?,
+            "scale" => rt.block_on(heartbeat::scale(size))?,
+            "failover" => rt.block_on(failover::run(size))?,
+            "serve" => rt.block_on(serve::leader_endpoint(size))?,
+            "footprint" => serve::footprint(size)?,
+            _ => unreachable!(),
+        }
+    }
+    Ok(())
+}
+
+/// A line describing the machine the figures come from.
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .next()
+                .map(|l| l.split_whitespace().nth(1).unwrap_or("0").to_owned())
+        })
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map_or(0, |kb| kb / 1024 / 1024);
+    format!(
+        "Machine: {cores} cores ({cpu}), {mem} GiB RAM; PostgreSQL and MariaDB on the same host."
+    )
+}
+
+/// Sleeps in small steps until `f` holds or `within` passes.
+pub async fn wait_until(within: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    while tokio::time::Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    f()
+}
