@@ -323,3 +323,77 @@ macro_rules! elections {
 elections!(postgres, TempDb::postgres(), SLACK);
 elections!(mysql, TempDb::mysql(), HEARTBEAT + SLACK);
 elections!(sqlite, TempDb::sqlite(), HEARTBEAT + SLACK);
+
+#[test]
+fn two_processes_with_the_same_id_never_both_lead() {
+    let _serial = serial();
+    let db = TempDb::postgres();
+    let dir = Scratch::new();
+    let a = Daemon::start(&db.url, "twin", &dir, &[]);
+    let flag_b = dir
+        .path("twin-b.flag")
+        .into_os_string()
+        .into_string()
+        .unwrap();
+    let port = leaderd_tests::free_port();
+    let mut cmd = std::process::Command::new(leaderd_tests::leaderd_bin());
+    cmd.arg("run")
+        .args([
+            "--database-url",
+            &db.url,
+            "--id",
+            "twin",
+            "--log-format",
+            "json",
+        ])
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--flag-file",
+            &flag_b,
+        ]);
+    let b = Daemon::spawn(
+        cmd,
+        "twin",
+        port,
+        flag_b.clone().into(),
+        dir.path("twin-b.log"),
+    );
+    let refs = [&a, &b];
+    let leader = wait_single_leader(&refs, Duration::from_secs(10));
+    let follower = refs[1 - leader];
+    wait_for(
+        Duration::from_secs(3),
+        "the duplicate to be reported",
+        || {
+            follower
+                .log_text()
+                .contains("under this replica's id")
+                .then_some(())
+        },
+    );
+    let until = Instant::now() + TTL * 2;
+    while Instant::now() < until {
+        let (status, body) = follower.leader().unwrap();
+        assert_eq!(status, 503);
+        assert!(
+            body["leader"].is_null(),
+            "names itself through the twin: {body}"
+        );
+        assert!(refs[leader].is_leader());
+    }
+    let (_, metrics) = leaderd_tests::http_get(follower.port, "/metrics").unwrap();
+    let count = metrics
+        .lines()
+        .find(|l| l.starts_with("leaderd_duplicate_id_total"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap();
+    assert!(count >= 1.0, "{metrics}");
+    let errors = follower
+        .log_events()
+        .iter()
+        .filter(|e| e["level"] == "ERROR")
+        .count();
+    assert_eq!(errors, 1, "logged once, not at every poll");
+}

@@ -123,6 +123,7 @@ pub async fn run(shared: Arc<Shared>, settings: Settings, shutdown: Cancellation
         migrated: false,
         last_error: None,
         deadline: None,
+        duplicate_seen: None,
     };
     lp.elect(&wake, &shutdown).await;
     lp.step_down_and_release().await;
@@ -139,6 +140,8 @@ struct Loop {
     last_error: Option<String>,
     /// The local deadline in force, for the transition logs.
     deadline: Option<BootTime>,
+    /// The other process last seen holding the lease under our id.
+    duplicate_seen: Option<Option<String>>,
 }
 
 fn micros(t: BootTime) -> u64 {
@@ -203,13 +206,16 @@ impl Loop {
             let url = self.settings.database.resolve()?;
             if self.settings.migrate && !self.migrated {
                 let conn = Connection::connect(&url).await.map_err(|e| e.to_string())?;
+                // Once per process, even if this attempt's timeout cuts it
+                // short (e.g. waiting for another replica's migration lock):
+                // `leaderd migrate` is the tool for anything more.
+                self.migrated = true;
                 match conn.migrate().await {
                     Ok(m) => info!(result = ?m, "lock table checked"),
                     // Keep electing: the table may exist and this user may
                     // lack DDL rights; a real absence shows in the attempts.
                     Err(e) => warn!(error = %e, "could not migrate the lock table"),
                 }
-                self.migrated = true;
             }
             self.conn = Some(Connection::connect(&url).await.map_err(|e| e.to_string())?);
         }
@@ -305,6 +311,11 @@ impl Loop {
                 }
                 Event::DuplicateId { instance } => {
                     self.shared.metrics.duplicate_id.inc();
+                    // Once per offending process, not at every poll.
+                    if self.duplicate_seen.as_ref() == Some(&instance) {
+                        continue;
+                    }
+                    self.duplicate_seen = Some(instance.clone());
                     error!(
                         election,
                         id,
