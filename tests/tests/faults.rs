@@ -7,7 +7,8 @@
 //! waiting for a leader after the fault heals.
 //!
 //! The long soak (hundreds of faults) is `#[ignore]`d; run it with
-//! `SOAK_FAULTS=500 cargo test -p leaderd-tests --test faults -- --ignored --nocapture soak`.
+//! `SOAK_FAULTS=500 cargo test -p leaderd-tests --test faults -- --ignored --nocapture soak`
+//! (`SOAK_BACKEND=mysql` for MariaDB).
 
 use std::time::{Duration, Instant};
 
@@ -440,7 +441,7 @@ mod bad_input {
 
 /// Hundreds of random faults on the leader's link, the leader process and the
 /// row, with the checker after every round. `SOAK_FAULTS` sets the count
-/// (default 100).
+/// (default 100); `SOAK_BACKEND=mysql` runs it on MariaDB.
 #[test]
 #[ignore = "long: run with --ignored (see the module docs)"]
 fn soak() {
