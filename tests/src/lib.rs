@@ -306,9 +306,15 @@ impl Daemon {
     /// in `dir`, plus `extra` arguments. The environment is cleared of
     /// anything that could configure it behind the test's back.
     pub fn start(url: &str, id: &str, dir: &Scratch, extra: &[&str]) -> Daemon {
+        Self::launch(url, id, dir, id, extra).start()
+    }
+
+    /// Prepares `leaderd run` like [`Daemon::start`], with files named after
+    /// `stem` (two processes may share an `id`), for a test to adjust first.
+    pub fn launch(url: &str, id: &str, dir: &Scratch, stem: &str, extra: &[&str]) -> Launch {
         let port = free_port();
-        let flag = dir.path(&format!("{id}.flag"));
-        let log = dir.path(&format!("{id}.log"));
+        let flag = dir.path(&format!("{stem}.flag"));
+        let log = dir.path(&format!("{stem}.log"));
         let mut cmd = Command::new(leaderd_bin());
         cmd.arg("run")
             .args(["--database-url", url, "--id", id])
@@ -316,15 +322,46 @@ impl Daemon {
             .args(["--flag-file", flag.to_str().expect("utf-8 path")])
             .args(["--log-format", "json"])
             .args(extra);
-        Self::spawn(cmd, id, port, flag, log)
-    }
-
-    /// Spawns a prepared command (for tests that need unusual arguments).
-    pub fn spawn(mut cmd: Command, id: &str, port: u16, flag: PathBuf, log: PathBuf) -> Daemon {
         scrub_env(&mut cmd);
         // Renewals (with their deadlines) are logged at debug; the
         // split-brain checker needs them.
         cmd.env("RUST_LOG", "info,leaderd::election=debug");
+        Launch {
+            cmd,
+            id: id.to_owned(),
+            port,
+            flag,
+            log,
+        }
+    }
+}
+
+/// A `leaderd run` command, prepared but not started.
+#[derive(Debug)]
+pub struct Launch {
+    cmd: Command,
+    id: String,
+    port: u16,
+    flag: PathBuf,
+    log: PathBuf,
+}
+
+impl Launch {
+    /// Adds an environment variable (e.g. libfaketime's).
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.cmd.env(key, value);
+        self
+    }
+
+    /// Starts it and waits until it serves HTTP.
+    pub fn start(self) -> Daemon {
+        let Launch {
+            mut cmd,
+            id,
+            port,
+            flag,
+            log,
+        } = self;
         let log_file = std::fs::File::create(&log).expect("log file");
         let child = cmd
             .stdin(Stdio::null())
@@ -334,19 +371,21 @@ impl Daemon {
             .expect("spawn leaderd");
         let d = Daemon {
             child,
-            id: id.to_owned(),
+            id,
             port,
             flag,
             log,
         };
         wait_for(
             Duration::from_secs(10),
-            &format!("{id} to serve HTTP"),
+            &format!("{} to serve HTTP", d.id),
             || http_get(d.port, "/healthz").map(|_| ()),
         );
         d
     }
+}
 
+impl Daemon {
     pub fn pid(&self) -> i32 {
         i32::try_from(self.child.id()).expect("pid fits")
     }

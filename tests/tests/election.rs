@@ -237,28 +237,13 @@ fn a_skewed_wall_clock_changes_nothing(db: TempDb, shift: &str) {
     let mut ds = vec![Daemon::start(&db.url, "a", &dir, &[])];
     let refs: Vec<&Daemon> = ds.iter().collect();
     wait_single_leader(&refs, Duration::from_secs(10));
-    let port = leaderd_tests::free_port();
-    let mut cmd = std::process::Command::new(leaderd_tests::leaderd_bin());
-    cmd.arg("run")
-        .args([
-            "--database-url",
-            &db.url,
-            "--id",
-            "skewed",
-            "--log-format",
-            "json",
-        ])
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .env("LD_PRELOAD", &lib)
-        .env("FAKETIME", shift)
-        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
-    ds.push(Daemon::spawn(
-        cmd,
-        "skewed",
-        port,
-        dir.path("skewed.flag"),
-        dir.path("skewed.log"),
-    ));
+    ds.push(
+        Daemon::launch(&db.url, "skewed", &dir, "skewed", &[])
+            .env("LD_PRELOAD", &lib)
+            .env("FAKETIME", shift)
+            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+            .start(),
+    );
     // Stable for several leases: the live leader keeps it.
     let mut checker = Checker::default();
     let refs: Vec<&Daemon> = ds.iter().collect();
@@ -330,35 +315,8 @@ fn two_processes_with_the_same_id_never_both_lead() {
     let db = TempDb::postgres();
     let dir = Scratch::new();
     let a = Daemon::start(&db.url, "twin", &dir, &[]);
-    let flag_b = dir
-        .path("twin-b.flag")
-        .into_os_string()
-        .into_string()
-        .unwrap();
-    let port = leaderd_tests::free_port();
-    let mut cmd = std::process::Command::new(leaderd_tests::leaderd_bin());
-    cmd.arg("run")
-        .args([
-            "--database-url",
-            &db.url,
-            "--id",
-            "twin",
-            "--log-format",
-            "json",
-        ])
-        .args([
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--flag-file",
-            &flag_b,
-        ]);
-    let b = Daemon::spawn(
-        cmd,
-        "twin",
-        port,
-        flag_b.clone().into(),
-        dir.path("twin-b.log"),
-    );
+    // Same id, another process: its own files.
+    let b = Daemon::launch(&db.url, "twin", &dir, "twin-b", &[]).start();
     let refs = [&a, &b];
     let leader = wait_single_leader(&refs, Duration::from_secs(10));
     let follower = refs[1 - leader];

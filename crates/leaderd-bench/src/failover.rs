@@ -40,6 +40,11 @@ fn leaderd_failovers(url: &str, signal: Signal, rounds: usize) -> Vec<Duration> 
                     .then_some(())
             },
         );
+        // Then a random moment, so the signal falls anywhere in the
+        // followers' poll cycle and the leader's renewal cycle.
+        std::thread::sleep(Duration::from_micros(
+            pseudo_random(round as u64) % 1_000_000,
+        ));
         let others: Vec<&Daemon> = ds
             .iter()
             .enumerate()
@@ -61,6 +66,18 @@ fn leaderd_failovers(url: &str, signal: Signal, rounds: usize) -> Vec<Duration> 
         ds[leader] = Daemon::start(url, &id, &dir, &[]);
     }
     times
+}
+
+/// A well-mixed number from `n` and the clock (splitmix64); no dependency
+/// needed for picking moments.
+fn pseudo_random(n: u64) -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos() as u64);
+    let mut z = n.wrapping_add(nanos).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// Per election: every grant, as (elector, when).
@@ -161,8 +178,9 @@ pub async fn run(size: Size) -> Result<()> {
     let mysql_rounds = size.pick(20, 1);
     println!("## Failover\n");
     println!(
-        "Three real `leaderd` daemons (default heartbeat 1 s, ttl 1.2 s); the leader is signalled, \
-         and the time runs until another daemon answers 200 on `/leader` (polled every 0.5 ms). \
+        "Three real `leaderd` daemons (default heartbeat 1 s, ttl 1.2 s); once every follower has \
+         seen the leader, after a random 0-1 s, the leader is signalled and the time runs until \
+         another daemon answers 200 on `/leader` (polled every 0.5 ms). \
          The killed daemon is replaced by a new process before the next round. Seed: three \
          replicas per election polling once a second on their own grid, {} elections at once, \
          holders stopped without release (the seed has none, so SIGTERM = SIGKILL).\n",

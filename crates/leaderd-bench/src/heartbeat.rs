@@ -126,93 +126,93 @@ async fn questions(url: &str) -> Result<u64> {
         .parse()?)
 }
 
+/// Runs `op(i)` for electors `0..n` back to back until `deadline`; the
+/// latency of every call.
+async fn hammer<F, Fut>(n: usize, deadline: Instant, op: F) -> Result<Vec<Duration>>
+where
+    F: Fn(usize) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<()>> + Send,
+{
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let op = op.clone();
+            tokio::spawn(async move {
+                let mut lat = Vec::new();
+                while Instant::now() < deadline {
+                    let t = Instant::now();
+                    op(i).await?;
+                    lat.push(t.elapsed());
+                }
+                Ok::<_, anyhow::Error>(lat)
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await??);
+    }
+    Ok(all)
+}
+
 /// Closed loop: `n` electors heartbeat as fast as the pool lets them.
 async fn closed_loop(kind: Kind, leaderd: bool, n: usize, secs: f64) -> Result<Run> {
     let db = temp_db(kind);
     let pool_size = n.min(POOL);
-    let deadline = Instant::now() + Duration::from_secs_f64(secs);
-    let mut tasks = Vec::new();
-    if leaderd {
+    let statements = || async {
+        match kind {
+            Kind::Mysql => questions(&db.url).await.map(Some),
+            _ => Ok(None),
+        }
+    };
+    let (before, lat) = if leaderd {
         leaderd_rows(&db, n).await?;
         let pool = leaderd_pool(&db, pool_size).await?;
         let mut tokens = Vec::new();
         for i in 0..n {
             tokens.push(take(&pool[i % pool_size], i).await?);
         }
-        let before = match kind {
-            Kind::Mysql => Some(questions(&db.url).await?),
-            _ => None,
-        };
-        for (i, token) in tokens.into_iter().enumerate() {
+        let tokens = Arc::new(tokens);
+        let before = statements().await?;
+        let deadline = Instant::now() + Duration::from_secs_f64(secs);
+        let lat = hammer(n, deadline, move |i| {
+            let (pool, tokens) = (pool.clone(), tokens.clone());
+            async move { renew(&pool[i % pool.len()], i, tokens[i]).await }
+        })
+        .await?;
+        (before, lat)
+    } else {
+        Seed::setup(kind, &db.url, n).await?;
+        let mut conns = Vec::new();
+        for _ in 0..pool_size {
+            conns.push(Mutex::new(Seed::connect(kind, &db.url).await?));
+        }
+        let pool = Arc::new(conns);
+        let before = statements().await?;
+        let deadline = Instant::now() + Duration::from_secs_f64(secs);
+        let lat = hammer(n, deadline, move |i| {
             let pool = pool.clone();
-            tasks.push(tokio::spawn(async move {
-                let mut lat = Vec::new();
-                while Instant::now() < deadline {
-                    let t = Instant::now();
-                    renew(&pool[i % pool.len()], i, token).await?;
-                    lat.push(t.elapsed());
-                }
-                Ok::<_, anyhow::Error>(lat)
-            }));
-        }
-        let mut all = Vec::new();
-        for t in tasks {
-            all.extend(t.await??);
-        }
-        let count = all.len();
-        let round_trips = match before {
-            // Minus this very query.
-            Some(b) => {
-                Some((questions(&db.url).await? - b).saturating_sub(1) as f64 / count as f64)
+            async move {
+                let (name, owner) = (format!("e{i}"), format!("r{i}"));
+                let mut conn = pool[i % pool.len()].lock().await;
+                anyhow::ensure!(
+                    conn.try_lock(kind, &name, &owner, 60_000).await?,
+                    "seed lost e{i}"
+                );
+                Ok(())
             }
-            None => None,
-        };
-        return Ok(Run {
-            rate: count as f64 / secs,
-            lat: Summary::of(all),
-            round_trips,
-        });
-    }
-    Seed::setup(kind, &db.url, n).await?;
-    let mut conns = Vec::new();
-    for _ in 0..pool_size {
-        conns.push(Mutex::new(Seed::connect(kind, &db.url).await?));
-    }
-    let pool = Arc::new(conns);
-    let before = match kind {
-        Kind::Mysql => Some(questions(&db.url).await?),
-        _ => None,
+        })
+        .await?;
+        (before, lat)
     };
-    for i in 0..n {
-        let pool = pool.clone();
-        tasks.push(tokio::spawn(async move {
-            let (name, owner) = (format!("e{i}"), format!("r{i}"));
-            let mut lat = Vec::new();
-            while Instant::now() < deadline {
-                let t = Instant::now();
-                let ok = pool[i % pool.len()]
-                    .lock()
-                    .await
-                    .try_lock(kind, &name, &owner, 60_000)
-                    .await?;
-                anyhow::ensure!(ok, "seed lost e{i}");
-                lat.push(t.elapsed());
-            }
-            Ok::<_, anyhow::Error>(lat)
-        }));
-    }
-    let mut all = Vec::new();
-    for t in tasks {
-        all.extend(t.await??);
-    }
-    let count = all.len();
-    let round_trips = match before {
-        Some(b) => Some((questions(&db.url).await? - b).saturating_sub(1) as f64 / count as f64),
-        None => None,
+    let count = lat.len();
+    let round_trips = match (before, statements().await?) {
+        // Minus the counting query itself.
+        (Some(b), Some(a)) => Some((a - b).saturating_sub(1) as f64 / count as f64),
+        _ => None,
     };
     Ok(Run {
         rate: count as f64 / secs,
-        lat: Summary::of(all),
+        lat: Summary::of(lat),
         round_trips,
     })
 }

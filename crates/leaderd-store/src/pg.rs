@@ -55,6 +55,14 @@ SELECT FALSE, l.holder, l.instance, l.token,
 
 type AttemptRow = (bool, Option<String>, Option<String>, i64, i64);
 
+/// A leader's renewal: the cheapest statement that does it (no CTE, no
+/// read-back of a holder), one round trip. Matching no row means the lease is
+/// no longer ours; the full statement above then says why. Binds: ttl in
+/// microseconds, election, instance.
+const RENEW: &str = "UPDATE service_leader_lock SET renewed_at = now(), \
+    expires_at = GREATEST(expires_at, now() + ? * INTERVAL '1 microsecond') \
+    WHERE name = ? AND instance = ? AND expires_at > now() RETURNING token";
+
 /// Creates a missing row: free, blocked until `now + ttl` so that a holder
 /// whose row was deleted steps down before anyone takes over, and with a token
 /// from the clock in microseconds so tokens never go backwards.
@@ -95,6 +103,21 @@ impl PgStore {
         &mut self,
         req: &LeaseRequest<'_>,
     ) -> Result<Attempt, StoreError> {
+        if req.held_token.is_some() {
+            let renewed: Vec<i64> = Stmt::<BigInt>::new(
+                RENEW,
+                [
+                    Bind::BigInt(req.ttl_us()),
+                    Bind::Text(req.election),
+                    Bind::Text(req.instance),
+                ],
+            )
+            .load(&mut self.conn)
+            .await?;
+            if let Some(token) = renewed.into_iter().next() {
+                return Ok(Attempt::Granted { token });
+            }
+        }
         let binds = [
             Bind::Text(req.election),
             Bind::Text(req.instance),
