@@ -521,3 +521,21 @@ fn soak() {
          longest wait for a single leader after healing {longest_gap:?}; no overlapping intervals"
     );
 }
+
+#[test]
+fn sigterm_with_a_blackholed_database_still_exits_within_two_seconds() {
+    let _s = serial();
+    let db = pg();
+    let mut c = Cluster::start(&db.url, 2);
+    let leader = c.leader(Duration::from_secs(10));
+    c.proxies[leader].set(Fault::Blackhole);
+    let started = Instant::now();
+    c.daemons[leader].sigterm();
+    // 503 at once, then a release that cannot get through, then exit 0.
+    let status = c.daemons[leader].wait_exit(Duration::from_secs(3));
+    let took = started.elapsed();
+    assert_eq!(status.and_then(|s| s.code()), Some(0));
+    assert!(took < Duration::from_secs(2), "shutdown took {took:?}");
+    assert!(!c.daemons[leader].flag.exists());
+    c.check();
+}

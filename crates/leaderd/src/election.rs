@@ -24,7 +24,7 @@ use crate::settings::{DatabaseSource, Settings};
 
 /// How long shutdown may spend releasing the row, so the whole shutdown stays
 /// within the spec's 2 s even when the database is gone.
-pub const RELEASE_BUDGET: Duration = Duration::from_millis(1500);
+pub const RELEASE_BUDGET: Duration = Duration::from_millis(1200);
 
 /// State shared by the election loop and the HTTP handlers.
 #[derive(Debug)]
@@ -124,6 +124,7 @@ pub async fn run(shared: Arc<Shared>, settings: Settings, shutdown: Cancellation
         last_error: None,
         deadline: None,
         duplicate_seen: None,
+        may_hold: false,
     };
     lp.elect(&wake, &shutdown).await;
     lp.step_down_and_release().await;
@@ -142,6 +143,10 @@ struct Loop {
     deadline: Option<BootTime>,
     /// The other process last seen holding the lease under our id.
     duplicate_seen: Option<Option<String>>,
+    /// The database may hold a lease for this instance (the last answer was
+    /// a grant, even one too late to use, or an attempt's fate is unknown):
+    /// release it at shutdown so nobody waits out the ttl.
+    may_hold: bool,
 }
 
 fn micros(t: BootTime) -> u64 {
@@ -159,7 +164,13 @@ impl Loop {
             if due {
                 tokio::select! {
                     biased;
-                    () = shutdown.cancelled() => return,
+                    () = shutdown.cancelled() => {
+                        // The statement may have committed unheard, and the
+                        // connection is mid-exchange: release on a fresh one.
+                        self.conn = None;
+                        self.may_hold = true;
+                        return;
+                    }
                     () = self.attempt() => continue,
                 }
             }
@@ -187,6 +198,7 @@ impl Loop {
             .observe(received_at.saturating_since(sent_at).as_secs_f64());
         let events = match result {
             Ok(Ok(answer)) => {
+                self.may_hold = matches!(answer, leaderd_core::Attempt::Granted { .. });
                 self.shared.db_ok(received_at);
                 if self.last_error.take().is_some() {
                     info!(election = %self.shared.election, "database reachable again");
@@ -243,6 +255,8 @@ impl Loop {
 
     fn failed(&mut self, reason: String, now: BootTime) -> Vec<Event> {
         self.conn = None;
+        // A statement that timed out may still have committed.
+        self.may_hold = true;
         self.shared.metrics.heartbeat_errors.inc();
         if self.last_error.as_deref() != Some(reason.as_str()) {
             warn!(election = %self.shared.election, error = %reason, "database attempt failed; retrying");
@@ -354,10 +368,9 @@ impl Loop {
     /// [`RELEASE_BUDGET`].
     async fn step_down_and_release(&mut self) {
         let event = self.shared.engine().shutdown(boot_now());
-        let was_leader = event.is_some();
         self.handle(event.into_iter().collect());
         self.remove_flag();
-        if !was_leader {
+        if !self.may_hold {
             return;
         }
         let instance = self.shared.engine().instance().to_owned();
