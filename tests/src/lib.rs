@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 
 pub mod checker;
+pub mod mariadbserver;
 pub mod pgserver;
 pub mod proxy;
 

@@ -13,6 +13,7 @@
 use std::time::{Duration, Instant};
 
 use leaderd_tests::checker::assert_no_overlap;
+use leaderd_tests::mariadbserver::MariaDbServer;
 use leaderd_tests::pgserver::PgServer;
 use leaderd_tests::proxy::{Fault, FaultProxy};
 use leaderd_tests::{http_get, http_raw, run_cli, serial, wait_for, Daemon, Kind, Scratch, TempDb};
@@ -206,16 +207,19 @@ fn sigstopped_leader_answers_503_the_moment_it_resumes() {
     c.check();
 }
 
-#[test]
-fn database_restart_is_survived() {
-    let _s = serial();
-    let server = PgServer::start();
-    let c = Cluster::start(&server.url(), 3);
+/// A quick restart keeps or hands over the lease; an outage longer than a
+/// lease leaves no leader (and no readiness) until the database is back.
+fn database_restart_is_survived(
+    url: &str,
+    restart: &mut dyn FnMut(),
+    stop: &mut dyn FnMut(),
+    start: &mut dyn FnMut(),
+) {
+    let c = Cluster::start(url, 3);
     c.leader(Duration::from_secs(10));
-    server.restart();
+    restart();
     c.leader(Duration::from_secs(2) + TTL + SLACK);
-    // Down for longer than a lease: everybody steps down, then one leads.
-    server.stop();
+    stop();
     wait_for(TTL + SLACK, "no leader while the database is down", || {
         c.daemons.iter().all(|d| !d.is_leader()).then_some(())
     });
@@ -229,9 +233,34 @@ fn database_restart_is_survived() {
     for d in &c.daemons {
         assert_eq!(http_get(d.port, "/healthz").unwrap().0, 200, "{}", d.id);
     }
-    server.start_again();
+    start();
     c.leader(Duration::from_secs(3) + TTL + SLACK);
     c.check();
+}
+
+#[test]
+fn postgres_restart_is_survived() {
+    let _s = serial();
+    let server = PgServer::start();
+    database_restart_is_survived(
+        &server.url(),
+        &mut || server.restart(),
+        &mut || server.stop(),
+        &mut || server.start_again(),
+    );
+}
+
+#[test]
+fn mariadb_restart_is_survived() {
+    let _s = serial();
+    let server = std::cell::RefCell::new(MariaDbServer::start());
+    let url = server.borrow().url();
+    database_restart_is_survived(
+        &url,
+        &mut || server.borrow_mut().restart(),
+        &mut || server.borrow_mut().stop(),
+        &mut || server.borrow_mut().start_again(),
+    );
 }
 
 #[test]
