@@ -6,7 +6,10 @@ use std::time::{Duration, Instant};
 use leaderd_store::{Attempt, Connection, DatabaseUrl, LeaseRequest, Migrated};
 use leaderd_tests::TempDb;
 
-const TTL: Duration = Duration::from_millis(300);
+/// Short enough to keep the suite quick, long enough that a loaded machine
+/// does not let a renewing holder's lease lapse between two renewals.
+const TTL: Duration = Duration::from_millis(800);
+const TTL_US: i64 = 800_000;
 
 fn req<'a>(election: &'a str, holder: &'a str, instance: &'a str) -> LeaseRequest<'a> {
     LeaseRequest {
@@ -58,27 +61,24 @@ pub async fn missing_row_is_created_blocked_for_one_ttl(url: &str) {
     let seen = refused(c.acquire_or_renew(&r).await.unwrap());
     assert_eq!(seen.holder, None);
     assert!(
-        seen.remaining_us > 0 && seen.remaining_us <= 300_000,
+        seen.remaining_us > 0 && seen.remaining_us <= TTL_US,
         "{seen:?}"
     );
     let started = Instant::now();
-    acquire(&mut c, &r, Duration::from_secs(2)).await;
-    assert!(
-        started.elapsed() >= Duration::from_millis(150),
-        "blocked row was taken early"
-    );
+    acquire(&mut c, &r, Duration::from_secs(3)).await;
+    assert!(started.elapsed() >= TTL / 2, "blocked row was taken early");
 }
 
 pub async fn grant_then_refusal_names_the_holder(url: &str) {
     let mut a = migrated(url).await;
     let mut b = connect(url).await;
-    let token = acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(2)).await;
+    let token = acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(3)).await;
     let seen = refused(b.acquire_or_renew(&req("e", "b", "ib")).await.unwrap());
     assert_eq!(seen.holder.as_deref(), Some("a"));
     assert_eq!(seen.instance.as_deref(), Some("ia"));
     assert_eq!(seen.token, token);
     assert!(
-        seen.remaining_us > 0 && seen.remaining_us <= 300_000,
+        seen.remaining_us > 0 && seen.remaining_us <= TTL_US,
         "{seen:?}"
     );
 }
@@ -86,9 +86,9 @@ pub async fn grant_then_refusal_names_the_holder(url: &str) {
 pub async fn renewal_keeps_the_token_and_extends(url: &str) {
     let mut a = migrated(url).await;
     let r = req("e", "a", "ia");
-    let token = acquire(&mut a, &r, Duration::from_secs(2)).await;
+    let token = acquire(&mut a, &r, Duration::from_secs(3)).await;
     // Renew well past the original ttl: the lease stays ours, same token.
-    let until = Instant::now() + Duration::from_millis(700);
+    let until = Instant::now() + TTL + Duration::from_millis(400);
     while Instant::now() < until {
         assert_eq!(
             a.acquire_or_renew(&r).await.unwrap(),
@@ -106,20 +106,20 @@ pub async fn renewal_keeps_the_token_and_extends(url: &str) {
 pub async fn takeover_after_expiry_bumps_the_token(url: &str) {
     let mut a = migrated(url).await;
     let mut b = connect(url).await;
-    let t1 = acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(2)).await;
-    let t2 = acquire(&mut b, &req("e", "b", "ib"), Duration::from_secs(2)).await;
+    let t1 = acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(3)).await;
+    let t2 = acquire(&mut b, &req("e", "b", "ib"), Duration::from_secs(3)).await;
     assert_eq!(t2, t1 + 1);
     // The old holder is refused now, and re-taking bumps again.
     let seen = refused(a.acquire_or_renew(&req("e", "a", "ia")).await.unwrap());
     assert_eq!(seen.holder.as_deref(), Some("b"));
-    let t3 = acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(2)).await;
+    let t3 = acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(3)).await;
     assert_eq!(t3, t2 + 1);
 }
 
 pub async fn same_id_other_instance_is_refused(url: &str) {
     let mut a = migrated(url).await;
     let mut b = connect(url).await;
-    acquire(&mut a, &req("e", "pod", "first"), Duration::from_secs(2)).await;
+    acquire(&mut a, &req("e", "pod", "first"), Duration::from_secs(3)).await;
     let seen = refused(
         b.acquire_or_renew(&req("e", "pod", "second"))
             .await
@@ -132,7 +132,7 @@ pub async fn same_id_other_instance_is_refused(url: &str) {
 pub async fn release_by_the_holder_only(url: &str) {
     let mut a = migrated(url).await;
     let mut b = connect(url).await;
-    let t1 = acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(2)).await;
+    let t1 = acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(3)).await;
     assert!(
         !b.release("e", "ib").await.unwrap(),
         "a non-holder released"
@@ -157,7 +157,7 @@ pub async fn concurrent_attempts_give_exactly_one_holder(url: &str) {
     migrated(url).await;
     // Create the row and let its block lapse, so all tasks race for a free row.
     let mut c = connect(url).await;
-    acquire(&mut c, &req("race", "seed", "seed"), Duration::from_secs(2)).await;
+    acquire(&mut c, &req("race", "seed", "seed"), Duration::from_secs(3)).await;
     assert!(c.release("race", "seed").await.unwrap());
     let tasks: Vec<_> = (0..16)
         .map(|i| {
@@ -182,13 +182,13 @@ pub async fn concurrent_attempts_give_exactly_one_holder(url: &str) {
 
 pub async fn tokens_never_decrease_across_a_deleted_row(url: &str, delete: impl FnOnce()) {
     let mut a = migrated(url).await;
-    let t1 = acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(2)).await;
+    let t1 = acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(3)).await;
     delete();
     assert_eq!(
         a.acquire_or_renew(&req("e", "a", "ia")).await.unwrap(),
         Attempt::Created
     );
-    let t2 = acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(2)).await;
+    let t2 = acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(3)).await;
     assert!(t2 > t1, "token went from {t1} to {t2}");
 }
 
@@ -229,7 +229,7 @@ pub async fn migrate_recreates_a_dropped_table(db: &TempDb) {
 
 pub async fn status_lists_every_election(url: &str) {
     let mut a = migrated(url).await;
-    acquire(&mut a, &req("one", "a", "ia"), Duration::from_secs(2)).await;
+    acquire(&mut a, &req("one", "a", "ia"), Duration::from_secs(3)).await;
     assert_eq!(
         a.acquire_or_renew(&req("two", "a", "ia")).await.unwrap(),
         Attempt::Created
@@ -247,7 +247,7 @@ pub async fn status_lists_every_election(url: &str) {
 pub async fn refusal_does_not_wait_for_row_locks(db: &TempDb) {
     let mut a = migrated(&db.url).await;
     let mut b = connect(&db.url).await;
-    acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(2)).await;
+    acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(3)).await;
     // Another transaction holds the row's write lock: a refusal must not
     // wait for it, because it never asks for it.
     let lock = db.lock_row("e");
@@ -385,7 +385,7 @@ mod postgres_only {
         let db = TempDb::postgres();
         let mut a = migrated(&db.url).await;
         let mut b = connect(&db.url).await;
-        acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(2)).await;
+        acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(3)).await;
         let version = scalar(
             &db.url,
             "SELECT xmin FROM service_leader_lock WHERE name = 'e'",
@@ -419,8 +419,8 @@ mod postgres_only {
             .await
             .unwrap()
             .expect("postgres listens");
-        assert!(listener.probe(Duration::from_secs(2)).await.unwrap());
-        acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(2)).await;
+        assert!(listener.probe(Duration::from_secs(3)).await.unwrap());
+        acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(3)).await;
         assert!(a.release("e", "ia").await.unwrap());
         let payload = tokio::time::timeout(Duration::from_secs(2), listener.next())
             .await
@@ -450,7 +450,7 @@ mod postgres_only {
             Migrated::UpToDate
         );
         let mut c = connect(&as_role).await;
-        acquire(&mut c, &req("e", "a", "ia"), Duration::from_secs(2)).await;
+        acquire(&mut c, &req("e", "a", "ia"), Duration::from_secs(3)).await;
         drop(c);
         pg_exec(&db.url, &[&format!("DROP OWNED BY {role}")]);
         drop(db);
