@@ -68,35 +68,21 @@ async fn leaderd_pool(db: &TempDb, size: usize) -> Result<Arc<Vec<Mutex<Connecti
     Ok(Arc::new(conns))
 }
 
-/// Takes the lease of election `e{i}`; returns the token.
-async fn take(conn: &Mutex<Connection>, i: usize) -> Result<i64> {
+/// Elector `i` (id `r{i}`) asks for election `e{i}`: taking it when
+/// `held` is `None`, renewing it as a leader does every `renew_every`
+/// otherwise. Returns the token granted.
+async fn heartbeat(conn: &Mutex<Connection>, i: usize, held: Option<i64>) -> Result<i64> {
     let (name, id) = (format!("e{i}"), format!("r{i}"));
     let req = LeaseRequest {
         election: &name,
         holder: &id,
         instance: &id,
         ttl: TTL,
-        held_token: None,
+        held_token: held,
     };
     match conn.lock().await.acquire_or_renew(&req).await? {
         Attempt::Granted { token } => Ok(token),
-        other => anyhow::bail!("could not take e{i}: {other:?}"),
-    }
-}
-
-/// Renews `e{i}` as its holder: what a leader does every `renew_every`.
-async fn renew(conn: &Mutex<Connection>, i: usize, token: i64) -> Result<()> {
-    let (name, id) = (format!("e{i}"), format!("r{i}"));
-    let req = LeaseRequest {
-        election: &name,
-        holder: &id,
-        instance: &id,
-        ttl: TTL,
-        held_token: Some(token),
-    };
-    match conn.lock().await.acquire_or_renew(&req).await? {
-        Attempt::Granted { .. } => Ok(()),
-        other => anyhow::bail!("lost e{i}: {other:?}"),
+        other => anyhow::bail!("e{i} not granted: {other:?}"),
     }
 }
 
@@ -169,14 +155,18 @@ async fn closed_loop(kind: Kind, leaderd: bool, n: usize, secs: f64) -> Result<R
         let pool = leaderd_pool(&db, pool_size).await?;
         let mut tokens = Vec::new();
         for i in 0..n {
-            tokens.push(take(&pool[i % pool_size], i).await?);
+            tokens.push(heartbeat(&pool[i % pool_size], i, None).await?);
         }
         let tokens = Arc::new(tokens);
         let before = statements().await?;
         let deadline = Instant::now() + Duration::from_secs_f64(secs);
         let lat = hammer(n, deadline, move |i| {
             let (pool, tokens) = (pool.clone(), tokens.clone());
-            async move { renew(&pool[i % pool.len()], i, tokens[i]).await }
+            async move {
+                heartbeat(&pool[i % pool.len()], i, Some(tokens[i]))
+                    .await
+                    .map(drop)
+            }
         })
         .await?;
         (before, lat)
@@ -267,7 +257,7 @@ async fn open_loop(n: usize, secs: f64, pool_size: usize) -> Result<(f64, Summar
     let pool = leaderd_pool(&db, pool_size).await?;
     let mut tokens = Vec::with_capacity(n);
     for i in 0..n {
-        tokens.push(take(&pool[i % pool_size], i).await?);
+        tokens.push(heartbeat(&pool[i % pool_size], i, None).await?);
     }
     let start = tokio::time::Instant::now();
     let deadline = start + Duration::from_secs_f64(secs);
@@ -286,7 +276,7 @@ async fn open_loop(n: usize, secs: f64, pool_size: usize) -> Result<(f64, Summar
                     break;
                 }
                 // From the scheduled time: waiting for a pooled connection counts.
-                renew(&pool[i % pool.len()], i, token).await?;
+                heartbeat(&pool[i % pool.len()], i, Some(token)).await?;
                 lat.push(at.elapsed());
             }
             Ok::<_, anyhow::Error>(lat)
