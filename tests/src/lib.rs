@@ -55,6 +55,12 @@ pub fn pg_exec(url: &str, statements: &[&str]) {
     exec(Kind::Postgres, url, statements);
 }
 
+/// Runs one SQL statement on the MySQL/MariaDB admin URL, panicking on
+/// failure.
+pub fn mysql_exec(sql: &str) {
+    exec(Kind::Mysql, &mysql_admin_url(), &[sql]);
+}
+
 /// Runs SQL statements on `url`, panicking on failure.
 fn exec(kind: Kind, url: &str, statements: &[&str]) {
     let url = url.to_owned();

@@ -460,3 +460,54 @@ mod postgres_only {
         );
     }
 }
+
+/// MySQL/MariaDB: expiry must not depend on the server's time zone. The
+/// driver sets the session to UTC when it connects, but leaderd does not rely
+/// on that (a multiplexing proxy may not keep session state) and uses
+/// `UTC_TIMESTAMP(6)` throughout; this checks a server whose global time
+/// zone is not UTC.
+mod mysql_only {
+    use super::*;
+
+    /// Sets the server's global time zone (which new sessions inherit) and
+    /// restores the default when dropped.
+    struct GlobalTimeZone;
+
+    impl GlobalTimeZone {
+        fn set(tz: &str) -> GlobalTimeZone {
+            leaderd_tests::mysql_exec(&format!("SET GLOBAL time_zone = '{tz}'"));
+            GlobalTimeZone
+        }
+    }
+
+    impl Drop for GlobalTimeZone {
+        fn drop(&mut self) {
+            leaderd_tests::mysql_exec("SET GLOBAL time_zone = 'SYSTEM'");
+        }
+    }
+
+    #[tokio::test]
+    async fn expiry_ignores_the_session_time_zone() {
+        for tz in ["+05:00", "-09:30"] {
+            let db = TempDb::mysql();
+            let _tz = GlobalTimeZone::set(tz);
+            let mut a = migrated(&db.url).await;
+            let mut b = connect(&db.url).await;
+            let token = acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(3)).await;
+            let seen = refused(b.acquire_or_renew(&req("e", "b", "ib")).await.unwrap());
+            assert_eq!(seen.token, token);
+            assert!(
+                seen.remaining_us > 0 && seen.remaining_us <= TTL_US,
+                "time zone {tz}: {seen:?}"
+            );
+            let rows = b.elections().await.unwrap();
+            assert!(
+                rows[0].remaining_us > 0 && rows[0].remaining_us <= TTL_US,
+                "{rows:?}"
+            );
+            // And it expires on time by the server's clock.
+            let t2 = acquire(&mut b, &req("e", "b", "ib"), Duration::from_secs(3)).await;
+            assert_eq!(t2, token + 1);
+        }
+    }
+}
