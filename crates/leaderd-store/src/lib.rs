@@ -15,6 +15,18 @@
 //! time out: callers wrap each call in their own timeout and drop the
 //! connection when it fires.
 
+/// `Debug` for a type that wraps a live connection: its name, nothing inside
+/// (drivers' own `Debug` may show connection details).
+macro_rules! opaque_debug {
+    ($ty:ident) => {
+        impl std::fmt::Debug for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($ty)).finish_non_exhaustive()
+            }
+        }
+    };
+}
+
 mod cas;
 mod clock;
 mod mysql;
@@ -162,6 +174,13 @@ where
         }
     }
     Ok(ran)
+}
+
+/// Opens a diesel-async connection; the error never carries the URL.
+async fn establish<C: diesel_async::AsyncConnection>(url: &DatabaseUrl) -> Result<C, StoreError> {
+    C::establish(url.expose())
+        .await
+        .map_err(StoreError::Connect)
 }
 
 /// Runs blocking work (migrations, opening SQLite) off the async threads.

@@ -9,12 +9,10 @@
 //! `CLIENT_FOUND_ROWS`, so counts are matched rows. `lock` is a reserved word;
 //! nothing here is named that.
 
-use std::fmt;
-
 use diesel::mysql::Mysql;
 use diesel::sql_types::{BigInt, Bool, Nullable, Text};
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
-use diesel_async::{AsyncConnection, AsyncMysqlConnection, RunQueryDsl};
+use diesel_async::{AsyncMysqlConnection, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations};
 
 use crate::cas::{self, CasOps};
@@ -60,17 +58,11 @@ pub struct MysqlStore {
     conn: AsyncMysqlConnection,
 }
 
-impl fmt::Debug for MysqlStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MysqlStore").finish_non_exhaustive()
-    }
-}
+opaque_debug!(MysqlStore);
 
 impl MysqlStore {
     pub(crate) async fn connect(url: &DatabaseUrl) -> Result<Self, StoreError> {
-        let conn = AsyncMysqlConnection::establish(url.expose())
-            .await
-            .map_err(StoreError::Connect)?;
+        let conn: AsyncMysqlConnection = crate::establish(url).await?;
         Ok(Self { conn })
     }
 

@@ -4,13 +4,12 @@
 //! Acquire-or-renew is one `UPDATE … RETURNING` that also reads the holder when
 //! refused. Release wakes waiting replicas with `NOTIFY leaderd, '<election>'`.
 
-use std::fmt;
 use std::time::Duration;
 
 use diesel::pg::Pg;
 use diesel::sql_types::{BigInt, Bool, Nullable, Text};
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations};
 use futures_util::StreamExt;
 
@@ -85,17 +84,11 @@ pub struct PgStore {
     conn: AsyncPgConnection,
 }
 
-impl fmt::Debug for PgStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PgStore").finish_non_exhaustive()
-    }
-}
+opaque_debug!(PgStore);
 
 impl PgStore {
     pub(crate) async fn connect(url: &DatabaseUrl) -> Result<Self, StoreError> {
-        let conn = AsyncPgConnection::establish(url.expose())
-            .await
-            .map_err(StoreError::Connect)?;
+        let conn: AsyncPgConnection = crate::establish(url).await?;
         Ok(Self { conn })
     }
 
@@ -200,11 +193,7 @@ pub struct Listener {
     conn: AsyncPgConnection,
 }
 
-impl fmt::Debug for Listener {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Listener").finish_non_exhaustive()
-    }
-}
+opaque_debug!(Listener);
 
 impl Listener {
     /// Connects and subscribes; `None` for backends without notifications.
@@ -212,9 +201,7 @@ impl Listener {
         if url.backend() != crate::Backend::Postgres {
             return Ok(None);
         }
-        let mut conn = AsyncPgConnection::establish(url.expose())
-            .await
-            .map_err(StoreError::Connect)?;
+        let mut conn: AsyncPgConnection = crate::establish(url).await?;
         diesel::sql_query(format!("LISTEN {CHANNEL}"))
             .execute(&mut conn)
             .await?;

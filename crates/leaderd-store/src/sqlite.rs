@@ -8,7 +8,6 @@
 //! never block, with a short busy timeout for writers. Every `UPDATE` takes
 //! SQLite's write lock, so followers only read (see `cas`).
 
-use std::fmt;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use diesel::connection::SimpleConnection;
@@ -74,13 +73,7 @@ pub struct SqliteStore {
     boot_id: String,
 }
 
-impl fmt::Debug for SqliteStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SqliteStore")
-            .field("path", &self.path)
-            .finish_non_exhaustive()
-    }
-}
+opaque_debug!(SqliteStore);
 
 impl SqliteStore {
     pub(crate) async fn connect(url: &DatabaseUrl) -> Result<Self, StoreError> {
