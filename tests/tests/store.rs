@@ -511,3 +511,28 @@ mod mysql_only {
         }
     }
 }
+
+/// SQLite: many processes opening a brand-new file at once (each switching
+/// it to WAL) all get a working connection.
+mod sqlite_only {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn many_connections_open_a_new_file_at_once() {
+        for _ in 0..5 {
+            let db = TempDb::sqlite();
+            let opens: Vec<_> = (0..12)
+                .map(|_| {
+                    let url = db.url.clone();
+                    tokio::spawn(async move {
+                        let c = Connection::connect(&DatabaseUrl::parse(&url).unwrap()).await?;
+                        c.migrate().await
+                    })
+                })
+                .collect();
+            for o in opens {
+                o.await.unwrap().expect("open and migrate");
+            }
+        }
+    }
+}

@@ -26,10 +26,15 @@ use crate::{
 
 const MIGRATIONS: EmbeddedMigrations = embed_migrations!("../../migrations/sqlite");
 
-/// Connection set-up. The busy timeout is short: writers hold the lock for
-/// microseconds, and an attempt must not outlive the lease it protects.
-const SETUP: &str =
-    "PRAGMA busy_timeout = 500; PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;";
+/// Connection set-up; see [`open`].
+const SETUP: &str = "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;";
+
+/// Migrations may wait for another process's migration this long.
+const SETUP_BUSY: &str = "PRAGMA busy_timeout = 5000;";
+
+/// For the lease statements the busy timeout is short: writers hold the lock
+/// for microseconds, and an attempt must not outlive the lease it protects.
+const STATEMENTS: &str = "PRAGMA busy_timeout = 500;";
 
 const RENEW: &str =
     "UPDATE service_leader_lock SET renewed_at = ?, expires_at = MAX(expires_at, ?) \
@@ -62,8 +67,25 @@ fn now_us() -> i64 {
 
 fn open(path: &str) -> Result<SqliteConnection, StoreError> {
     let mut conn = SqliteConnection::establish(path).map_err(StoreError::Connect)?;
-    conn.batch_execute(SETUP)?;
-    Ok(conn)
+    conn.batch_execute(SETUP_BUSY)?;
+    // Switching a new file to WAL needs it exclusively, and SQLite answers
+    // "locked" at once (without waiting) when that could deadlock with a
+    // writer, e.g. several processes creating the file together: retry.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match conn.batch_execute(SETUP) {
+            Ok(()) => return Ok(conn),
+            Err(e) if is_locked(&e) && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+fn is_locked(e: &diesel::result::Error) -> bool {
+    matches!(e, diesel::result::Error::DatabaseError(_, info)
+        if info.message().contains("locked") || info.message().contains("busy"))
 }
 
 /// A SQLite connection holding the lock-table statements.
@@ -81,7 +103,12 @@ impl SqliteStore {
         let boot_id =
             boot_id().map_err(|e| StoreError::Local(format!("cannot read the boot id: {e}")))?;
         let p = path.clone();
-        let conn = crate::run_blocking(move || open(&p)).await?;
+        let conn = crate::run_blocking(move || {
+            let mut conn = open(&p)?;
+            conn.batch_execute(STATEMENTS)?;
+            Ok(conn)
+        })
+        .await?;
         Ok(Self {
             conn: SyncConnectionWrapper::new(conn),
             path,
