@@ -352,7 +352,27 @@ fn validate(
             problem(problems, "flag_file", s, &s.value, "must not be empty");
             None
         }
-        Some(s) => Some(PathBuf::from(&s.value)),
+        Some(s) => {
+            let path = PathBuf::from(&s.value);
+            // The file is written atomically beside itself: its directory
+            // must exist now, or every grant would fail to announce itself.
+            let dir = match path.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+                _ => PathBuf::from("."),
+            };
+            if dir.is_dir() {
+                Some(path)
+            } else {
+                problem(
+                    problems,
+                    "flag_file",
+                    s,
+                    &s.value,
+                    format!("directory {} does not exist", dir.display()),
+                );
+                None
+            }
+        }
         None => None,
     };
     let migrate = match layers.get("migrate") {
@@ -697,6 +717,17 @@ mod tests {
             &env(&[("KUBERNETES_SERVICE_HOST", "10.0.0.1")])
         )
         .is_ok());
+    }
+
+    #[test]
+    fn flag_file_needs_an_existing_directory() {
+        let msg = problems(&["--flag-file", "/nonexistent/dir/leader"], &env(&[]));
+        assert!(
+            msg.contains("`flag_file`") && msg.contains("does not exist"),
+            "{msg}"
+        );
+        let s = load(&["--flag-file", "leader.json"], &env(&[])).unwrap();
+        assert_eq!(s.flag_file, Some(PathBuf::from("leader.json")));
     }
 
     #[test]

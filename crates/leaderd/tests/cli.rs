@@ -44,6 +44,11 @@ fn configuration_errors_exit_two_and_name_the_key() {
         (&["--id", &"i".repeat(101)], &[], "`id`"),
         (&["--log-format", "xml"], &[], "`log_format`"),
         (
+            &["--flag-file", "/nonexistent/dir/leader"],
+            &[],
+            "`flag_file`",
+        ),
+        (
             &[],
             &[("KUBERNETES_SERVICE_HOST", "10.0.0.1")],
             "KUBERNETES_SERVICE_HOST",
