@@ -419,7 +419,10 @@ mod postgres_only {
             .await
             .unwrap()
             .expect("postgres listens");
-        assert!(listener.probe(Duration::from_secs(3)).await.unwrap());
+        assert!(listener
+            .probe(Duration::from_secs(3), "store-test")
+            .await
+            .unwrap());
         acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(3)).await;
         assert!(a.release("e", "ia").await.unwrap());
         let payload = tokio::time::timeout(Duration::from_secs(2), listener.next())

@@ -179,11 +179,6 @@ impl Engine {
         }
     }
 
-    /// Whether [`Engine::shutdown`] was called.
-    pub fn is_shut_down(&self) -> bool {
-        self.role == Role::ShutDown
-    }
-
     /// The snapshot served over HTTP at `now`.
     pub fn view(&self, now: BootTime) -> View {
         if let Some((token, deadline)) = self.lease(now) {

@@ -98,6 +98,13 @@ pub struct ElectionRow {
     pub remaining_us: i64,
 }
 
+impl ElectionRow {
+    /// The holder while its lease is live by the database's clock.
+    pub fn live_holder(&self) -> Option<&str> {
+        self.holder.as_deref().filter(|_| self.remaining_us > 0)
+    }
+}
+
 impl From<(String, Option<String>, i64, i64)> for ElectionRow {
     fn from((name, holder, token, remaining_us): (String, Option<String>, i64, i64)) -> Self {
         Self {

@@ -211,9 +211,13 @@ impl Listener {
     /// Sends a notification to itself and waits up to `within` for it.
     /// `false` means notifications are not delivered (e.g. a
     /// transaction-pooling proxy sits in between): poll instead.
-    pub async fn probe(&mut self, within: Duration) -> Result<bool, StoreError> {
-        let payload = format!("leaderd-probe-{}", std::process::id());
-        diesel::sql_query(format!("SELECT pg_notify('{CHANNEL}', '{payload}')"))
+    /// `nonce` tells our probe from other processes' (PIDs repeat across
+    /// containers; the instance id does not).
+    pub async fn probe(&mut self, within: Duration, nonce: &str) -> Result<bool, StoreError> {
+        let payload = format!("leaderd-probe-{nonce}");
+        diesel::sql_query("SELECT pg_notify($1, $2)")
+            .bind::<Text, _>(CHANNEL)
+            .bind::<Text, _>(&payload)
             .execute(&mut self.conn)
             .await?;
         let wait = async {

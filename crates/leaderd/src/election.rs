@@ -11,7 +11,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use leaderd_core::{BootTime, Engine, Event, View};
+use leaderd_core::{BootTime, Engine, Event, Timing, View};
 use leaderd_store::{Connection, LeaseRequest, Listener, StoreError};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -31,6 +31,8 @@ pub const RELEASE_BUDGET: Duration = Duration::from_millis(1200);
 pub struct Shared {
     pub election: String,
     pub id: String,
+    /// Fixed for the process; kept here so readers need not lock the engine.
+    pub timing: Timing,
     engine: Mutex<Engine>,
     /// Last successful database round trip, for `/readyz`.
     last_db_ok: Mutex<Option<BootTime>>,
@@ -46,6 +48,7 @@ impl Shared {
         Self {
             election: settings.election.clone(),
             id: settings.id.clone(),
+            timing: settings.timing,
             engine: Mutex::new(Engine::new(
                 settings.timing,
                 settings.id.clone(),
@@ -64,10 +67,6 @@ impl Shared {
         self.engine.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn timing(&self) -> leaderd_core::Timing {
-        *self.engine().timing()
-    }
-
     /// Leadership as of this instant.
     pub fn view(&self) -> View {
         self.engine().view(boot_now())
@@ -75,7 +74,7 @@ impl Shared {
 
     /// A database round trip succeeded within `max(3 × heartbeat, ttl)`.
     pub fn db_up(&self) -> bool {
-        let t = self.timing();
+        let t = self.timing;
         let window = (t.heartbeat() * 3).max(t.ttl());
         let last = *self.last_db_ok.lock().unwrap_or_else(|e| e.into_inner());
         last.is_some_and(|at| boot_now().saturating_since(at) <= window)
@@ -85,7 +84,7 @@ impl Shared {
     /// every attempt is bounded by a heartbeat, so a few heartbeats of silence
     /// means it is stuck.
     pub fn healthy(&self) -> bool {
-        let limit = self.timing().heartbeat() * 5 + Duration::from_secs(1);
+        let limit = self.timing.heartbeat() * 5 + Duration::from_secs(1);
         let last = *self.last_progress.lock().unwrap_or_else(|e| e.into_inner());
         boot_now().saturating_since(last) <= limit
     }
@@ -108,14 +107,17 @@ pub async fn run(shared: Arc<Shared>, settings: Settings, shutdown: Cancellation
         }
     }
     let wake = Arc::new(Notify::new());
+    let instance = shared.engine().instance().to_owned();
     let listener = tokio::spawn(listen_for_releases(
         settings.database.clone(),
         shared.election.clone(),
+        instance.clone(),
         settings.timing.heartbeat(),
         wake.clone(),
         shutdown.clone(),
     ));
     let mut lp = Loop {
+        instance,
         shared: shared.clone(),
         settings,
         flag,
@@ -133,6 +135,8 @@ pub async fn run(shared: Arc<Shared>, settings: Settings, shutdown: Cancellation
 
 struct Loop {
     shared: Arc<Shared>,
+    /// This process's instance id (the engine's), the lease's true owner.
+    instance: String,
     settings: Settings,
     flag: Option<FlagFile>,
     conn: Option<Connection>,
@@ -190,7 +194,7 @@ impl Loop {
         // is measured from here.
         let sent_at = boot_now();
         let timeout = self.shared.engine().attempt_timeout(sent_at);
-        let result = tokio::time::timeout(timeout, self.try_attempt()).await;
+        let result = tokio::time::timeout(timeout, self.try_attempt(sent_at)).await;
         let received_at = boot_now();
         self.shared
             .metrics
@@ -213,7 +217,7 @@ impl Loop {
         self.handle(events);
     }
 
-    async fn try_attempt(&mut self) -> Result<leaderd_core::Attempt, String> {
+    async fn try_attempt(&mut self, sent_at: BootTime) -> Result<leaderd_core::Attempt, String> {
         if self.conn.is_none() {
             let url = self.settings.database.resolve()?;
             if self.settings.migrate && !self.migrated {
@@ -231,20 +235,14 @@ impl Loop {
             }
             self.conn = Some(Connection::connect(&url).await.map_err(|e| e.to_string())?);
         }
-        let (holder, instance, ttl, held_token) = {
-            let engine = self.shared.engine();
-            (
-                engine.id().to_owned(),
-                engine.instance().to_owned(),
-                engine.timing().ttl(),
-                engine.lease(boot_now()).map(|(token, _)| token),
-            )
-        };
+        // The token we hold as of the send time, the instant the timeout was
+        // computed for.
+        let held_token = self.shared.engine().lease(sent_at).map(|(token, _)| token);
         let req = LeaseRequest {
             election: &self.shared.election,
-            holder: &holder,
-            instance: &instance,
-            ttl,
+            holder: &self.shared.id,
+            instance: &self.instance,
+            ttl: self.shared.timing.ttl(),
             held_token,
         };
         let conn = self.conn.as_mut().expect("connected above");
@@ -273,6 +271,9 @@ impl Loop {
     /// `deadline_us`), comparable across every process on the host, so a
     /// checker can rebuild each replica's leadership intervals from the logs.
     fn handle(&mut self, events: Vec<Event>) {
+        if events.is_empty() {
+            return;
+        }
         let election = self.shared.election.clone();
         let id = self.shared.id.clone();
         let (election, id) = (election.as_str(), id.as_str());
@@ -373,7 +374,7 @@ impl Loop {
         if !self.may_hold {
             return;
         }
-        let instance = self.shared.engine().instance().to_owned();
+        let instance = self.instance.clone();
         let election = self.shared.election.clone();
         let release = async {
             if self.conn.is_none() {
@@ -403,6 +404,7 @@ impl Loop {
 async fn listen_for_releases(
     source: DatabaseSource,
     election: String,
+    instance: String,
     heartbeat: Duration,
     wake: Arc<Notify>,
     shutdown: CancellationToken,
@@ -416,7 +418,7 @@ async fn listen_for_releases(
                 return Ok(());
             };
             if !checked {
-                if !listener.probe(Duration::from_secs(2)).await.map_err(|e| e.to_string())? {
+                if !listener.probe(Duration::from_secs(2), &instance).await.map_err(|e| e.to_string())? {
                     warn!("release notifications are not delivered (transaction-pooling proxy?); polling only");
                     return Ok(());
                 }

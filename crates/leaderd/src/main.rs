@@ -154,12 +154,12 @@ async fn status(settings: Settings, json: bool) -> anyhow::Result<()> {
         let list: Vec<_> = rows
             .iter()
             .map(|r| {
-                let live = r.holder.is_some() && r.remaining_us > 0;
+                let holder = r.live_holder();
                 serde_json::json!({
                     "election": r.name,
-                    "holder": if live { r.holder.clone() } else { None },
+                    "holder": holder,
                     "token": r.token,
-                    "lease_remaining_ms": if live { r.remaining_us / 1000 } else { 0 },
+                    "lease_remaining_ms": if holder.is_some() { r.remaining_us / 1000 } else { 0 },
                 })
             })
             .collect();
@@ -170,12 +170,10 @@ async fn status(settings: Settings, json: bool) -> anyhow::Result<()> {
             "ELECTION", "HOLDER", "TOKEN", "REMAINING"
         );
         for r in &rows {
-            let (holder, remaining) = match &r.holder {
-                Some(h) if r.remaining_us > 0 => {
-                    (h.as_str(), format!("{}ms", r.remaining_us / 1000))
-                }
-                Some(_) => ("(expired)", "-".to_owned()),
-                None => ("(free)", "-".to_owned()),
+            let (holder, remaining) = match (r.live_holder(), &r.holder) {
+                (Some(h), _) => (h, format!("{}ms", r.remaining_us / 1000)),
+                (None, Some(_)) => ("(expired)", "-".to_owned()),
+                (None, None) => ("(free)", "-".to_owned()),
             };
             println!(
                 "{:<30} {:<30} {:>20} {:>12}",
