@@ -163,6 +163,57 @@ impl TempDb {
         exec(self.kind, &self.url, statements);
     }
 
+    /// The value of one SQL expression (or scalar subquery) as text.
+    pub fn scalar(&self, expr: &str) -> String {
+        let cast = match self.kind {
+            Kind::Postgres => format!("SELECT ({expr})::text AS v"),
+            Kind::Mysql => format!("SELECT CAST(({expr}) AS CHAR) AS v"),
+            Kind::Sqlite => format!("SELECT CAST(({expr}) AS TEXT) AS v"),
+        };
+        let (kind, url) = (self.kind, self.url.clone());
+        block_on(async move {
+            use diesel_async::{AsyncMysqlConnection, RunQueryDsl};
+            #[derive(diesel::QueryableByName)]
+            struct V {
+                #[diesel(sql_type = diesel::sql_types::Text)]
+                v: String,
+            }
+            let rows: Vec<V> = match kind {
+                Kind::Postgres => {
+                    let mut c = AsyncPgConnection::establish(&url).await.unwrap();
+                    diesel::sql_query(&cast).load(&mut c).await
+                }
+                Kind::Mysql => {
+                    let mut c = AsyncMysqlConnection::establish(&url).await.unwrap();
+                    diesel::sql_query(&cast).load(&mut c).await
+                }
+                Kind::Sqlite => {
+                    use diesel::Connection;
+                    let path = url.trim_start_matches("sqlite://");
+                    let mut c = diesel::SqliteConnection::establish(path).unwrap();
+                    diesel::RunQueryDsl::load(diesel::sql_query(&cast), &mut c)
+                }
+            }
+            .unwrap_or_else(|e| panic!("{cast}: {e}"));
+            rows.into_iter().next().map(|r| r.v).unwrap_or_default()
+        })
+    }
+
+    /// Whether a table of this name exists in this database.
+    pub fn has_table(&self, table: &str) -> bool {
+        let sql = match self.kind {
+            Kind::Postgres => format!("to_regclass('{table}') IS NOT NULL"),
+            Kind::Mysql => format!(
+                "SELECT COUNT(*) > 0 FROM information_schema.tables \
+                 WHERE table_schema = DATABASE() AND table_name = '{table}'"
+            ),
+            Kind::Sqlite => format!(
+                "SELECT COUNT(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = '{table}'"
+            ),
+        };
+        matches!(self.scalar(&sql).as_str(), "true" | "1")
+    }
+
     /// This database's URL logging in as another role.
     pub fn url_as(&self, role: &str) -> String {
         let rest = self

@@ -12,12 +12,19 @@ pub struct MariaDbServer {
     pub port: u16,
     dir: Scratch,
     child: Option<Child>,
+    /// Extra server options, e.g. `--autocommit=0`.
+    options: Vec<String>,
 }
 
 impl MariaDbServer {
     /// Initialises a data directory and starts the server with a `test`
     /// database; root has no password.
     pub fn start() -> MariaDbServer {
+        Self::start_with(&[])
+    }
+
+    /// As [`MariaDbServer::start`], with extra server options.
+    pub fn start_with(options: &[&str]) -> MariaDbServer {
         let dir = Scratch::new();
         if rustix::process::geteuid().is_root() {
             let ok = Command::new("chown")
@@ -45,12 +52,13 @@ impl MariaDbServer {
             port: free_port(),
             dir,
             child: None,
+            options: options.iter().map(|o| o.to_string()).collect(),
         };
         server.start_again();
         crate::exec(
             crate::Kind::Mysql,
             &server.admin_url(),
-            &["CREATE DATABASE IF NOT EXISTS test"],
+            &["CREATE DATABASE IF NOT EXISTS test", "COMMIT"],
         );
         server
     }
@@ -78,6 +86,7 @@ impl MariaDbServer {
                 "--skip-log-bin",
             ])
             .args(["--innodb-buffer-pool-size=32M"])
+            .args(&self.options)
             .arg(format!("--port={}", self.port))
             .arg(format!("--datadir={}", self.dir.path("data").display()))
             .arg(format!(

@@ -272,6 +272,69 @@ pub async fn a_missing_table_is_a_clear_error(url: &str) {
     assert!(err.contains("service_leader_lock"), "{err}");
 }
 
+pub async fn names_differ_by_trailing_space(url: &str) {
+    let mut a = migrated(url).await;
+    let mut b = connect(url).await;
+    acquire(&mut a, &req("x", "a", "ia"), Duration::from_secs(3)).await;
+    // A padding collation would find `x`'s row and refuse.
+    assert_eq!(
+        b.acquire_or_renew(&req("x ", "b", "ib")).await.unwrap(),
+        Attempt::Created
+    );
+    let names: Vec<String> = a.elections().await.unwrap().into_iter().map(|r| r.name).collect();
+    assert_eq!(names, ["x", "x "]);
+}
+
+pub async fn renewal_checks_the_held_token(url: &str) {
+    let mut a = migrated(url).await;
+    let t = acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(3)).await;
+    // A renewal that claims a token the row does not carry must not be
+    // granted under that token.
+    let stale = LeaseRequest {
+        held_token: Some(t - 1),
+        ..req("e", "a", "ia")
+    };
+    assert_eq!(
+        a.acquire_or_renew(&stale).await.unwrap(),
+        Attempt::Granted { token: t }
+    );
+}
+
+const DIESEL_TABLE: &str = "CREATE TABLE __diesel_schema_migrations (\
+    version VARCHAR(50) PRIMARY KEY NOT NULL, \
+    run_on TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP)";
+
+pub async fn migration_leaves_the_apps_bookkeeping_alone(db: &TempDb) {
+    migrated(&db.url).await;
+    assert!(db.has_table("service_leader_lock"));
+    assert!(!db.has_table("__diesel_schema_migrations"));
+    // An app that uses diesel on the same database, migrated by an earlier
+    // leaderd that recorded its own version there.
+    db.exec(&[
+        DIESEL_TABLE,
+        "INSERT INTO __diesel_schema_migrations (version) VALUES ('20200101000000')",
+        "INSERT INTO __diesel_schema_migrations (version) VALUES ('20261122000000')",
+    ]);
+    connect(&db.url).await.migrate().await.unwrap();
+    assert_eq!(
+        db.scalar("SELECT COUNT(*) FROM __diesel_schema_migrations"),
+        "1"
+    );
+    assert_eq!(
+        db.scalar("SELECT MIN(version) FROM __diesel_schema_migrations"),
+        "20200101000000"
+    );
+}
+
+pub async fn legacy_bookkeeping_of_leaderd_alone_is_dropped(db: &TempDb) {
+    db.exec(&[
+        DIESEL_TABLE,
+        "INSERT INTO __diesel_schema_migrations (version) VALUES ('20261122000000')",
+    ]);
+    migrated(&db.url).await;
+    assert!(!db.has_table("__diesel_schema_migrations"));
+}
+
 macro_rules! conformance {
     ($backend:ident, $make:expr, $delete_row:expr) => {
         mod $backend {
@@ -343,6 +406,26 @@ macro_rules! conformance {
                 let db: TempDb = $make;
                 super::status_lists_every_election(&db.url).await;
             }
+            #[tokio::test]
+            async fn names_differ_by_trailing_space() {
+                let db: TempDb = $make;
+                super::names_differ_by_trailing_space(&db.url).await;
+            }
+            #[tokio::test]
+            async fn renewal_checks_the_held_token() {
+                let db: TempDb = $make;
+                super::renewal_checks_the_held_token(&db.url).await;
+            }
+            #[tokio::test]
+            async fn migration_leaves_the_apps_bookkeeping_alone() {
+                let db: TempDb = $make;
+                super::migration_leaves_the_apps_bookkeeping_alone(&db).await;
+            }
+            #[tokio::test]
+            async fn legacy_bookkeeping_of_leaderd_alone_is_dropped() {
+                let db: TempDb = $make;
+                super::legacy_bookkeeping_of_leaderd_alone_is_dropped(&db).await;
+            }
         }
     };
 }
@@ -354,6 +437,128 @@ fn delete_rows(db: &TempDb) {
 conformance!(postgres, TempDb::postgres(), delete_rows);
 conformance!(mysql, TempDb::mysql(), delete_rows);
 conformance!(sqlite, TempDb::sqlite(), delete_rows);
+
+/// A statement never waits on a row lock another transaction holds: a
+/// waiting server-side statement outlives the client's timeout, and each
+/// retry would tie up one more connection.
+pub async fn a_locked_row_never_makes_a_statement_wait(db: &TempDb) {
+    let mut a = migrated(&db.url).await;
+    let t = acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(3)).await;
+    let lock = db.lock_row("e");
+    let renew = LeaseRequest {
+        held_token: Some(t),
+        ..req("e", "a", "ia")
+    };
+    let started = Instant::now();
+    let r = tokio::time::timeout(Duration::from_secs(2), a.acquire_or_renew(&renew))
+        .await
+        .expect("the renewal waited on the row lock");
+    assert!(r.is_err(), "a locked row is not a grant or a loss: {r:?}");
+    assert!(
+        started.elapsed() < Duration::from_millis(300),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(lock);
+    // The connection is still good, and so is the lease.
+    let mut a = connect(&db.url).await;
+    assert_eq!(
+        a.acquire_or_renew(&renew).await.unwrap(),
+        Attempt::Granted { token: t }
+    );
+}
+
+#[tokio::test]
+async fn postgres_a_locked_row_never_makes_a_statement_wait() {
+    a_locked_row_never_makes_a_statement_wait(&TempDb::postgres()).await;
+}
+
+#[tokio::test]
+async fn mysql_a_locked_row_never_makes_a_statement_wait() {
+    a_locked_row_never_makes_a_statement_wait(&TempDb::mysql()).await;
+}
+
+/// MySQL/MariaDB: sessions it refuses, names it keeps apart.
+mod mysql_safety {
+    use super::*;
+    use leaderd_tests::mariadbserver::MariaDbServer;
+
+    #[tokio::test]
+    async fn a_server_with_autocommit_off_is_refused() {
+        let server = MariaDbServer::start_with(&["--autocommit=0"]);
+        let url = DatabaseUrl::parse(&server.url()).unwrap();
+        let err = Connection::connect(&url).await.unwrap_err().to_string();
+        assert!(err.contains("autocommit"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_table_with_padded_names_is_converted() {
+        let db = TempDb::mysql();
+        // The table as the first release created it.
+        db.exec(&[
+            "CREATE TABLE service_leader_lock (\
+                id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, \
+                name VARCHAR(100) NOT NULL, holder VARCHAR(100) NULL, \
+                instance VARCHAR(64) NULL, token BIGINT NOT NULL, \
+                acquired_at DATETIME(6) NULL, renewed_at DATETIME(6) NULL, \
+                expires_at DATETIME(6) NOT NULL, \
+                UNIQUE KEY service_leader_lock_name (name)) \
+             ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
+            "INSERT INTO service_leader_lock (name, token, expires_at) \
+             VALUES ('x', 5, UTC_TIMESTAMP(6))",
+        ]);
+        assert_eq!(
+            connect(&db.url).await.migrate().await.unwrap(),
+            Migrated::Applied
+        );
+        names_differ_by_trailing_space(&db.url).await;
+    }
+}
+
+/// SQLite: rows from another boot, and the file system check.
+mod sqlite_safety {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_row_from_another_boot_is_taken_only_once_nobody_renews_it() {
+        let db = TempDb::sqlite();
+        let mut a = migrated(&db.url).await;
+        // Another host (or an earlier boot) holds the row; its clock means
+        // nothing here.
+        db.exec(&[
+            "INSERT INTO service_leader_lock (name, holder, instance, token, renewed_at, expires_at, boot_id) \
+             VALUES ('e', 'other', 'io', 7, 1000000, 1800000, 'another-boot')",
+        ]);
+        // While the other holder renews, the row is never taken.
+        let until = Instant::now() + TTL * 3;
+        let mut renewed = 1_000_000;
+        while Instant::now() < until {
+            renewed += 100_000;
+            db.exec(&[&format!(
+                "UPDATE service_leader_lock SET renewed_at = {renewed}, expires_at = {} WHERE name = 'e'",
+                renewed + 800_000
+            )]);
+            let seen = refused(a.acquire_or_renew(&req("e", "a", "ia")).await.unwrap());
+            assert_eq!(seen.holder.as_deref(), Some("other"));
+            assert!(seen.remaining_us > 0, "{seen:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // Once it stops, the row is taken after about one lease, not before.
+        let stopped = Instant::now();
+        let t = acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(3)).await;
+        assert!(stopped.elapsed() >= TTL, "{:?}", stopped.elapsed());
+        assert_eq!(t, 8);
+    }
+
+    #[tokio::test]
+    async fn a_local_file_passes_the_file_system_check() {
+        // The check itself is unit-tested by file system type; here: a local
+        // file passes and connects.
+        let db = TempDb::sqlite();
+        leaderd_store::check_file_system(db.url.trim_start_matches("sqlite://")).unwrap();
+        migrated(&db.url).await;
+    }
+}
 
 /// PostgreSQL specifics: what a refusal does not do, NOTIFY, and a user with
 /// data rights only.
@@ -419,10 +624,13 @@ mod postgres_only {
             .await
             .unwrap()
             .expect("postgres listens");
-        assert!(listener
-            .probe(Duration::from_secs(3), "store-test")
-            .await
-            .unwrap());
+        assert!(
+            listener
+                .probe(Duration::from_secs(3), "store-test")
+                .await
+                .unwrap()
+                .delivered
+        );
         acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(3)).await;
         assert!(a.release("e", "ia").await.unwrap());
         let payload = tokio::time::timeout(Duration::from_secs(2), listener.next())
@@ -430,6 +638,24 @@ mod postgres_only {
             .unwrap()
             .unwrap();
         assert_eq!(payload, "e");
+    }
+
+    #[tokio::test]
+    async fn the_listen_probe_keeps_real_notifications() {
+        let db = TempDb::postgres();
+        let url = DatabaseUrl::parse(&db.url).unwrap();
+        let mut listener = Listener::connect(&url)
+            .await
+            .unwrap()
+            .expect("postgres listens");
+        // A release of election `e` notified just before the probe.
+        pg_exec(&db.url, &["SELECT pg_notify('leaderd', 'e')"]);
+        let probe = listener
+            .probe(Duration::from_secs(3), "store-test")
+            .await
+            .unwrap();
+        assert!(probe.delivered);
+        assert_eq!(probe.others, ["e"]);
     }
 
     #[tokio::test]
@@ -443,7 +669,6 @@ mod postgres_only {
                 &format!("CREATE ROLE {role} LOGIN"),
                 &format!("GRANT SELECT, INSERT, UPDATE ON service_leader_lock TO {role}"),
                 &format!("GRANT USAGE ON SEQUENCE service_leader_lock_id_seq TO {role}"),
-                &format!("GRANT SELECT ON __diesel_schema_migrations TO {role}"),
                 &format!("REVOKE CREATE ON SCHEMA public FROM {role}"),
             ],
         );

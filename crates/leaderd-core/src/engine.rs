@@ -53,6 +53,10 @@ pub enum LossReason {
     Released,
     /// This process is shutting down.
     Shutdown,
+    /// The database's lease ran out before the local deadline (its clock ran
+    /// ahead) and this replica took the row again under a new token: the old
+    /// term ended, a new one began.
+    Lapsed,
 }
 
 impl LossReason {
@@ -64,6 +68,7 @@ impl LossReason {
             LossReason::Taken => "taken",
             LossReason::Released => "released",
             LossReason::Shutdown => "shutdown",
+            LossReason::Lapsed => "lapsed",
         }
     }
 }
@@ -293,7 +298,7 @@ impl Engine {
                         // lapsed there. Report the change of term.
                         events.push(Event::Lost {
                             token: old,
-                            reason: LossReason::Deadline,
+                            reason: LossReason::Lapsed,
                         });
                         events.push(Event::Acquired { token });
                     }
@@ -594,7 +599,7 @@ mod tests {
             vec![
                 Event::Lost {
                     token: 7,
-                    reason: LossReason::Deadline
+                    reason: LossReason::Lapsed
                 },
                 Event::Acquired { token: 9 }
             ]

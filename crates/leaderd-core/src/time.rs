@@ -53,6 +53,9 @@ pub enum TimingError {
     /// The lease is too short to leave anything after the safety margin.
     #[error("ttl must be at least {min:?}, got {got:?}")]
     TtlTooShort { min: Duration, got: Duration },
+    /// A lease this long would block the election that long after a crash.
+    #[error("ttl must be at most {max:?}, got {got:?}")]
+    TtlTooLong { max: Duration, got: Duration },
     /// The spec requires `ttl > heartbeat`.
     #[error("ttl ({ttl:?}) must exceed heartbeat ({heartbeat:?})")]
     TtlNotAboveHeartbeat { ttl: Duration, heartbeat: Duration },
@@ -73,6 +76,10 @@ impl Timing {
     /// always has a usable lease.
     pub const MIN_TTL: Duration = Duration::from_millis(100);
 
+    /// Longest accepted ttl (and so heartbeat): after a crash, nobody leads
+    /// for up to one ttl; beyond this that is an outage, not a lease.
+    pub const MAX_TTL: Duration = Duration::from_secs(600);
+
     /// Checks and builds the timing.
     pub fn new(heartbeat: Duration, ttl: Duration) -> Result<Self, TimingError> {
         if heartbeat < Self::MIN_HEARTBEAT {
@@ -84,6 +91,12 @@ impl Timing {
         if ttl < Self::MIN_TTL {
             return Err(TimingError::TtlTooShort {
                 min: Self::MIN_TTL,
+                got: ttl,
+            });
+        }
+        if ttl > Self::MAX_TTL {
+            return Err(TimingError::TtlTooLong {
+                max: Self::MAX_TTL,
                 got: ttl,
             });
         }
@@ -169,6 +182,16 @@ mod tests {
         assert!(matches!(
             Timing::new(MS(20), MS(60)),
             Err(TimingError::TtlTooShort { .. })
+        ));
+        assert!(matches!(
+            Timing::new(MS(1000), MS(600_001)),
+            Err(TimingError::TtlTooLong { .. })
+        ));
+        assert!(Timing::new(MS(1000), MS(600_000)).is_ok());
+        // A heartbeat is bounded through ttl > heartbeat.
+        assert!(matches!(
+            Timing::new(Duration::from_secs(1 << 40), MS(600_000)),
+            Err(TimingError::TtlNotAboveHeartbeat { .. })
         ));
     }
 

@@ -2,8 +2,8 @@
 //! without locking (MySQL/MariaDB) or whose every `UPDATE` takes the write lock
 //! (SQLite): read first, write only when there is something to win.
 //!
-//! - A leader renews with one `UPDATE … WHERE instance = me AND live`: one
-//!   round trip, and the token it already holds stays valid.
+//! - A leader renews with one `UPDATE … WHERE instance = me AND token = held
+//!   AND live`: one round trip, and the token it already holds stays valid.
 //! - Everyone else reads the row with a plain, non-locking `SELECT`. Held by
 //!   someone else: refused, having written and locked nothing. Expired or
 //!   free: a compare-and-set `UPDATE … WHERE token = <seen> AND expired` takes
@@ -14,8 +14,9 @@ use crate::{Attempt, LeaseRequest, Observed, StoreError};
 
 /// The four statements a backend supplies.
 pub(crate) trait CasOps {
-    /// Extends this instance's live lease; whether a row matched.
-    async fn renew(&mut self, req: &LeaseRequest<'_>) -> Result<bool, StoreError>;
+    /// Extends this instance's live lease if its token is still `token`;
+    /// whether a row matched.
+    async fn renew(&mut self, req: &LeaseRequest<'_>, token: i64) -> Result<bool, StoreError>;
     /// The row as it is, with `remaining_us` by the database's clock (≤ 0
     /// when expired); `None` when missing.
     async fn observe(&mut self, req: &LeaseRequest<'_>) -> Result<Option<Observed>, StoreError>;
@@ -32,7 +33,7 @@ pub(crate) async fn acquire_or_renew(
     req: &LeaseRequest<'_>,
 ) -> Result<Attempt, StoreError> {
     if let Some(token) = req.held_token {
-        if ops.renew(req).await? {
+        if ops.renew(req, token).await? {
             return Ok(Attempt::Granted { token });
         }
     }
@@ -50,7 +51,7 @@ pub(crate) async fn acquire_or_renew(
         // shortly and reads the winner then.
         return Ok(Attempt::Refused(seen));
     }
-    if seen.instance.as_deref() == Some(req.instance) && ops.renew(req).await? {
+    if seen.instance.as_deref() == Some(req.instance) && ops.renew(req, seen.token).await? {
         // Still ours in the database though we no longer counted on it
         // locally (our deadline passed first): renew, same token.
         return Ok(Attempt::Granted { token: seen.token });

@@ -9,7 +9,7 @@
 //!   first and write only to renew or to take an expired row (see `cas`).
 //!   A missing row is inserted free and blocked for one ttl.
 //! - release by the holding instance only (with `NOTIFY` on PostgreSQL);
-//! - listing the elections, and migrations embedded in the binary.
+//! - listing the elections, and creating the table (see `migrate`).
 //!
 //! This crate does not decide leadership (that is `leaderd-core`), retry, or
 //! time out: callers wrap each call in their own timeout and drop the
@@ -29,6 +29,7 @@ macro_rules! opaque_debug {
 
 mod cas;
 mod clock;
+mod migrate;
 mod mysql;
 mod pg;
 mod sql;
@@ -37,13 +38,10 @@ mod url;
 
 use std::time::Duration;
 
-use diesel::backend::Backend as DieselBackend;
-use diesel::migration::MigrationSource;
-use diesel_migrations::{EmbeddedMigrations, MigrationHarness};
-
 pub use clock::{boot_id, boot_now};
 pub use leaderd_core::{Attempt, Observed};
-pub use pg::Listener;
+pub use pg::{Listener, Probe};
+pub use sqlite::check_file_system;
 pub use url::{Backend, DatabaseUrl};
 
 /// Errors of the store. Messages never contain the database password.
@@ -58,6 +56,17 @@ pub enum StoreError {
     /// A statement failed (missing table, permission denied, lost connection).
     #[error("database error: {0}")]
     Query(#[from] diesel::result::Error),
+    /// The row is ours, but another transaction holds its lock: nothing was
+    /// written, nothing waited. Not a refusal: the lease may still be ours.
+    #[error("the lock row is locked by another transaction")]
+    Busy,
+    /// The server or session cannot be used safely (e.g. autocommit off).
+    #[error("unsupported database session: {0}")]
+    Unsupported(String),
+    /// The database file cannot be used safely (e.g. on a network file
+    /// system).
+    #[error("{0}")]
+    UnsafeFile(String),
     /// Creating or upgrading the table failed.
     #[error("migration failed: {0}")]
     Migration(String),
@@ -116,6 +125,16 @@ impl From<(String, Option<String>, i64, i64)> for ElectionRow {
     }
 }
 
+/// A refusal as the backend reported it. A row that is still this
+/// instance's live lease yet was not renewed was skipped because another
+/// transaction holds its lock: that is [`StoreError::Busy`], never a loss.
+fn refusal(req: &LeaseRequest<'_>, seen: Observed) -> Result<Attempt, StoreError> {
+    if seen.instance.as_deref() == Some(req.instance) && seen.remaining_us > 0 {
+        return Err(StoreError::Busy);
+    }
+    Ok(Attempt::Refused(seen))
+}
+
 fn observed(
     (holder, instance, token, remaining_us): (Option<String>, Option<String>, i64, i64),
 ) -> Observed {
@@ -136,53 +155,6 @@ pub enum Migrated {
     Applied,
 }
 
-impl Migrated {
-    fn from_count(applied: usize) -> Self {
-        if applied == 0 {
-            Migrated::UpToDate
-        } else {
-            Migrated::Applied
-        }
-    }
-}
-
-/// The newest embedded migration's version.
-fn latest_version<DB: DieselBackend>(migrations: &impl MigrationSource<DB>) -> String {
-    migrations
-        .migrations()
-        .ok()
-        .and_then(|m| m.iter().map(|m| m.name().version().to_string()).max())
-        .unwrap_or_default()
-}
-
-/// Runs the pending migrations, then makes sure the table really exists: an
-/// operator may have dropped it while the migration stayed recorded. The
-/// migrations are idempotent (`CREATE TABLE IF NOT EXISTS`), so re-running
-/// them is safe. Returns how many ran.
-fn run_migrations<DB, C>(conn: &mut C, migrations: EmbeddedMigrations) -> Result<usize, StoreError>
-where
-    DB: DieselBackend,
-    C: diesel::Connection<Backend = DB> + MigrationHarness<DB> + 'static,
-    EmbeddedMigrations: MigrationSource<DB>,
-{
-    let failed = |e: Box<dyn std::error::Error + Send + Sync>| StoreError::Migration(e.to_string());
-    let all = MigrationSource::<DB>::migrations(&migrations).map_err(failed)?;
-    let mut ran = conn
-        .run_pending_migrations(migrations)
-        .map_err(failed)?
-        .len();
-    if conn
-        .batch_execute("SELECT 1 FROM service_leader_lock WHERE 1 = 0")
-        .is_err()
-    {
-        for m in all {
-            m.run(conn).map_err(failed)?;
-            ran += 1;
-        }
-    }
-    Ok(ran)
-}
-
 /// Opens a diesel-async connection; the error never carries the URL.
 async fn establish<C: diesel_async::AsyncConnection>(url: &DatabaseUrl) -> Result<C, StoreError> {
     C::establish(url.expose())
@@ -197,6 +169,23 @@ async fn run_blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| StoreError::Local(format!("blocking task failed: {e}")))?
+}
+
+/// Cancels the statement in flight on a connection, from outside it: a
+/// client-side timeout alone leaves the server working (or waiting on a lock)
+/// for a client that has gone.
+pub struct Canceller(tokio_postgres::CancelToken);
+
+opaque_debug!(Canceller);
+
+impl Canceller {
+    /// Asks the server to cancel; no timeout, wrap it.
+    pub async fn cancel(self) -> Result<(), StoreError> {
+        self.0
+            .cancel_query(tokio_postgres::NoTls)
+            .await
+            .map_err(|e| StoreError::Local(format!("cancel request failed: {e}")))
+    }
 }
 
 /// A connection to the lock table on one backend.
@@ -219,6 +208,16 @@ impl Connection {
             Backend::Mysql => Connection::Mysql(mysql::MysqlStore::connect(url).await?),
             Backend::Sqlite => Connection::Sqlite(sqlite::SqliteStore::connect(url).await?),
         })
+    }
+
+    /// A handle that cancels this connection's statement in flight, on
+    /// backends that have cancel requests (PostgreSQL). MySQL and SQLite
+    /// bound their waits inside each statement instead.
+    pub fn canceller(&self) -> Option<Canceller> {
+        match self {
+            Connection::Postgres(c) => Some(Canceller(c.cancel_token())),
+            Connection::Mysql(_) | Connection::Sqlite(_) => None,
+        }
     }
 
     /// The spec's acquire-or-renew, judged by the database's clock.

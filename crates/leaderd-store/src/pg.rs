@@ -6,31 +6,51 @@
 
 use std::time::Duration;
 
-use diesel::pg::Pg;
 use diesel::sql_types::{BigInt, Bool, Nullable, Text};
-use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
-use diesel_migrations::{embed_migrations, EmbeddedMigrations};
 use futures_util::StreamExt;
 
+use crate::migrate;
 use crate::sql::{Bind, Stmt};
 use crate::{observed, Attempt, DatabaseUrl, ElectionRow, LeaseRequest, Migrated, StoreError};
-
-const MIGRATIONS: EmbeddedMigrations = embed_migrations!("../../migrations/postgres");
 
 /// The `LISTEN`/`NOTIFY` channel; the payload is the election name.
 pub const CHANNEL: &str = "leaderd";
 
-/// Serialises concurrent migrations (`pg_advisory_lock` key).
-const MIGRATION_LOCK_KEY: i64 = 0x006c_6561_6465_7264; // "leaderd" in ASCII
+/// DDL is transactional here: the steps run under a transaction-level
+/// advisory lock (pooler-safe, released by COMMIT or a dropped session). The
+/// key is "leaderd" in ASCII. The check reads `pg_class` with the statement's
+/// snapshot: `to_regclass` goes through the catalog cache, which taking an
+/// advisory lock does not refresh, so a waiter would miss the table its
+/// predecessor just created.
+const MIGRATION: migrate::Plan = migrate::Plan {
+    current: "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class \
+        WHERE relname = 'service_leader_lock' AND relnamespace = \
+        (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = current_schema()))",
+    lock: "BEGIN; SELECT pg_advisory_xact_lock(30510766455353956)",
+    unlock: "COMMIT",
+    steps: migrate::POSTGRES,
+    legacy: "SELECT to_regclass('__diesel_schema_migrations') IS NOT NULL",
+};
+
+migrate::migrate_with!(AsyncPgConnection);
 
 /// Renews when this instance holds a live lease, takes the row when it is
 /// expired (bumping the token), else returns the current holder: one round
 /// trip. A refusal matches no row in the `UPDATE`, so it writes nothing,
-/// locks nothing and consumes no sequence value. Binds: election, instance,
-/// holder, ttl in microseconds.
+/// locks nothing and consumes no sequence value. The row is locked with
+/// `SKIP LOCKED` before it is written, so a statement never waits on a row
+/// lock someone else holds (a waiting backend outlives the client's timeout
+/// and would pile up connections); a skipped row reads as a refusal that
+/// shows the row as it was. Binds: election, instance, holder, ttl in
+/// microseconds.
 const ACQUIRE_OR_RENEW: &str = "\
 WITH p AS (SELECT ?::varchar AS name, ?::varchar AS inst, ?::varchar AS holder, ?::bigint AS ttl_us),
+c AS (
+  SELECT l.id FROM service_leader_lock l, p
+   WHERE l.name = p.name AND (l.expires_at <= now() OR l.instance = p.inst)
+   FOR UPDATE OF l SKIP LOCKED
+),
 u AS (
   UPDATE service_leader_lock l SET
     token = CASE WHEN l.instance = p.inst AND l.expires_at > now() THEN l.token ELSE l.token + 1 END,
@@ -39,8 +59,8 @@ u AS (
     instance = p.inst,
     renewed_at = now(),
     expires_at = GREATEST(l.expires_at, now() + p.ttl_us * INTERVAL '1 microsecond')
-  FROM p
-  WHERE l.name = p.name AND (l.expires_at <= now() OR l.instance = p.inst)
+  FROM p, c
+  WHERE l.id = c.id
   RETURNING l.holder, l.instance, l.token, l.expires_at
 )
 SELECT TRUE, u.holder, u.instance, u.token,
@@ -54,13 +74,16 @@ SELECT FALSE, l.holder, l.instance, l.token,
 
 type AttemptRow = (bool, Option<String>, Option<String>, i64, i64);
 
-/// A leader's renewal: the cheapest statement that does it (no CTE, no
-/// read-back of a holder), one round trip. Matching no row means the lease is
-/// no longer ours; the full statement above then says why. Binds: ttl in
-/// microseconds, election, instance.
-const RENEW: &str = "UPDATE service_leader_lock SET renewed_at = now(), \
-    expires_at = GREATEST(expires_at, now() + ? * INTERVAL '1 microsecond') \
-    WHERE name = ? AND instance = ? AND expires_at > now() RETURNING token";
+/// A leader's renewal: the cheapest statement that does it (no read-back of a
+/// holder), one round trip; `SKIP LOCKED` as above. Matching no row means the
+/// lease is no longer ours, or the row is locked; the full statement above
+/// then says which. Binds: election, instance, token, ttl in microseconds.
+const RENEW: &str = "WITH c AS (SELECT id FROM service_leader_lock \
+      WHERE name = ? AND instance = ? AND token = ? AND expires_at > now() \
+      FOR UPDATE SKIP LOCKED) \
+    UPDATE service_leader_lock l SET renewed_at = now(), \
+      expires_at = GREATEST(l.expires_at, now() + ? * INTERVAL '1 microsecond') \
+    FROM c WHERE l.id = c.id RETURNING l.token";
 
 /// Creates a missing row: free, blocked until `now + ttl` so that a holder
 /// whose row was deleted steps down before anyone takes over, and with a token
@@ -92,17 +115,22 @@ impl PgStore {
         Ok(Self { conn })
     }
 
+    pub(crate) fn cancel_token(&self) -> tokio_postgres::CancelToken {
+        self.conn.cancel_token()
+    }
+
     pub(crate) async fn acquire_or_renew(
         &mut self,
         req: &LeaseRequest<'_>,
     ) -> Result<Attempt, StoreError> {
-        if req.held_token.is_some() {
+        if let Some(held) = req.held_token {
             let renewed: Vec<i64> = Stmt::<BigInt>::new(
                 RENEW,
                 [
-                    Bind::BigInt(req.ttl_us()),
                     Bind::Text(req.election),
                     Bind::Text(req.instance),
+                    Bind::BigInt(held),
+                    Bind::BigInt(req.ttl_us()),
                 ],
             )
             .load(&mut self.conn)
@@ -126,9 +154,10 @@ impl PgStore {
             .await?;
         match rows.into_iter().next() {
             Some((true, _, _, token, _)) => Ok(Attempt::Granted { token }),
-            Some((false, holder, instance, token, remaining_us)) => Ok(Attempt::Refused(observed(
-                (holder, instance, token, remaining_us),
-            ))),
+            Some((false, holder, instance, token, remaining_us)) => {
+                let seen = observed((holder, instance, token, remaining_us));
+                crate::refusal(req, seen)
+            }
             None => {
                 Stmt::<()>::new(
                     CREATE,
@@ -161,31 +190,17 @@ impl PgStore {
     }
 
     pub(crate) async fn migrate(mut self) -> Result<Migrated, StoreError> {
-        let latest = crate::latest_version::<Pg>(&MIGRATIONS);
-        // Reads only, so a user with data rights alone passes once the table
-        // exists.
-        let check = Stmt::<Bool>::new(
-            "SELECT EXISTS (SELECT 1 FROM __diesel_schema_migrations WHERE version = ?) \
-             AND to_regclass('service_leader_lock') IS NOT NULL",
-            [Bind::Text(&latest)],
-        );
-        if matches!(check.get_result::<bool>(&mut self.conn).await, Ok(true)) {
-            return Ok(Migrated::UpToDate);
-        }
-        let wrapper: AsyncConnectionWrapper<AsyncPgConnection> = self.conn.into();
-        crate::run_blocking(move || {
-            let mut conn = wrapper;
-            use diesel::connection::SimpleConnection;
-            conn.batch_execute(&format!("SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})"))?;
-            // Another replica may have migrated while we waited for the lock;
-            // the harness re-reads what is applied, so this is a no-op then.
-            let result = crate::run_migrations(&mut conn, MIGRATIONS);
-            conn.batch_execute(&format!("SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})"))?;
-            result
-        })
-        .await
-        .map(Migrated::from_count)
+        migrate_with(&mut self.conn, &MIGRATION).await
     }
+}
+
+/// What [`Listener::probe`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+    /// Our own notification came back.
+    pub delivered: bool,
+    /// Release notifications (election names) that arrived meanwhile.
+    pub others: Vec<String>,
 }
 
 /// A dedicated connection that `LISTEN`s for release notifications.
@@ -209,29 +224,33 @@ impl Listener {
     }
 
     /// Sends a notification to itself and waits up to `within` for it.
-    /// `false` means notifications are not delivered (e.g. a
+    /// `delivered: false` means notifications are not delivered (e.g. a
     /// transaction-pooling proxy sits in between): poll instead.
     /// `nonce` tells our probe from other processes' (PIDs repeat across
-    /// containers; the instance id does not).
-    pub async fn probe(&mut self, within: Duration, nonce: &str) -> Result<bool, StoreError> {
+    /// containers; the instance id does not). Real notifications that arrive
+    /// meanwhile are returned, not lost.
+    pub async fn probe(&mut self, within: Duration, nonce: &str) -> Result<Probe, StoreError> {
         let payload = format!("leaderd-probe-{nonce}");
         diesel::sql_query("SELECT pg_notify($1, $2)")
             .bind::<Text, _>(CHANNEL)
             .bind::<Text, _>(&payload)
             .execute(&mut self.conn)
             .await?;
+        let mut others = Vec::new();
         let wait = async {
             loop {
                 match self.next().await? {
-                    p if p == payload => return Ok::<bool, StoreError>(true),
-                    _ => continue,
+                    p if p == payload => return Ok::<(), StoreError>(()),
+                    p if p.starts_with("leaderd-probe-") => continue,
+                    p => others.push(p),
                 }
             }
         };
-        match tokio::time::timeout(within, wait).await {
-            Ok(r) => r,
-            Err(_) => Ok(false),
-        }
+        let delivered = match tokio::time::timeout(within, wait).await {
+            Ok(r) => r.map(|()| true)?,
+            Err(_) => false,
+        };
+        Ok(Probe { delivered, others })
     }
 
     /// The payload (election name) of the next notification.

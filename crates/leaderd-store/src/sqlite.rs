@@ -3,34 +3,56 @@
 //!
 //! SQLite has no server clock, so its "database clock" is the host's
 //! `CLOCK_BOOTTIME`, shared by every process on the host and immune to
-//! wall-clock changes; rows record the boot they were written in, and a row
-//! from another boot counts as expired. The file runs in WAL mode so readers
-//! never block, with a short busy timeout for writers. Every `UPDATE` takes
-//! SQLite's write lock, so followers only read (see `cas`).
+//! wall-clock changes; rows record the boot they were written in. A row from
+//! another boot has times on a clock this process cannot read, so it is not
+//! taken on its face: it is taken once this process has watched it stay
+//! unchanged for longer than its lease (no holder anywhere has renewed it, so
+//! none can still lead). That covers a reboot (one ttl's wait) and a file that
+//! somehow is shared with another host.
+//!
+//! The file must be on a local file system: network and FUSE file systems
+//! are refused (SQLite's locking is unreliable there, and two hosts would
+//! each see the other's boot as foreign). The file runs in WAL mode so
+//! readers never block, with `synchronous = FULL` so a committed take
+//! survives a power loss (else the next take could hand out the same token),
+//! and a short busy timeout for writers. Every `UPDATE` takes SQLite's write
+//! lock, so followers only read (see `cas`).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use diesel::connection::SimpleConnection;
-use diesel::sql_types::{BigInt, Bool, Nullable, Text};
+use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::{Connection as _, SqliteConnection};
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use diesel_async::RunQueryDsl;
-use diesel_migrations::{embed_migrations, EmbeddedMigrations};
 
 use crate::cas::{self, CasOps};
+use crate::migrate;
 use crate::sql::{Bind, Stmt};
 use crate::{
     boot_id, boot_now, observed, Attempt, DatabaseUrl, ElectionRow, LeaseRequest, Migrated,
     Observed, StoreError,
 };
 
-const MIGRATIONS: EmbeddedMigrations = embed_migrations!("../../migrations/sqlite");
+/// Connection set-up; see [`open`] and the module docs.
+const SETUP: &str = "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;";
 
-/// Connection set-up; see [`open`].
-const SETUP: &str = "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;";
-
-/// Migrations may wait for another process's migration this long.
+/// Set-up may wait for another process's this long.
 const SETUP_BUSY: &str = "PRAGMA busy_timeout = 5000;";
+
+/// `BEGIN IMMEDIATE` takes the write lock first, so concurrent migrations run
+/// one after another and the later ones find the work done.
+const MIGRATION: migrate::Plan = migrate::Plan {
+    current: "SELECT EXISTS (SELECT 1 FROM sqlite_master \
+        WHERE type = 'table' AND name = 'service_leader_lock')",
+    lock: "PRAGMA busy_timeout = 5000; BEGIN IMMEDIATE",
+    unlock: "COMMIT",
+    steps: migrate::SQLITE,
+    legacy: "SELECT EXISTS (SELECT 1 FROM sqlite_master \
+        WHERE type = 'table' AND name = '__diesel_schema_migrations')",
+};
+
+migrate::migrate_with!(SyncConnectionWrapper<SqliteConnection>);
 
 /// For the lease statements the busy timeout is short: writers hold the lock
 /// for microseconds, and an attempt must not outlive the lease it protects.
@@ -38,16 +60,18 @@ const STATEMENTS: &str = "PRAGMA busy_timeout = 500;";
 
 const RENEW: &str =
     "UPDATE service_leader_lock SET renewed_at = ?, expires_at = MAX(expires_at, ?) \
-    WHERE name = ? AND instance = ? AND boot_id = ? AND expires_at > ?";
+    WHERE name = ? AND instance = ? AND token = ? AND boot_id = ? AND expires_at > ?";
 
-const OBSERVE: &str = "SELECT holder, instance, token, \
-    CASE WHEN boot_id = ? THEN expires_at - ? ELSE -1 END \
-    FROM service_leader_lock WHERE name = ?";
+const OBSERVE: &str = "SELECT holder, instance, token, boot_id, expires_at, \
+    COALESCE(renewed_at, -1) FROM service_leader_lock WHERE name = ?";
 
+/// A compare-and-set on the row exactly as observed: any renewal, take or
+/// release since then changes `expires_at` or `renewed_at`.
 const TAKE: &str = "UPDATE service_leader_lock \
     SET token = token + 1, holder = ?, instance = ?, boot_id = ?, \
         acquired_at = ?, renewed_at = ?, expires_at = ? \
-    WHERE name = ? AND token = ? AND (boot_id <> ? OR expires_at <= ?)";
+    WHERE name = ? AND token = ? AND boot_id = ? AND expires_at = ? \
+      AND COALESCE(renewed_at, -1) = ?";
 
 const CREATE: &str = "INSERT INTO service_leader_lock (name, token, boot_id, expires_at) \
     VALUES (?, ?, ?, ?) ON CONFLICT (name) DO NOTHING";
@@ -88,11 +112,92 @@ fn is_locked(e: &diesel::result::Error) -> bool {
         if info.message().contains("locked") || info.message().contains("busy"))
 }
 
+/// File systems SQLite cannot be shared on safely, by `statfs` magic: network
+/// file systems, FUSE (sshfs, s3fs, gluster, virtiofs…) and cluster file
+/// systems.
+const UNSAFE_FILE_SYSTEMS: &[(i64, &str)] = &[
+    (0x6969, "NFS"),
+    (0x517b, "SMB"),
+    (0xff53_4d42, "CIFS"),
+    (0xfe53_4d42, "SMB2"),
+    (0x6573_5546, "FUSE"),
+    (0x0102_1997, "9P"),
+    (0x00c3_6400, "CephFS"),
+    (0x5346_414f, "AFS"),
+    (0x7375_7245, "Coda"),
+    (0x0bd0_0bd0, "Lustre"),
+    (0x0116_1970, "GFS2"),
+    (0x7461_636f, "OCFS2"),
+    (0x4750_4653, "GPFS"),
+    (0x2003_0528, "OrangeFS"),
+    (0x0000_564c, "NCP"),
+];
+
+/// The name of an unsafe file system type, `None` when local.
+pub(crate) fn unsafe_file_system(f_type: i64) -> Option<&'static str> {
+    UNSAFE_FILE_SYSTEMS
+        .iter()
+        .find(|(magic, _)| *magic == f_type)
+        .map(|(_, name)| *name)
+}
+
+/// Refuses a database file on a network or FUSE file system. The file may not
+/// exist yet: then its directory is checked.
+pub fn check_file_system(path: &str) -> Result<(), StoreError> {
+    let p = std::path::Path::new(path);
+    let target = if p.exists() {
+        p.to_path_buf()
+    } else {
+        match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => std::path::PathBuf::from("."),
+        }
+    };
+    // A directory that does not exist is reported by SQLite when it opens.
+    let Ok(st) = rustix::fs::statfs(&target) else {
+        return Ok(());
+    };
+    #[expect(
+        clippy::unnecessary_cast,
+        reason = "f_type's integer type differs between architectures"
+    )]
+    let f_type = st.f_type as i64;
+    match unsafe_file_system(f_type) {
+        None => Ok(()),
+        Some(fs) => Err(StoreError::UnsafeFile(format!(
+            "sqlite://{path} is on a {fs} file system: SQLite's locking is not reliable \
+             there, and replicas on two hosts would both lead. Keep the file on a local \
+             disk (one host), or use PostgreSQL or MySQL for several hosts"
+        ))),
+    }
+}
+
+/// The row as `OBSERVE` read it, for the compare-and-set in `take` and for
+/// watching a row from another boot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct SeenRow {
+    token: i64,
+    boot_id: String,
+    expires_at: i64,
+    /// -1 when never renewed.
+    renewed_at: i64,
+}
+
+/// A row from another boot, and when (on our clock) we first saw it as it is.
+#[derive(Debug)]
+struct Foreign {
+    row: SeenRow,
+    since_us: i64,
+}
+
 /// A SQLite connection holding the lock-table statements.
 pub struct SqliteStore {
     conn: SyncConnectionWrapper<SqliteConnection>,
-    path: String,
     boot_id: String,
+    /// The row as last observed.
+    seen: Option<SeenRow>,
+    /// A row from another boot that has not changed since `since_us`.
+    foreign: Option<Foreign>,
 }
 
 opaque_debug!(SqliteStore);
@@ -100,19 +205,20 @@ opaque_debug!(SqliteStore);
 impl SqliteStore {
     pub(crate) async fn connect(url: &DatabaseUrl) -> Result<Self, StoreError> {
         let path = url.sqlite_path().unwrap_or_default().to_owned();
+        check_file_system(&path)?;
         let boot_id =
             boot_id().map_err(|e| StoreError::Local(format!("cannot read the boot id: {e}")))?;
-        let p = path.clone();
         let conn = crate::run_blocking(move || {
-            let mut conn = open(&p)?;
+            let mut conn = open(&path)?;
             conn.batch_execute(STATEMENTS)?;
             Ok(conn)
         })
         .await?;
         Ok(Self {
             conn: SyncConnectionWrapper::new(conn),
-            path,
             boot_id,
+            seen: None,
+            foreign: None,
         })
     }
 
@@ -152,32 +258,47 @@ impl SqliteStore {
         Ok(rows.into_iter().map(ElectionRow::from).collect())
     }
 
-    pub(crate) async fn migrate(self) -> Result<Migrated, StoreError> {
-        let path = self.path.clone();
-        drop(self);
-        crate::run_blocking(move || {
-            let mut conn = open(&path)?;
-            let latest = crate::latest_version::<diesel::sqlite::Sqlite>(&MIGRATIONS);
-            let up_to_date = Stmt::<Bool>::new(
-                "SELECT EXISTS (SELECT 1 FROM __diesel_schema_migrations WHERE version = ?) \
-                 AND EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'service_leader_lock')",
-                [Bind::Text(&latest)],
-            );
-            if matches!(diesel::RunQueryDsl::get_result::<bool>(up_to_date, &mut conn), Ok(true)) {
-                return Ok(0);
+    pub(crate) async fn migrate(mut self) -> Result<Migrated, StoreError> {
+        migrate_with(&mut self.conn, &MIGRATION).await
+    }
+
+    /// What is left of a row's lease by the clock this process can read.
+    /// Same boot: its expiry. Another boot: at least the row's own lease
+    /// length (and our ttl) after we first saw it unchanged, since any holder
+    /// renews well within its lease.
+    fn remaining_us(&mut self, row: &SeenRow, ttl_us: i64, now: i64) -> i64 {
+        if row.boot_id == self.boot_id {
+            self.foreign = None;
+            return row.expires_at - now;
+        }
+        let since = match &self.foreign {
+            Some(f) if f.row == *row => f.since_us,
+            _ => {
+                self.foreign = Some(Foreign {
+                    row: row.clone(),
+                    since_us: now,
+                });
+                now
             }
-            // BEGIN IMMEDIATE takes the write lock first, so concurrent
-            // migrations run one after another and the later ones find
-            // nothing pending.
-            conn.immediate_transaction(|conn| crate::run_migrations(conn, MIGRATIONS))
-        })
-        .await
-        .map(Migrated::from_count)
+        };
+        let lease = if row.renewed_at >= 0 {
+            row.expires_at.saturating_sub(row.renewed_at)
+        } else {
+            0
+        };
+        since
+            .saturating_add(lease.max(ttl_us))
+            .saturating_add(FOREIGN_SLACK_US)
+            .saturating_sub(now)
     }
 }
 
+/// Waited on top of a foreign row's lease: covers the two hosts' clocks
+/// running at slightly different rates.
+const FOREIGN_SLACK_US: i64 = 50_000;
+
 impl CasOps for SqliteStore {
-    async fn renew(&mut self, req: &LeaseRequest<'_>) -> Result<bool, StoreError> {
+    async fn renew(&mut self, req: &LeaseRequest<'_>, token: i64) -> Result<bool, StoreError> {
         let now = now_us();
         let n = Stmt::<()>::new(
             RENEW,
@@ -186,6 +307,7 @@ impl CasOps for SqliteStore {
                 Bind::BigInt(now.saturating_add(req.ttl_us())),
                 Bind::Text(req.election),
                 Bind::Text(req.instance),
+                Bind::BigInt(token),
                 Bind::Text(&self.boot_id),
                 Bind::BigInt(now),
             ],
@@ -196,21 +318,39 @@ impl CasOps for SqliteStore {
     }
 
     async fn observe(&mut self, req: &LeaseRequest<'_>) -> Result<Option<Observed>, StoreError> {
-        let rows: Vec<(Option<String>, Option<String>, i64, i64)> =
-            Stmt::<(Nullable<Text>, Nullable<Text>, BigInt, BigInt)>::new(
-                OBSERVE,
-                [
-                    Bind::Text(&self.boot_id),
-                    Bind::BigInt(now_us()),
-                    Bind::Text(req.election),
-                ],
-            )
-            .load(&mut self.conn)
-            .await?;
-        Ok(rows.into_iter().next().map(observed))
+        type Row = (Option<String>, Option<String>, i64, String, i64, i64);
+        let rows: Vec<Row> = Stmt::<(
+            Nullable<Text>,
+            Nullable<Text>,
+            BigInt,
+            Text,
+            BigInt,
+            BigInt,
+        )>::new(OBSERVE, [Bind::Text(req.election)])
+        .load(&mut self.conn)
+        .await?;
+        let now = now_us();
+        self.seen = None;
+        let Some((holder, instance, token, boot_id, expires_at, renewed_at)) =
+            rows.into_iter().next()
+        else {
+            return Ok(None);
+        };
+        let row = SeenRow {
+            token,
+            boot_id,
+            expires_at,
+            renewed_at,
+        };
+        let remaining_us = self.remaining_us(&row, req.ttl_us(), now);
+        self.seen = Some(row);
+        Ok(Some(observed((holder, instance, token, remaining_us))))
     }
 
     async fn take(&mut self, req: &LeaseRequest<'_>, seen_token: i64) -> Result<bool, StoreError> {
+        let Some(seen) = self.seen.take().filter(|s| s.token == seen_token) else {
+            return Ok(false);
+        };
         let now = now_us();
         let n = Stmt::<()>::new(
             TAKE,
@@ -222,13 +362,15 @@ impl CasOps for SqliteStore {
                 Bind::BigInt(now),
                 Bind::BigInt(now.saturating_add(req.ttl_us())),
                 Bind::Text(req.election),
-                Bind::BigInt(seen_token),
-                Bind::Text(&self.boot_id),
-                Bind::BigInt(now),
+                Bind::BigInt(seen.token),
+                Bind::Text(&seen.boot_id),
+                Bind::BigInt(seen.expires_at),
+                Bind::BigInt(seen.renewed_at),
             ],
         )
         .execute(&mut self.conn)
         .await?;
+        self.foreign = None;
         Ok(n > 0)
     }
 
@@ -250,5 +392,27 @@ impl CasOps for SqliteStore {
         .execute(&mut self.conn)
         .await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn network_and_fuse_file_systems_are_unsafe() {
+        assert_eq!(unsafe_file_system(0x6969), Some("NFS"));
+        assert_eq!(unsafe_file_system(0x6573_5546), Some("FUSE"));
+        assert_eq!(unsafe_file_system(0xff53_4d42), Some("CIFS"));
+        // ext4, xfs, btrfs, tmpfs, overlayfs
+        for local in [0xef53, 0x5846_5342, 0x9123_683e, 0x0102_1994, 0x794c_7630] {
+            assert_eq!(unsafe_file_system(local), None, "{local:#x}");
+        }
+    }
+
+    #[test]
+    fn the_local_temp_dir_is_accepted() {
+        let dir = std::env::temp_dir().join("leaderd-fs-check.db");
+        check_file_system(dir.to_str().unwrap()).unwrap();
     }
 }

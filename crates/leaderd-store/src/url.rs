@@ -92,9 +92,7 @@ impl DatabaseUrl {
             }
             raw = driver.to_string();
         }
-        if parsed.password().is_some() {
-            let _ = parsed.set_password(Some("REDACTED"));
-        }
+        redact(&mut parsed);
         Ok(Self {
             raw,
             backend,
@@ -114,6 +112,28 @@ impl DatabaseUrl {
     /// For SQLite: the file path.
     pub fn sqlite_path(&self) -> Option<&str> {
         (self.backend == Backend::Sqlite).then(|| sqlite_path(&self.raw))
+    }
+}
+
+/// Query parameters that carry a secret (tokio-postgres takes `password=`).
+const SECRET_PARAMS: &[&str] = &["password", "sslpassword"];
+
+/// Replaces the password, in the user-info part and in any secret
+/// parameter, with `REDACTED`.
+fn redact(url: &mut url::Url) {
+    if url.password().is_some() {
+        let _ = url.set_password(Some("REDACTED"));
+    }
+    let secret = |k: &str| SECRET_PARAMS.iter().any(|s| k.eq_ignore_ascii_case(s));
+    if url.query_pairs().any(|(k, _)| secret(&k)) {
+        let pairs: Vec<(String, String)> = url
+            .query_pairs()
+            .map(|(k, v)| {
+                let v = if secret(&k) { "REDACTED".into() } else { v.into_owned() };
+                (k.into_owned(), v)
+            })
+            .collect();
+        url.query_pairs_mut().clear().extend_pairs(pairs);
     }
 }
 
@@ -145,6 +165,18 @@ mod tests {
         assert_eq!(u.to_string(), "postgres://app:REDACTED@db:5432/app");
         assert!(!format!("{u:?}").contains("s3cr3t"));
         assert!(u.expose().contains("s3cr3t"));
+    }
+
+    #[test]
+    fn redacts_password_parameters() {
+        let u =
+            DatabaseUrl::parse("postgres://app@db/app?password=s3cr3t&sslmode=require&SSLPassword=k3y")
+                .unwrap();
+        let shown = format!("{u} {u:?}");
+        assert!(!shown.contains("s3cr3t") && !shown.contains("k3y"), "{shown}");
+        assert!(shown.contains("password=REDACTED"), "{shown}");
+        assert!(shown.contains("sslmode=require"), "{shown}");
+        assert!(u.expose().contains("password=s3cr3t"));
     }
 
     #[test]

@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use leaderd_core::{Timing, MAX_NAME_CHARS};
 use leaderd_store::DatabaseUrl;
-use serde::Deserialize;
 
 use crate::cli::ConfigArgs;
 
@@ -95,22 +94,6 @@ pub struct Settings {
     pub warnings: Vec<String>,
 }
 
-/// The keys as a config file may hold them.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileLayer {
-    database_url: Option<String>,
-    database_url_file: Option<String>,
-    election: Option<String>,
-    id: Option<String>,
-    heartbeat: Option<String>,
-    ttl: Option<String>,
-    listen: Option<String>,
-    flag_file: Option<String>,
-    migrate: Option<bool>,
-    log_format: Option<String>,
-}
-
 /// A value and where it came from, for error messages.
 #[derive(Debug, Clone)]
 struct Sourced {
@@ -182,34 +165,20 @@ fn layer(
         );
     }
     if let Some(path) = &args.config {
-        match read_file(path) {
-            Ok(file) => {
-                let from = format!("config file {}", path.display());
-                let file_values = [
-                    ("database_url", file.database_url),
-                    ("database_url_file", file.database_url_file),
-                    ("election", file.election),
-                    ("id", file.id),
-                    ("heartbeat", file.heartbeat),
-                    ("ttl", file.ttl),
-                    ("listen", file.listen),
-                    ("flag_file", file.flag_file),
-                    ("migrate", file.migrate.map(|b| b.to_string())),
-                    ("log_format", file.log_format),
-                ];
-                for (key, value) in file_values {
-                    if let Some(value) = value {
-                        values.insert(
-                            key,
-                            Sourced {
-                                value,
-                                from: from.clone(),
-                            },
-                        );
-                    }
+        let from = format!("config file {}", path.display());
+        for entry in read_file(path) {
+            match entry {
+                Ok((key, value)) => {
+                    values.insert(
+                        key,
+                        Sourced {
+                            value,
+                            from: from.clone(),
+                        },
+                    );
                 }
+                Err(e) => problems.push(e),
             }
-            Err(e) => problems.push(e),
         }
     }
     for (name, value) in env.vars() {
@@ -257,7 +226,11 @@ fn layer(
     Layers { values }
 }
 
-fn read_file(path: &Path) -> Result<FileLayer, String> {
+/// The keys of a config file with their values as text, or a problem for
+/// each entry that cannot be used. Messages name keys, lines and columns,
+/// never a value: a value may be a URL with a password.
+fn read_file(path: &Path) -> Vec<Result<(&'static str, String), String>> {
+    let shown = path.display();
     let ext = path
         .extension()
         .and_then(|e| e.to_str())
@@ -266,38 +239,77 @@ fn read_file(path: &Path) -> Result<FileLayer, String> {
         "toml" => config::FileFormat::Toml,
         "yaml" | "yml" => config::FileFormat::Yaml,
         _ => {
-            return Err(format!(
-                "config file {}: unknown format (name it *.toml, *.yaml or *.yml)",
-                path.display()
-            ))
+            return vec![Err(format!(
+                "config file {shown}: unknown format (name it *.toml, *.yaml or *.yml)"
+            ))]
         }
     };
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("config file {}: {e}", path.display()))?;
-    config::Config::builder()
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) => return vec![Err(format!("config file {shown}: {e}"))],
+    };
+    let table = config::Config::builder()
         .add_source(config::File::from_str(&text, format))
         .build()
-        .and_then(|c| c.try_deserialize::<FileLayer>())
-        .map_err(|e| {
-            format!(
-                "config file {}: {}",
-                path.display(),
-                redact_config_error(&e.to_string())
-            )
+        .and_then(|c| c.try_deserialize::<config::Map<String, config::Value>>());
+    let table = match table {
+        Ok(t) => t,
+        Err(e) => return vec![Err(format!("config file {shown}: {}", syntax_error(&e.to_string(), &text)))],
+    };
+    let mut entries: Vec<_> = table.into_iter().collect();
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    entries
+        .into_iter()
+        .map(|(key, value)| {
+            let Some(known) = KEYS.iter().find(|k| **k == key) else {
+                return Err(format!(
+                    "config file {shown}: unknown key `{key}` (known keys: {})",
+                    KEYS.join(", ")
+                ));
+            };
+            let text = if *known == "migrate" {
+                value.into_bool().map(|b| b.to_string())
+            } else {
+                value.into_string()
+            };
+            text.map(|t| (*known, t)).map_err(|_| {
+                let expected = if *known == "migrate" { "true or false" } else { "a string" };
+                format!("config file {shown}: `{known}` must be {expected}")
+            })
         })
+        .collect()
 }
 
-/// `config` errors may quote a value; a URL value could hold a password.
-fn redact_config_error(msg: &str) -> String {
-    msg.split(' ')
-        .map(
-            |w| match DatabaseUrl::parse(w.trim_matches(|c| c == '"' || c == '`' || c == '\'')) {
-                Ok(u) if w.contains('@') => u.to_string(),
-                _ => w.to_owned(),
-            },
-        )
-        .collect::<Vec<_>>()
-        .join(" ")
+/// Where a parser's message says the syntax broke: line, column and the key
+/// on that line, if it is one of ours. The parsers' own messages quote the
+/// offending line, which may hold a password, so nothing else is kept.
+fn syntax_error(msg: &str, text: &str) -> String {
+    let number_after = |word: &str| {
+        let at = msg.find(word)? + word.len();
+        let digits: String = msg[at..]
+            .trim_start_matches([' ', ':'])
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse::<usize>().ok()
+    };
+    let Some(line) = number_after("line") else {
+        return "syntax error".into();
+    };
+    let mut at = format!("syntax error at line {line}");
+    if let Some(column) = number_after("column") {
+        at.push_str(&format!(", column {column}"));
+    }
+    let key = text
+        .lines()
+        .nth(line.saturating_sub(1))
+        .and_then(|l| l.split(['=', ':']).next())
+        .map(str::trim)
+        .and_then(|k| KEYS.iter().find(|known| **known == k));
+    if let Some(key) = key {
+        at.push_str(&format!(" (in `{key}`)"));
+    }
+    at
 }
 
 fn problem(
@@ -434,8 +446,8 @@ fn database_source(
                 return None;
             }
             let path = PathBuf::from(&f.value);
-            match read_url_file(&path) {
-                Ok(_) => Some(DatabaseSource::File(path)),
+            match read_url_file(&path).and_then(|u| usable(&u)) {
+                Ok(()) => Some(DatabaseSource::File(path)),
                 Err(e) => {
                     problem(problems, "database_url_file", f, &f.value, e);
                     None
@@ -443,7 +455,13 @@ fn database_source(
             }
         }
         (Some(u), None) => match DatabaseUrl::parse(&u.value) {
-            Ok(url) => Some(DatabaseSource::Url(url)),
+            Ok(url) => match usable(&url) {
+                Ok(()) => Some(DatabaseSource::Url(url)),
+                Err(e) => {
+                    problem(problems, "database_url", u, &url.to_string(), e);
+                    None
+                }
+            },
             Err(e) => {
                 // Never echo a value that may carry a password.
                 problem(problems, "database_url", u, "<redacted>", e);
@@ -464,6 +482,15 @@ fn database_source(
                 .ok()
                 .map(DatabaseSource::Url)
         }
+    }
+}
+
+/// What can be checked of a parsed URL before connecting: a SQLite file on
+/// a network or FUSE file system is refused.
+fn usable(url: &DatabaseUrl) -> Result<(), String> {
+    match url.sqlite_path() {
+        Some(path) => leaderd_store::check_file_system(path).map_err(|e| e.to_string()),
+        None => Ok(()),
     }
 }
 
@@ -493,6 +520,17 @@ fn name_key(
             s,
             &s.value,
             "must not contain control characters",
+        );
+        None
+    } else if s.value.trim() != s.value {
+        // MySQL's PAD SPACE collations compare `x` and `x ` as equal; no
+        // name that differs only there is allowed anywhere.
+        problem(
+            problems,
+            key,
+            s,
+            &s.value,
+            "must not start or end with white space",
         );
         None
     } else {

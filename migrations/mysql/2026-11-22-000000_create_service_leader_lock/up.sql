@@ -1,8 +1,9 @@
 -- One row per election. Times are UTC_TIMESTAMP(6) of the server: DATETIME(6)
--- is not converted by the session time zone and keeps microseconds.
+-- is not converted by the session time zone and keeps microseconds. `name`
+-- compares byte for byte (see the exact_names step).
 CREATE TABLE IF NOT EXISTS service_leader_lock (
     id          BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,
-    name        VARCHAR(100) NOT NULL,
+    name        VARBINARY(400) NOT NULL,
     holder      VARCHAR(100) NULL,
     instance    VARCHAR(64)  NULL,
     token       BIGINT       NOT NULL,
