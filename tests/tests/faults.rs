@@ -440,6 +440,21 @@ mod bad_input {
     }
 
     #[test]
+    fn a_password_parameter_never_appears_in_the_logs() {
+        let _s = serial();
+        let db = pg();
+        let url = format!("{}?password=Sup3rS3cret", db.url);
+        let dir = Scratch::new();
+        let d = Daemon::start(&url, "a", &dir, &[]);
+        wait_for(Duration::from_secs(10), "leadership", || {
+            d.is_leader().then_some(())
+        });
+        let log = d.log_text();
+        assert!(log.contains("password=REDACTED"), "{log}");
+        assert!(!log.contains("Sup3rS3cret"), "password leaked: {log}");
+    }
+
+    #[test]
     fn the_password_never_appears_in_any_output() {
         let _s = serial();
         let db = TempDb::mysql();
@@ -567,4 +582,81 @@ fn sigterm_with_a_blackholed_database_still_exits_within_two_seconds() {
     assert!(took < Duration::from_secs(2), "shutdown took {took:?}");
     assert!(!c.daemons[leader].flag.exists());
     c.check();
+}
+
+/// A row another session keeps locked (an operator's `SELECT … FOR UPDATE`)
+/// must not make leaderd pile up server connections: every statement bounds
+/// its own lock wait, and a timed-out one is cancelled.
+fn a_locked_row_does_not_pile_up_connections(db: &TempDb, count: &str) {
+    let c = Cluster::start(&db.url, 3);
+    c.leader(Duration::from_secs(10));
+    let baseline: usize = db.scalar(count).parse().unwrap();
+    let lock = db.lock_row("default");
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut most = 0;
+    while Instant::now() < until {
+        most = most.max(db.scalar(count).parse::<usize>().unwrap());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(lock);
+    // Three replicas, each with its lease connection and (PostgreSQL) its
+    // listener, the locking session and the counting one.
+    assert!(
+        most <= baseline + 1,
+        "connections grew from {baseline} to {most} while the row was locked"
+    );
+    c.leader(Duration::from_secs(5));
+    c.check();
+}
+
+#[test]
+fn postgres_a_locked_row_does_not_pile_up_connections() {
+    let _s = serial();
+    let db = pg();
+    a_locked_row_does_not_pile_up_connections(
+        &db,
+        "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database()",
+    );
+}
+
+#[test]
+fn mariadb_a_locked_row_does_not_pile_up_connections() {
+    let _s = serial();
+    let db = TempDb::mysql();
+    a_locked_row_does_not_pile_up_connections(
+        &db,
+        "SELECT COUNT(*) FROM information_schema.processlist WHERE db = DATABASE()",
+    );
+}
+
+#[test]
+fn an_unreachable_database_means_nothing_to_release_at_shutdown() {
+    let _s = serial();
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{}/x",
+        leaderd_tests::free_port()
+    );
+    let dir = Scratch::new();
+    let mut d = Daemon::start(&url, "a", &dir, &[]);
+    wait_for(Duration::from_secs(5), "a failed attempt", || {
+        d.log_text().contains("attempt failed").then_some(())
+    });
+    let started = Instant::now();
+    d.sigterm();
+    let status = d.wait_exit(Duration::from_secs(3));
+    assert_eq!(status.and_then(|s| s.code()), Some(0));
+    assert!(
+        started.elapsed() < Duration::from_millis(800),
+        "{:?}",
+        started.elapsed()
+    );
+    // Nothing was ever granted or sent, so there is nothing to release.
+    let log = d.log_text();
+    for tried in [
+        "release the lease",
+        "release timed out",
+        "nothing to release",
+    ] {
+        assert!(!log.contains(tried), "{tried}: {log}");
+    }
 }

@@ -281,7 +281,13 @@ pub async fn names_differ_by_trailing_space(url: &str) {
         b.acquire_or_renew(&req("x ", "b", "ib")).await.unwrap(),
         Attempt::Created
     );
-    let names: Vec<String> = a.elections().await.unwrap().into_iter().map(|r| r.name).collect();
+    let names: Vec<String> = a
+        .elections()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
     assert_eq!(names, ["x", "x "]);
 }
 

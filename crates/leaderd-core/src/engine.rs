@@ -128,10 +128,15 @@ pub struct Engine {
     next_attempt: BootTime,
     /// Failed attempts in a row, for the backoff.
     failures: u32,
+    /// Refusals in a row that showed an expired row (lost races, or a row
+    /// another transaction keeps locked), for their backoff.
+    expired_refusals: u32,
 }
 
 /// Retry a refused attempt whose holder had already expired (a race with a
-/// concurrent taker) after this long, rather than spinning.
+/// concurrent taker) after this long, rather than spinning; doubling while it
+/// repeats (the row may be locked by someone else for a while), up to a
+/// heartbeat.
 const RACE_RETRY: Duration = Duration::from_millis(10);
 /// Arrive this much after the holder's expiry so that a database clock running
 /// a hair slower than ours still finds it expired.
@@ -155,6 +160,7 @@ impl Engine {
             other: None,
             next_attempt: now,
             failures: 0,
+            expired_refusals: 0,
         }
     }
 
@@ -275,6 +281,7 @@ impl Engine {
         // old lease first, whatever the answer says.
         events.extend(self.poll(received_at));
         self.failures = 0;
+        let expired_refusals = std::mem::take(&mut self.expired_refusals);
         match answer {
             Attempt::Granted { token } => {
                 let deadline = sent_at + self.timing.local_lease();
@@ -324,7 +331,8 @@ impl Engine {
                 }
                 let remaining = Duration::from_micros(seen.remaining_us.max(0).unsigned_abs());
                 let wait = if seen.remaining_us <= 0 {
-                    RACE_RETRY
+                    self.expired_refusals = expired_refusals.saturating_add(1);
+                    RACE_RETRY.saturating_mul(1 << expired_refusals.min(16))
                 } else {
                     remaining + EXPIRY_SLACK
                 };
@@ -477,6 +485,24 @@ mod tests {
         e.on_attempt(at(0), at(1), refused("pod-b", 3, -5));
         assert_eq!(e.next_wakeup(), at(11));
         assert_eq!(e.view(at(2)).leader, None);
+    }
+
+    #[test]
+    fn repeated_refusals_of_an_expired_row_back_off_to_a_heartbeat() {
+        let mut e = engine();
+        let mut now = 0;
+        let mut waits = Vec::new();
+        for _ in 0..10 {
+            e.on_attempt(at(now), at(now), refused("pod-b", 3, -5));
+            let next = e.next_wakeup().saturating_since(at(now));
+            waits.push(next.as_millis());
+            now += u64::try_from(next.as_millis()).unwrap();
+        }
+        assert_eq!(waits, [10, 20, 40, 80, 160, 320, 640, 1000, 1000, 1000]);
+        // Any other answer starts over.
+        e.on_attempt(at(now), at(now), refused("pod-b", 3, 500));
+        e.on_attempt(at(now + 501), at(now + 501), refused("pod-b", 3, -5));
+        assert_eq!(e.next_wakeup(), at(now + 511));
     }
 
     #[test]

@@ -164,8 +164,8 @@ impl MysqlStore {
             self.sql(&RELEASE),
             [Bind::Text(election), Bind::Text(instance)],
         )
-            .execute(&mut self.conn)
-            .await?;
+        .execute(&mut self.conn)
+        .await?;
         Ok(n > 0)
     }
 

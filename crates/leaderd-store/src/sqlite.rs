@@ -319,16 +319,13 @@ impl CasOps for SqliteStore {
 
     async fn observe(&mut self, req: &LeaseRequest<'_>) -> Result<Option<Observed>, StoreError> {
         type Row = (Option<String>, Option<String>, i64, String, i64, i64);
-        let rows: Vec<Row> = Stmt::<(
-            Nullable<Text>,
-            Nullable<Text>,
-            BigInt,
-            Text,
-            BigInt,
-            BigInt,
-        )>::new(OBSERVE, [Bind::Text(req.election)])
-        .load(&mut self.conn)
-        .await?;
+        let rows: Vec<Row> =
+            Stmt::<(Nullable<Text>, Nullable<Text>, BigInt, Text, BigInt, BigInt)>::new(
+                OBSERVE,
+                [Bind::Text(req.election)],
+            )
+            .load(&mut self.conn)
+            .await?;
         let now = now_us();
         self.seen = None;
         let Some((holder, instance, token, boot_id, expires_at, renewed_at)) =

@@ -129,7 +129,11 @@ fn redact(url: &mut url::Url) {
         let pairs: Vec<(String, String)> = url
             .query_pairs()
             .map(|(k, v)| {
-                let v = if secret(&k) { "REDACTED".into() } else { v.into_owned() };
+                let v = if secret(&k) {
+                    "REDACTED".into()
+                } else {
+                    v.into_owned()
+                };
                 (k.into_owned(), v)
             })
             .collect();
@@ -169,11 +173,15 @@ mod tests {
 
     #[test]
     fn redacts_password_parameters() {
-        let u =
-            DatabaseUrl::parse("postgres://app@db/app?password=s3cr3t&sslmode=require&SSLPassword=k3y")
-                .unwrap();
+        let u = DatabaseUrl::parse(
+            "postgres://app@db/app?password=s3cr3t&sslmode=require&SSLPassword=k3y",
+        )
+        .unwrap();
         let shown = format!("{u} {u:?}");
-        assert!(!shown.contains("s3cr3t") && !shown.contains("k3y"), "{shown}");
+        assert!(
+            !shown.contains("s3cr3t") && !shown.contains("k3y"),
+            "{shown}"
+        );
         assert!(shown.contains("password=REDACTED"), "{shown}");
         assert!(shown.contains("sslmode=require"), "{shown}");
         assert!(u.expose().contains("password=s3cr3t"));

@@ -254,7 +254,12 @@ fn read_file(path: &Path) -> Vec<Result<(&'static str, String), String>> {
         .and_then(|c| c.try_deserialize::<config::Map<String, config::Value>>());
     let table = match table {
         Ok(t) => t,
-        Err(e) => return vec![Err(format!("config file {shown}: {}", syntax_error(&e.to_string(), &text)))],
+        Err(e) => {
+            return vec![Err(format!(
+                "config file {shown}: {}",
+                syntax_error(&e.to_string(), &text)
+            ))]
+        }
     };
     let mut entries: Vec<_> = table.into_iter().collect();
     entries.sort_by(|a, b| a.0.cmp(&b.0));
@@ -273,7 +278,11 @@ fn read_file(path: &Path) -> Vec<Result<(&'static str, String), String>> {
                 value.into_string()
             };
             text.map(|t| (*known, t)).map_err(|_| {
-                let expected = if *known == "migrate" { "true or false" } else { "a string" };
+                let expected = if *known == "migrate" {
+                    "true or false"
+                } else {
+                    "a string"
+                };
                 format!("config file {shown}: `{known}` must be {expected}")
             })
         })
@@ -766,6 +775,83 @@ mod tests {
         );
         let s = load(&["--flag-file", "leader.json"], &env(&[])).unwrap();
         assert_eq!(s.flag_file, Some(PathBuf::from("leader.json")));
+    }
+
+    #[test]
+    fn names_with_outer_white_space_are_rejected() {
+        for bad in ["x ", " x", "x\u{a0}"] {
+            let msg = problems(&["--election", bad, "--id", bad], &env(&[]));
+            assert!(
+                msg.contains("`election`") && msg.contains("`id`") && msg.contains("white space"),
+                "{bad:?}: {msg}"
+            );
+        }
+        assert!(load(&["--election", "a b"], &env(&[])).is_ok());
+    }
+
+    #[test]
+    fn ttl_has_an_upper_bound() {
+        let msg = problems(&["--ttl", "1h", "--heartbeat", "1s"], &env(&[]));
+        assert!(msg.contains("at most"), "{msg}");
+    }
+
+    fn config_file(name: &str, text: &str) -> (PathBuf, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("leaderd-cfg-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join(name);
+        std::fs::write(&file, text).unwrap();
+        (dir, file)
+    }
+
+    #[test]
+    fn config_syntax_errors_name_the_place_never_the_text() {
+        for (name, text) in [
+            (
+                "c.toml",
+                "election = \"e\"\ndatabase_url = \"postgres://u:hunter2@h/d\n",
+            ),
+            ("c.toml", "database_url = postgres://u:hunter2@h/d\n"),
+            (
+                "c.yaml",
+                "election: e\ndatabase_url: \"postgres://u:hunter2@h/d\n  x: [\n",
+            ),
+        ] {
+            let (dir, file) = config_file(name, text);
+            let msg = problems(&["--config", file.to_str().unwrap()], &env(&[]));
+            assert!(!msg.contains("hunter2"), "{msg}");
+            assert!(msg.contains("syntax error at line"), "{msg}");
+            std::fs::remove_dir_all(dir).unwrap();
+        }
+        let (dir, file) = config_file("c.toml", "database_url = \"postgres://u:hunter2@h/d\n");
+        let msg = problems(&["--config", file.to_str().unwrap()], &env(&[]));
+        assert!(
+            msg.contains("line 1") && msg.contains("`database_url`"),
+            "{msg}"
+        );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn config_values_of_the_wrong_type_are_named_by_key() {
+        let (dir, file) = config_file(
+            "c.yaml",
+            "database_url: [\"postgres://u:hunter2@h/d\"]\nmigrate: maybe\n",
+        );
+        let msg = problems(&["--config", file.to_str().unwrap()], &env(&[]));
+        assert!(!msg.contains("hunter2"), "{msg}");
+        assert!(msg.contains("`database_url` must be a string"), "{msg}");
+        assert!(msg.contains("`migrate` must be true or false"), "{msg}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_url_password_parameter_is_never_shown() {
+        let s = load(
+            &["--database-url", "postgres://u@h/d?password=hunter2"],
+            &env(&[]),
+        )
+        .unwrap();
+        assert!(!s.database.to_string().contains("hunter2"));
     }
 
     #[test]
