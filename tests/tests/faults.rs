@@ -381,7 +381,7 @@ mod bad_input {
         let role = format!("leaderd_ro_{}", uuid::Uuid::new_v4().simple());
         db.exec(&[
             &format!("CREATE ROLE {role} LOGIN"),
-            &format!("GRANT SELECT ON service_leader_lock, __diesel_schema_migrations TO {role}"),
+            &format!("GRANT SELECT ON service_leader_lock TO {role}"),
         ]);
         let dir = Scratch::new();
         let d = Daemon::start(&db.url_as(&role), "ro", &dir, &[]);
