@@ -123,9 +123,13 @@ fn dashboard_queries() -> Vec<(String, String)> {
     let text = std::fs::read_to_string(dashboard_file()).expect("read the dashboard");
     let dash: Value = serde_json::from_str(&text).expect("dashboard JSON");
     let mut out = Vec::new();
-    let mut stack: Vec<Value> = dash["panels"].as_array().cloned().unwrap_or_default();
-    while let Some(panel) = stack.pop() {
-        stack.extend(panel["panels"].as_array().cloned().unwrap_or_default());
+    let mut queue: std::collections::VecDeque<Value> = dash["panels"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into();
+    while let Some(panel) = queue.pop_front() {
+        queue.extend(panel["panels"].as_array().cloned().unwrap_or_default());
         for t in panel["targets"].as_array().cloned().unwrap_or_default() {
             let title = panel["title"].as_str().unwrap_or("?").to_owned();
             out.push((title, t["expr"].as_str().unwrap_or_default().to_owned()));
