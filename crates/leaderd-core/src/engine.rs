@@ -8,7 +8,10 @@
 //!   leadership at once; a failed attempt does not, but is retried at once and
 //!   then with a backoff capped at one heartbeat, while the deadline allows;
 //! - followers attempt when the holder's lease ends by the database's answer,
-//!   on a release notification, and at least once per heartbeat.
+//!   on a release notification, and at least once per heartbeat;
+//! - a replica that stepped down on purpose (a release request) does not
+//!   attempt again until its hold ends, and one whose app is unhealthy does
+//!   not attempt at all.
 
 use std::time::Duration;
 
@@ -131,6 +134,10 @@ pub struct Engine {
     /// Refusals in a row that showed an expired row (lost races, or a row
     /// another transaction keeps locked), for their backoff.
     expired_refusals: u32,
+    /// No attempt before this instant (after a release on request).
+    hold_until: Option<BootTime>,
+    /// Whether this replica competes at all (its app is healthy).
+    competing: bool,
 }
 
 /// Retry a refused attempt whose holder had already expired (a race with a
@@ -161,6 +168,8 @@ impl Engine {
             next_attempt: now,
             failures: 0,
             expired_refusals: 0,
+            hold_until: None,
+            competing: true,
         }
     }
 
@@ -218,18 +227,67 @@ impl Engine {
         }
     }
 
-    /// When the loop must wake up next: the next attempt, or the local
-    /// deadline if that comes first (to step down on time).
+    /// When the loop must wake up next: the next attempt (not before a hold
+    /// ends), or the local deadline if that comes first (to step down on
+    /// time). A replica that does not compete wakes once per heartbeat.
     pub fn next_wakeup(&self) -> BootTime {
+        let attempt = match self.hold_until {
+            Some(h) => self.next_attempt.max(h),
+            None => self.next_attempt,
+        };
         match self.role {
-            Role::Leader { deadline, .. } => self.next_attempt.min(deadline),
-            _ => self.next_attempt,
+            Role::Leader { deadline, .. } => attempt.min(deadline),
+            _ => attempt,
         }
     }
 
     /// Whether an attempt is due at `now`.
     pub fn attempt_due(&self, now: BootTime) -> bool {
-        self.role != Role::ShutDown && now >= self.next_attempt
+        self.role != Role::ShutDown
+            && self.competing
+            && now >= self.next_attempt
+            && self.hold_until.is_none_or(|h| now >= h)
+    }
+
+    /// Whether this replica competes (its app passes its health check).
+    pub fn competing(&self) -> bool {
+        self.competing
+    }
+
+    /// Steps down on purpose and holds off attempting for `hold`, so that
+    /// another replica takes over. Returns the loss to report; `None` (and no
+    /// hold) when this replica does not lead at `now`.
+    pub fn release(&mut self, now: BootTime, hold: Duration) -> Option<Event> {
+        let Role::Leader { token, deadline } = self.role else {
+            return None;
+        };
+        if now >= deadline {
+            return self.poll(now);
+        }
+        self.role = Role::Follower;
+        self.hold_until = Some(now + hold);
+        self.next_attempt = self.next_attempt.max(now + hold);
+        Some(Event::Lost {
+            token,
+            reason: LossReason::Released,
+        })
+    }
+
+    /// The app's health changed. An unhealthy app's replica steps down (the
+    /// loss is returned; the caller releases the row) and stops competing
+    /// until the app passes again, when it attempts at once.
+    pub fn set_competing(&mut self, now: BootTime, competing: bool) -> Option<Event> {
+        if self.competing == competing {
+            return None;
+        }
+        self.competing = competing;
+        if competing {
+            self.next_attempt = self.next_attempt.min(now);
+            return None;
+        }
+        let event = self.release(now, Duration::ZERO);
+        self.hold_until = None;
+        event
     }
 
     /// Client-side timeout for an attempt sent at `now`: what is left of the
@@ -243,6 +301,10 @@ impl Engine {
 
     /// Steps down if the local deadline passed by `now`.
     pub fn poll(&mut self, now: BootTime) -> Option<Event> {
+        if !self.competing && self.next_attempt <= now {
+            // Not competing: nothing to attempt; look again in a heartbeat.
+            self.next_attempt = now + self.timing.heartbeat();
+        }
         match self.role {
             Role::Leader { token, deadline } if now >= deadline => {
                 self.role = Role::Follower;
@@ -679,6 +741,55 @@ mod tests {
         l.on_attempt(at(0), at(5), Attempt::Granted { token: 1 });
         l.on_release_notice(at(100));
         assert!(!l.attempt_due(at(100)));
+    }
+
+    #[test]
+    fn release_steps_down_and_holds_off_attempting() {
+        let mut e = engine();
+        e.on_attempt(at(0), at(5), Attempt::Granted { token: 7 });
+        assert_eq!(
+            e.release(at(100), ms(2000)),
+            Some(Event::Lost {
+                token: 7,
+                reason: LossReason::Released
+            })
+        );
+        assert!(!e.is_leader(at(100)));
+        // Neither the schedule nor a release notice brings it back early.
+        e.on_release_notice(at(200));
+        assert!(!e.attempt_due(at(2099)));
+        assert_eq!(e.next_wakeup(), at(2100));
+        assert!(e.attempt_due(at(2100)));
+        // A follower has nothing to release.
+        let mut f = engine();
+        assert_eq!(f.release(at(0), ms(2000)), None);
+        assert!(f.attempt_due(at(0)));
+    }
+
+    #[test]
+    fn an_unhealthy_app_stops_competing_until_it_recovers() {
+        let mut e = engine();
+        e.on_attempt(at(0), at(5), Attempt::Granted { token: 7 });
+        assert_eq!(
+            e.set_competing(at(100), false),
+            Some(Event::Lost {
+                token: 7,
+                reason: LossReason::Released
+            })
+        );
+        assert_eq!(e.set_competing(at(110), false), None);
+        for t in [100, 500, 5000] {
+            e.poll(at(t));
+            assert!(!e.attempt_due(at(t)));
+            assert!(e.next_wakeup() > at(t), "no busy loop while idle");
+        }
+        assert_eq!(e.set_competing(at(6000), true), None);
+        assert!(e.attempt_due(at(6000)));
+        // A follower whose app was never healthy never attempts.
+        let mut f = engine();
+        f.set_competing(at(0), false);
+        f.poll(at(0));
+        assert!(!f.attempt_due(at(0)));
     }
 
     #[test]

@@ -17,9 +17,16 @@ pub fn boot_now() -> BootTime {
 }
 
 /// This boot of the host (`/proc/sys/kernel/random/boot_id`): boot-clock
-/// times from another boot mean nothing.
+/// times from another boot mean nothing. A process in its own time namespace
+/// (`unshare --time`, a checkpoint-restored container) reads the boot clock
+/// with an offset under the same boot id, so the namespace is part of the
+/// id: its rows then look foreign to the host's processes, and the reverse.
 pub fn boot_id() -> std::io::Result<String> {
-    Ok(std::fs::read_to_string("/proc/sys/kernel/random/boot_id")?
-        .trim()
-        .to_owned())
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")?;
+    let boot = boot.trim();
+    // Kernels before 5.6 have no time namespaces (and no such link).
+    Ok(match std::fs::read_link("/proc/self/ns/time") {
+        Ok(ns) => format!("{boot}/{}", ns.display()),
+        Err(_) => boot.to_owned(),
+    })
 }

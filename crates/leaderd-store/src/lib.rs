@@ -35,6 +35,7 @@ mod pg;
 mod sql;
 mod sqlite;
 mod url;
+mod wake;
 
 use std::time::Duration;
 
@@ -43,6 +44,7 @@ pub use leaderd_core::{Attempt, Observed};
 pub use pg::{Listener, Probe};
 pub use sqlite::check_file_system;
 pub use url::{Backend, DatabaseUrl};
+pub use wake::{Presence, Waiter};
 
 /// Errors of the store. Messages never contain the database password.
 #[derive(Debug, thiserror::Error)]
@@ -190,10 +192,6 @@ impl Canceller {
 
 /// A connection to the lock table on one backend.
 #[derive(Debug)]
-#[expect(
-    clippy::large_enum_variant,
-    reason = "a daemon holds one or two connections; boxing would buy nothing"
-)]
 pub enum Connection {
     Postgres(pg::PgStore),
     Mysql(mysql::MysqlStore),

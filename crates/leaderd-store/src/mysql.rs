@@ -23,8 +23,10 @@ use crate::{
 /// inside the statement itself (no session `SET`): a statement that waits on
 /// a row or metadata lock outlives the client's timeout on the server, and
 /// every retry would add another waiting connection. MariaDB takes
-/// `SET STATEMENT … FOR` (a row-lock wait of 0 fails at once); MySQL 8 takes
-/// `SET_VAR` hints (1 s is its smallest row-lock wait).
+/// `SET STATEMENT … FOR` (a row-lock wait of 0 fails at once). MySQL 8 takes
+/// a `SET_VAR` hint for the metadata-lock wait only: it does not accept
+/// `innodb_lock_wait_timeout` there, so on MySQL a row-lock wait is bounded
+/// by the server's `innodb_lock_wait_timeout` (see the README).
 struct Sql {
     mariadb: &'static str,
     mysql: &'static str,
@@ -38,11 +40,7 @@ macro_rules! bounded {
                 $verb,
                 $rest
             ),
-            mysql: concat!(
-                $verb,
-                " /*+ SET_VAR(innodb_lock_wait_timeout = 1) SET_VAR(lock_wait_timeout = 1) */",
-                $rest
-            ),
+            mysql: concat!($verb, " /*+ SET_VAR(lock_wait_timeout = 1) */", $rest),
         }
     };
 }
@@ -182,6 +180,13 @@ impl MysqlStore {
     }
 }
 
+/// A row-lock wait that the statement's own bound cut short (error 1205):
+/// another transaction holds the row.
+fn lock_busy(e: &diesel::result::Error) -> bool {
+    matches!(e, diesel::result::Error::DatabaseError(_, info)
+        if info.message().contains("Lock wait timeout"))
+}
+
 impl CasOps for MysqlStore {
     async fn renew(&mut self, req: &LeaseRequest<'_>, token: i64) -> Result<bool, StoreError> {
         let n = Stmt::<()>::new(
@@ -194,8 +199,12 @@ impl CasOps for MysqlStore {
             ],
         )
         .execute(&mut self.conn)
-        .await?;
-        Ok(n > 0)
+        .await;
+        match n {
+            Ok(n) => Ok(n > 0),
+            Err(e) if lock_busy(&e) => Err(StoreError::Busy),
+            Err(e) => Err(e.into()),
+        }
     }
 
     async fn observe(&mut self, req: &LeaseRequest<'_>) -> Result<Option<Observed>, StoreError> {
@@ -221,8 +230,14 @@ impl CasOps for MysqlStore {
             ],
         )
         .execute(&mut self.conn)
-        .await?;
-        Ok(n > 0)
+        .await;
+        match n {
+            Ok(n) => Ok(n > 0),
+            // Another taker holds the row mid-take: a lost race, which the
+            // caller reports as the refusal it is.
+            Err(e) if lock_busy(&e) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
     }
 
     async fn create(&mut self, req: &LeaseRequest<'_>) -> Result<(), StoreError> {
@@ -232,6 +247,126 @@ impl CasOps for MysqlStore {
         )
         .execute(&mut self.conn)
         .await?;
+        Ok(())
+    }
+}
+
+/// The named lock of an election: server-wide, so the database name is part
+/// of it, hashed to stay within MySQL's 64 characters. Bind: election.
+macro_rules! lock_name {
+    () => {
+        "CONCAT('leaderd:', SHA1(CONCAT(DATABASE(), '/', ?)))"
+    };
+}
+
+/// Waits until a leader's named lock is freed (bind: election, then the wait
+/// in milliseconds): 1 when it was, 0 on timeout.
+const WAIT_FOR_LOCK: &str = concat!("SELECT GET_LOCK(", lock_name!(), ", ? / 1000)");
+/// Gives back a lock won only by waking up.
+const LET_GO: &str = concat!("SELECT RELEASE_LOCK(", lock_name!(), ")");
+/// Whether someone (a leader) holds the lock now.
+const LOCK_HELD: &str = concat!("SELECT IS_USED_LOCK(", lock_name!(), ") IS NOT NULL");
+/// A leader takes the lock without waiting: 1 when it has it.
+const TAKE_LOCK: &str = concat!("SELECT COALESCE(GET_LOCK(", lock_name!(), ", 0), 0)");
+
+/// How soon a waiter looks again for a leader's lock that nobody holds,
+/// doubling up to [`IDLE_MAX`] while nobody does.
+const IDLE_FIRST: std::time::Duration = std::time::Duration::from_millis(20);
+const IDLE_MAX: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Wake-ups without polling: while it leads, a leader holds a named lock on a
+/// connection of its own ([`Presence`]); a follower waits for that lock with
+/// `GET_LOCK`, which returns the moment the leader frees it (a release, or
+/// its session ending) and gives it straight back. Only a wake-up: the lock
+/// says nothing about who leads.
+pub struct LockWaiter {
+    conn: AsyncMysqlConnection,
+    election: String,
+    /// The longest single server-side wait, so that a vanished client's wait
+    /// ends soon on the server too.
+    wait: std::time::Duration,
+}
+
+opaque_debug!(LockWaiter);
+
+impl LockWaiter {
+    pub(crate) async fn connect(
+        url: &DatabaseUrl,
+        election: &str,
+        wait: std::time::Duration,
+    ) -> Result<Self, StoreError> {
+        Ok(Self {
+            conn: crate::establish(url).await?,
+            election: election.to_owned(),
+            wait,
+        })
+    }
+
+    /// Returns when a leader's lock was freed.
+    pub(crate) async fn next(&mut self) -> Result<String, StoreError> {
+        let wait_ms = i64::try_from(self.wait.as_millis()).unwrap_or(i64::MAX);
+        let mut idle = IDLE_FIRST;
+        loop {
+            let held: bool =
+                Stmt::<diesel::sql_types::Bool>::new(LOCK_HELD, [Bind::Text(&self.election)])
+                    .get_result(&mut self.conn)
+                    .await?;
+            if !held {
+                // No leader holds it (yet; a new one takes it within
+                // milliseconds): look again soon, then less often.
+                tokio::time::sleep(idle).await;
+                idle = (idle * 2).min(IDLE_MAX);
+                continue;
+            }
+            idle = IDLE_FIRST;
+            let got: Option<i64> = Stmt::<Nullable<BigInt>>::new(
+                WAIT_FOR_LOCK,
+                [Bind::Text(&self.election), Bind::BigInt(wait_ms)],
+            )
+            .get_result(&mut self.conn)
+            .await?;
+            if got == Some(1) {
+                // Let go at once: nobody must find a follower holding it.
+                Stmt::<Nullable<BigInt>>::new(LET_GO, [Bind::Text(&self.election)])
+                    .get_result::<Option<i64>>(&mut self.conn)
+                    .await?;
+                return Ok(self.election.clone());
+            }
+        }
+    }
+}
+
+/// A leader's named lock (see [`LockWaiter`]), held on its own connection
+/// while it leads and freed when it stops or its process dies.
+pub struct Presence {
+    conn: AsyncMysqlConnection,
+    election: String,
+}
+
+opaque_debug!(Presence);
+
+impl Presence {
+    pub(crate) async fn connect(url: &DatabaseUrl, election: &str) -> Result<Self, StoreError> {
+        Ok(Self {
+            conn: crate::establish(url).await?,
+            election: election.to_owned(),
+        })
+    }
+
+    /// Takes the lock without waiting; whether this session holds it now (a
+    /// follower that just woke may hold it for an instant: try again).
+    pub(crate) async fn hold(&mut self) -> Result<bool, StoreError> {
+        let got: i64 = Stmt::<BigInt>::new(TAKE_LOCK, [Bind::Text(&self.election)])
+            .get_result(&mut self.conn)
+            .await?;
+        Ok(got == 1)
+    }
+
+    /// Frees the lock, waking one waiter (who wakes the next).
+    pub(crate) async fn let_go(&mut self) -> Result<(), StoreError> {
+        Stmt::<Nullable<BigInt>>::new(LET_GO, [Bind::Text(&self.election)])
+            .get_result::<Option<i64>>(&mut self.conn)
+            .await?;
         Ok(())
     }
 }

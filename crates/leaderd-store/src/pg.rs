@@ -211,16 +211,13 @@ pub struct Listener {
 opaque_debug!(Listener);
 
 impl Listener {
-    /// Connects and subscribes; `None` for backends without notifications.
-    pub async fn connect(url: &DatabaseUrl) -> Result<Option<Self>, StoreError> {
-        if url.backend() != crate::Backend::Postgres {
-            return Ok(None);
-        }
+    /// Connects and subscribes.
+    pub async fn connect(url: &DatabaseUrl) -> Result<Self, StoreError> {
         let mut conn: AsyncPgConnection = crate::establish(url).await?;
         diesel::sql_query(format!("LISTEN {CHANNEL}"))
             .execute(&mut conn)
             .await?;
-        Ok(Some(Self { conn }))
+        Ok(Self { conn })
     }
 
     /// Sends a notification to itself and waits up to `within` for it.

@@ -190,9 +190,106 @@ struct Foreign {
     since_us: i64,
 }
 
+/// The file beside the database that a release rewrites (with the
+/// election's name) to wake the processes waiting on this host.
+fn wake_file(db_path: &str) -> std::path::PathBuf {
+    let mut name = std::path::Path::new(db_path)
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_default();
+    name.push(".leaderd-wake");
+    std::path::Path::new(db_path).with_file_name(name)
+}
+
+/// Wakes the waiting processes: writes the wake file by rename, so watchers
+/// see one complete write.
+fn announce_release(db_path: &str, election: &str) -> std::io::Result<()> {
+    let file = wake_file(db_path);
+    let mut tmp = file.clone().into_os_string();
+    tmp.push(format!(".{}", std::process::id()));
+    std::fs::write(&tmp, election)?;
+    std::fs::rename(&tmp, &file)
+}
+
+/// Wake-ups for processes on this host: inotify on the database's directory,
+/// for the wake file a release rewrites. Only a wake-up: safety rests on the
+/// row and the clocks.
+pub struct FileWaiter {
+    fd: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
+    file: std::ffi::OsString,
+    path: std::path::PathBuf,
+}
+
+opaque_debug!(FileWaiter);
+
+impl FileWaiter {
+    pub(crate) fn watch(url: &DatabaseUrl) -> Result<Self, StoreError> {
+        use rustix::fs::inotify;
+        let db = url.sqlite_path().unwrap_or_default();
+        let path = wake_file(db);
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => std::path::PathBuf::from("."),
+        };
+        let local =
+            |e: std::io::Error| StoreError::Local(format!("cannot watch {}: {e}", dir.display()));
+        let fd = inotify::init(inotify::CreateFlags::NONBLOCK | inotify::CreateFlags::CLOEXEC)
+            .map_err(|e| local(e.into()))?;
+        inotify::add_watch(
+            &fd,
+            &dir,
+            inotify::WatchFlags::CLOSE_WRITE | inotify::WatchFlags::MOVED_TO,
+        )
+        .map_err(|e| local(e.into()))?;
+        #[expect(
+            deprecated,
+            reason = "an OwnedFd keeps one descriptor for its whole life, which is all that \
+                      `register`'s safety contract asks; `new` is its safe spelling here"
+        )]
+        let fd = tokio::io::unix::AsyncFd::new(fd).map_err(local)?;
+        Ok(Self {
+            fd,
+            file: path.file_name().unwrap_or_default().to_os_string(),
+            path,
+        })
+    }
+
+    /// The election named by the next release announced on this host.
+    pub(crate) async fn next(&mut self) -> Result<String, StoreError> {
+        let failed = |e: std::io::Error| StoreError::Local(format!("inotify: {e}"));
+        loop {
+            let mut guard = self.fd.readable().await.map_err(failed)?;
+            let mut woke = false;
+            let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+            let mut reader = rustix::fs::inotify::Reader::new(guard.get_inner(), &mut buf);
+            loop {
+                match reader.next() {
+                    Ok(event) => {
+                        let name = event.file_name().map(|n| n.to_bytes());
+                        if name == Some(self.file.as_encoded_bytes()) {
+                            woke = true;
+                        }
+                    }
+                    Err(rustix::io::Errno::AGAIN) => {
+                        guard.clear_ready();
+                        break;
+                    }
+                    Err(e) => return Err(failed(e.into())),
+                }
+            }
+            if woke {
+                if let Ok(election) = std::fs::read_to_string(&self.path) {
+                    return Ok(election);
+                }
+            }
+        }
+    }
+}
+
 /// A SQLite connection holding the lock-table statements.
 pub struct SqliteStore {
     conn: SyncConnectionWrapper<SqliteConnection>,
+    path: String,
     boot_id: String,
     /// The row as last observed.
     seen: Option<SeenRow>,
@@ -208,14 +305,16 @@ impl SqliteStore {
         check_file_system(&path)?;
         let boot_id =
             boot_id().map_err(|e| StoreError::Local(format!("cannot read the boot id: {e}")))?;
+        let p = path.clone();
         let conn = crate::run_blocking(move || {
-            let mut conn = open(&path)?;
+            let mut conn = open(&p)?;
             conn.batch_execute(STATEMENTS)?;
             Ok(conn)
         })
         .await?;
         Ok(Self {
             conn: SyncConnectionWrapper::new(conn),
+            path,
             boot_id,
             seen: None,
             foreign: None,
@@ -244,6 +343,12 @@ impl SqliteStore {
         )
         .execute(&mut self.conn)
         .await?;
+        if n > 0 {
+            if let Err(e) = announce_release(&self.path, election) {
+                // The others find the row free at their next poll.
+                tracing::warn!(error = %e, "could not wake the waiting processes");
+            }
+        }
         Ok(n > 0)
     }
 
@@ -286,15 +391,16 @@ impl SqliteStore {
         } else {
             0
         };
+        let lease = lease.max(ttl_us);
         since
-            .saturating_add(lease.max(ttl_us))
-            .saturating_add(FOREIGN_SLACK_US)
+            .saturating_add(lease)
+            .saturating_add(FOREIGN_SLACK_US + lease / 100)
             .saturating_sub(now)
     }
 }
 
-/// Waited on top of a foreign row's lease: covers the two hosts' clocks
-/// running at slightly different rates.
+/// Waited on top of a foreign row's lease (plus 1 % of it): covers two
+/// clocks running at slightly different rates.
 const FOREIGN_SLACK_US: i64 = 50_000;
 
 impl CasOps for SqliteStore {

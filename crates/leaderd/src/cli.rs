@@ -35,6 +35,13 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Ask the local daemon (at --listen) to step down: exit 0 released,
+    /// 3 not leader, 1 no daemon.
+    Release {
+        /// Do not attempt again for this long [default: 2 × heartbeat; at most 1h]
+        #[arg(long, value_name = "DURATION")]
+        hold: Option<String>,
+    },
 }
 
 /// Every configuration key as a flag. See the README for their meaning.
@@ -76,4 +83,11 @@ pub struct ConfigArgs {
     /// text or json [default: text]
     #[arg(long, global = true, value_name = "FORMAT")]
     pub log_format: Option<String>,
+    /// The app's health URL (http://HOST:PORT/PATH), checked every heartbeat;
+    /// while it fails, step down and do not compete [default: none]
+    #[arg(long, global = true, value_name = "URL")]
+    pub app_health: Option<String>,
+    /// Consecutive failed checks before stepping down [default: 3]
+    #[arg(long, global = true, value_name = "N")]
+    pub app_health_failures: Option<String>,
 }

@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use leaderd_core::{BootTime, Engine, Event, Timing, View};
-use leaderd_store::{Connection, LeaseRequest, Listener, StoreError};
-use tokio::sync::Notify;
+use leaderd_store::{Connection, LeaseRequest, StoreError};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
@@ -23,15 +23,35 @@ use crate::clock::{boot_now, unix_ms};
 use crate::flag_file::FlagFile;
 use crate::metrics::Metrics;
 use crate::settings::{DatabaseSource, Settings};
+use crate::wakeups;
 
 /// How long shutdown waits for a statement already in flight, then how long
 /// it may spend releasing the row: together they keep the whole shutdown
 /// within the spec's 2 s even when the database is gone.
-const IN_FLIGHT_BUDGET: Duration = Duration::from_millis(400);
-const RELEASE_BUDGET: Duration = Duration::from_millis(1100);
+const IN_FLIGHT_BUDGET: Duration = Duration::from_millis(300);
+const RELEASE_BUDGET: Duration = Duration::from_millis(1000);
 
 /// The least time a cancel request gets to reach the server.
 const CANCEL_BUDGET: Duration = Duration::from_millis(500);
+
+/// How long shutdown waits for the presence to be let go. With the HTTP
+/// server's 0.3 s and the runtime's 0.1 s, shutdown stays under 1.8 s.
+const PRESENCE_BUDGET: Duration = Duration::from_millis(100);
+
+/// A request to the election loop from outside it (HTTP, the app-health
+/// check).
+#[derive(Debug)]
+pub enum Control {
+    /// Step down, release the row, wake the others, and do not attempt again
+    /// for `hold`. Answered with the `/leader` view after the release, or
+    /// `Err` with the view when this replica did not lead.
+    Release {
+        hold: Duration,
+        reply: oneshot::Sender<Result<View, View>>,
+    },
+    /// The app passes (or fails) its health check.
+    AppHealthy(bool),
+}
 
 /// State shared by the election loop and the HTTP handlers.
 #[derive(Debug)]
@@ -46,26 +66,44 @@ pub struct Shared {
     /// Last time the loop went round, for the `/healthz` watchdog.
     last_progress: Mutex<BootTime>,
     pub metrics: Metrics,
+    /// Requests to the loop; the receiver is taken by [`run`].
+    control: mpsc::Sender<Control>,
+    control_rx: Mutex<Option<mpsc::Receiver<Control>>>,
 }
 
 impl Shared {
     pub fn new(settings: &Settings) -> Self {
         let instance = uuid::Uuid::new_v4().to_string();
         let now = boot_now();
+        let (control, control_rx) = mpsc::channel(8);
+        let mut engine = Engine::new(settings.timing, settings.id.clone(), instance, now);
+        if settings.app_health.is_some() {
+            // Not before the app's first check passes: an app that never
+            // became healthy never leads.
+            engine.set_competing(now, false);
+        }
         Self {
             election: settings.election.clone(),
             id: settings.id.clone(),
             timing: settings.timing,
-            engine: Mutex::new(Engine::new(
-                settings.timing,
-                settings.id.clone(),
-                instance,
-                now,
-            )),
+            engine: Mutex::new(engine),
             last_db_ok: Mutex::new(None),
             last_progress: Mutex::new(now),
             metrics: Metrics::new(&settings.election),
+            control,
+            control_rx: Mutex::new(Some(control_rx)),
         }
+    }
+
+    /// Sends a request to the election loop; `false` when it has stopped.
+    pub async fn control(&self, request: Control) -> bool {
+        self.control.send(request).await.is_ok()
+    }
+
+    /// Whether this replica competes (its app passes its health check, or
+    /// none is configured).
+    pub fn app_healthy(&self) -> bool {
+        self.engine().competing()
     }
 
     fn engine(&self) -> MutexGuard<'_, Engine> {
@@ -115,7 +153,7 @@ pub async fn run(shared: Arc<Shared>, settings: Settings, shutdown: Cancellation
     }
     let wake = Arc::new(Notify::new());
     let instance = shared.engine().instance().to_owned();
-    let listener = tokio::spawn(listen_for_releases(
+    let waiter = tokio::spawn(wakeups::wait_for_releases(
         settings.database.clone(),
         shared.election.clone(),
         instance.clone(),
@@ -123,6 +161,18 @@ pub async fn run(shared: Arc<Shared>, settings: Settings, shutdown: Cancellation
         wake.clone(),
         shutdown.clone(),
     ));
+    let (leading, leading_rx) = watch::channel(false);
+    let presence = tokio::spawn(wakeups::keep_presence(
+        settings.database.clone(),
+        shared.election.clone(),
+        leading_rx,
+    ));
+    let control = shared
+        .control_rx
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take()
+        .expect("the election runs once per process");
     let mut lp = Loop {
         db: Db {
             instance,
@@ -140,10 +190,16 @@ pub async fn run(shared: Arc<Shared>, settings: Settings, shutdown: Cancellation
         shared,
         last_error: None,
         may_hold: false,
+        unanswered: false,
+        leading,
     };
-    lp.elect(&wake, &shutdown).await;
-    lp.release().await;
-    listener.abort();
+    lp.elect(&wake, control, &shutdown).await;
+    lp.report.step_down(&lp.shared);
+    lp.release_row().await;
+    waiter.abort();
+    // The named lock (MySQL) goes with the process anyway; letting it go
+    // first wakes the others a little sooner.
+    let _ = tokio::time::timeout(PRESENCE_BUDGET, presence).await;
 }
 
 struct Loop {
@@ -153,9 +209,16 @@ struct Loop {
     /// The last failure, so each change of reason is logged once.
     last_error: Option<String>,
     /// The database may hold a lease for this instance (the last answer was
-    /// a grant, even one too late to use, or a statement's fate is unknown):
-    /// release it at shutdown so nobody waits out the ttl.
+    /// a grant, even one too late to use, or some statement went unanswered:
+    /// it may still commit, whatever later answers say): release it at
+    /// shutdown so nobody waits out the ttl.
     may_hold: bool,
+    /// Some statement went unanswered (timed out or failed after sending).
+    unanswered: bool,
+    /// Whether this replica leads, for the wake-up presence (MySQL's named
+    /// lock). Cleared only after a release of the row, so that the wake-up
+    /// finds the row free.
+    leading: watch::Sender<bool>,
 }
 
 /// The connection side of the loop: one attempt at a time on one connection.
@@ -185,12 +248,18 @@ fn micros(t: BootTime) -> u64 {
 }
 
 impl Loop {
-    async fn elect(&mut self, wake: &Notify, shutdown: &CancellationToken) {
+    async fn elect(
+        &mut self,
+        wake: &Notify,
+        mut control: mpsc::Receiver<Control>,
+        shutdown: &CancellationToken,
+    ) {
         loop {
             let now = boot_now();
             self.shared.progress(now);
             let events: Vec<Event> = self.shared.engine().poll(now).into_iter().collect();
             self.report.handle(&self.shared, events);
+            self.sync_presence();
             if self.shared.engine().attempt_due(now) {
                 // Read the clock before taking (or opening) the connection:
                 // the lease is measured from here.
@@ -224,10 +293,47 @@ impl Loop {
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return,
+                Some(request) = control.recv() => self.on_control(request).await,
                 () = wake.notified() => self.shared.engine().on_release_notice(boot_now()),
                 () = tokio::time::sleep(sleep) => {}
             }
         }
+    }
+
+    async fn on_control(&mut self, request: Control) {
+        let now = boot_now();
+        match request {
+            Control::Release { hold, reply } => {
+                let event = self.shared.engine().release(now, hold);
+                let Some(event) = event else {
+                    let _ = reply.send(Err(self.shared.view()));
+                    return;
+                };
+                info!(election = %self.shared.election, hold = ?hold, "stepping down on request");
+                self.report.handle(&self.shared, vec![event]);
+                self.release_row().await;
+                let _ = reply.send(Ok(self.shared.view()));
+            }
+            Control::AppHealthy(healthy) => {
+                let event = self.shared.engine().set_competing(now, healthy);
+                if healthy {
+                    info!(election = %self.shared.election, "the app passes its health check; competing");
+                } else {
+                    warn!(election = %self.shared.election, "the app fails its health check; not competing");
+                }
+                if let Some(event) = event {
+                    self.report.handle(&self.shared, vec![event]);
+                    self.release_row().await;
+                }
+            }
+        }
+    }
+
+    /// Tells the presence (MySQL's named lock) whether this replica leads.
+    fn sync_presence(&self) {
+        let leading = self.shared.engine().is_leader(boot_now());
+        self.leading
+            .send_if_modified(|l| std::mem::replace(l, leading) != leading);
     }
 
     /// Feeds an attempt's outcome to the engine and reports what follows.
@@ -244,7 +350,8 @@ impl Loop {
             .observe(received_at.saturating_since(sent_at).as_secs_f64());
         let events = match result {
             Ok(answer) => {
-                self.may_hold = matches!(answer, leaderd_core::Attempt::Granted { .. });
+                self.may_hold =
+                    self.unanswered || matches!(answer, leaderd_core::Attempt::Granted { .. });
                 self.shared.db_ok(received_at);
                 if self.last_error.take().is_some() {
                     info!(election = %self.shared.election, "database reachable again");
@@ -256,12 +363,14 @@ impl Loop {
             Err(reason) => {
                 // A statement that was sent may still commit; a failed connect
                 // cannot have granted anything.
-                self.may_hold |= self.db.statement_sent;
+                self.unanswered |= self.db.statement_sent;
+                self.may_hold |= self.unanswered;
                 self.db.failed(timeout);
                 self.failed(reason, received_at)
             }
         };
         self.report.handle(&self.shared, events);
+        self.sync_presence();
     }
 
     fn failed(&mut self, reason: String, now: BootTime) -> Vec<Event> {
@@ -276,14 +385,22 @@ impl Loop {
     }
 
     /// After the local step-down: free the row, within [`RELEASE_BUDGET`],
-    /// on the connection the last attempt used when it is still usable.
-    async fn release(&mut self) {
-        self.report.step_down(&self.shared);
+    /// on the connection the last attempt used when it is still usable; then
+    /// let the presence go, which wakes the others on MySQL.
+    async fn release_row(&mut self) {
         if !self.may_hold {
+            self.sync_presence();
             return;
         }
         let election = self.shared.election.clone();
-        match tokio::time::timeout(RELEASE_BUDGET, self.db.release(&election)).await {
+        let released = tokio::time::timeout(RELEASE_BUDGET, self.db.release(&election)).await;
+        if matches!(released, Ok(Ok(_))) {
+            // Whatever was unanswered has been overtaken by this release.
+            self.may_hold = false;
+            self.unanswered = false;
+        }
+        self.sync_presence();
+        match released {
             Ok(Ok(true)) => info!(election, "released the lease"),
             Ok(Ok(false)) => info!(election, "nothing to release: the lease was no longer ours"),
             Ok(Err(e)) => {
@@ -481,58 +598,5 @@ impl Report {
         if let Err(e) = flag.remove() {
             error!(path = %flag.path().display(), error = %e, "cannot remove the flag file");
         }
-    }
-}
-
-/// Wakes the loop when a release of this election is notified (PostgreSQL).
-/// Checks at start that notifications arrive at all; when they do not (a
-/// transaction-pooling proxy drops them silently) it gives up and the loop
-/// relies on polling, which it does anyway.
-async fn listen_for_releases(
-    source: DatabaseSource,
-    election: String,
-    instance: String,
-    heartbeat: Duration,
-    wake: Arc<Notify>,
-    shutdown: CancellationToken,
-) {
-    let mut backoff = Duration::from_millis(100);
-    let mut checked = false;
-    while !shutdown.is_cancelled() {
-        let result: Result<(), String> = async {
-            let url = source.resolve()?;
-            let Some(mut listener) = Listener::connect(&url).await.map_err(|e| e.to_string())? else {
-                return Ok(());
-            };
-            if !checked {
-                let probe = listener.probe(Duration::from_secs(2), &instance).await.map_err(|e| e.to_string())?;
-                if probe.others.contains(&election) {
-                    wake.notify_one();
-                }
-                if !probe.delivered {
-                    warn!("release notifications are not delivered (transaction-pooling proxy?); polling only");
-                    return Ok(());
-                }
-                debug!("release notifications work");
-                checked = true;
-            }
-            backoff = Duration::from_millis(100);
-            loop {
-                let payload = listener.next().await.map_err(|e| e.to_string())?;
-                if payload == election {
-                    wake.notify_one();
-                }
-            }
-        }
-        .await;
-        match result {
-            Ok(()) => return,
-            Err(e) => debug!(error = %e, "release listener failed; reconnecting"),
-        }
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(backoff) => {}
-        }
-        backoff = (backoff * 2).min(heartbeat.max(Duration::from_secs(1)));
     }
 }

@@ -1,4 +1,5 @@
-//! The HTTP surface: `/leader`, `/`, `/healthz`, `/readyz`, `/metrics`.
+//! The HTTP surface: `/leader`, `/`, `/healthz`, `/readyz`, `/metrics`, and
+//! `POST /release` (loopback peers only).
 //!
 //! Every answer is computed from the engine at the moment of the request, so a
 //! process that was paused past its deadline answers 503 on its first request
@@ -6,19 +7,26 @@
 
 use std::sync::Arc;
 
+use axum::extract::ConnectInfo;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Serialize;
 
-use crate::election::Shared;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::http::Uri;
+
+use crate::election::{Control, Shared};
 
 /// Builds the router; tests drive it with `oneshot`, no socket needed.
 pub fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/leader", get(leader))
+        .route("/release", post(release))
         .route("/", get(compat))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -37,6 +45,8 @@ struct LeaderBody<'a> {
     lease_remaining_ms: Option<u64>,
     ttl_ms: u64,
     heartbeat_ms: u64,
+    /// False while the app fails its health check (`app_health`).
+    app_healthy: bool,
 }
 
 fn millis(d: std::time::Duration) -> u64 {
@@ -45,13 +55,67 @@ fn millis(d: std::time::Duration) -> u64 {
 
 async fn leader(State(shared): State<Arc<Shared>>) -> Response {
     let view = shared.view();
-    let timing = shared.timing;
     let status = if view.is_leader {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    let body = LeaderBody {
+    (status, leader_body(&shared, view)).into_response()
+}
+
+/// Largest `hold` a release may ask for.
+const MAX_HOLD: Duration = Duration::from_secs(3600);
+
+/// Steps down on request: 403 unless from a loopback peer, 400 for a bad
+/// `hold`, 409 when not leading, else 200 once the row is released.
+async fn release(
+    State(shared): State<Arc<Shared>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    uri: Uri,
+) -> Response {
+    if !peer.ip().to_canonical().is_loopback() {
+        return error(
+            StatusCode::FORBIDDEN,
+            "release is only accepted from loopback",
+        );
+    }
+    let mut hold = shared.timing.heartbeat() * 2;
+    for (key, value) in url::form_urlencoded::parse(uri.query().unwrap_or_default().as_bytes()) {
+        match (key.as_ref(), humantime::parse_duration(&value)) {
+            ("hold", Ok(d)) if d <= MAX_HOLD => hold = d,
+            ("hold", _) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "hold must be a duration of at most 1h, e.g. 2s or 500ms",
+                )
+            }
+            _ => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "unknown parameter (only hold=DURATION)",
+                )
+            }
+        }
+    }
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    if !shared.control(Control::Release { hold, reply }).await {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "the election has stopped");
+    }
+    match answer.await {
+        Ok(Ok(view)) => (StatusCode::OK, leader_body(&shared, view)).into_response(),
+        Ok(Err(view)) => (StatusCode::CONFLICT, leader_body(&shared, view)).into_response(),
+        Err(_) => error(StatusCode::SERVICE_UNAVAILABLE, "the election has stopped"),
+    }
+}
+
+fn error(status: StatusCode, message: &str) -> Response {
+    (status, Json(serde_json::json!({ "error": message }))).into_response()
+}
+
+/// The `/leader` body for a view.
+fn leader_body(shared: &Shared, view: leaderd_core::View) -> Json<LeaderBody<'_>> {
+    let timing = shared.timing;
+    Json(LeaderBody {
         election: &shared.election,
         id: &shared.id,
         is_leader: view.is_leader,
@@ -60,8 +124,8 @@ async fn leader(State(shared): State<Arc<Shared>>) -> Response {
         lease_remaining_ms: view.lease_remaining.map(millis),
         ttl_ms: millis(timing.ttl()),
         heartbeat_ms: millis(timing.heartbeat()),
-    };
-    (status, Json(body)).into_response()
+        app_healthy: shared.app_healthy(),
+    })
 }
 
 /// The Kubernetes `election` sidecar's answer, for drop-in use.
@@ -104,11 +168,7 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
 }
 
 async fn not_found() -> Response {
-    (
-        StatusCode::NOT_FOUND,
-        Json(serde_json::json!({ "error": "not found" })),
-    )
-        .into_response()
+    error(StatusCode::NOT_FOUND, "not found")
 }
 
 #[cfg(test)]

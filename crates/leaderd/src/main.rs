@@ -5,14 +5,18 @@
 //! `run`, `migrate` or `status`. Exit codes: 0 clean, 1 fatal, 2 usage or
 //! configuration.
 
+mod app_health;
 mod cli;
 mod clock;
 mod election;
 mod flag_file;
 mod http;
+mod http_client;
 mod metrics;
+mod release;
 mod settings;
 mod signals;
+mod wakeups;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -40,6 +44,9 @@ fn main() -> ExitCode {
             };
         }
     };
+    if let Some(Command::Release { hold }) = &cli.command {
+        return release::run(&cli.config, hold.as_deref());
+    }
     let settings = match Settings::load(&cli.config, &ProcessEnv) {
         Ok(s) => s,
         Err(e) => {
@@ -67,6 +74,7 @@ fn main() -> ExitCode {
             Command::Run => run(settings).await,
             Command::Migrate => migrate(settings).await,
             Command::Status { json } => status(settings, json).await,
+            Command::Release { .. } => unreachable!("handled before the runtime starts"),
         }
     });
     // Do not wait for stray blocking tasks (a hung connect) at exit.
@@ -114,11 +122,22 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
         let stop = http_stop.clone();
         let app = http::router(shared.clone());
         tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move { stop.cancelled().await })
-                .await
+            axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+            )
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await
         })
     };
+    if let Some(check) = settings.app_health.clone() {
+        tokio::spawn(app_health::watch(
+            shared.clone(),
+            check,
+            settings.app_health_failures,
+            shutdown.clone(),
+        ));
+    }
     election::run(shared, settings, shutdown).await;
     // Leadership is already given up and the row released; stop serving.
     http_stop.cancel();

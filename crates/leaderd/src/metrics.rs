@@ -22,6 +22,8 @@ pub struct Metrics {
     pub heartbeat_duration: Histogram,
     pub heartbeat_errors: IntCounter,
     pub duplicate_id: IntCounter,
+    /// 1 while the app passes its health check (always 1 without one).
+    pub app_healthy: IntGauge,
 }
 
 impl Metrics {
@@ -75,6 +77,12 @@ impl Metrics {
             "Times the row carried this replica's id with another process's instance",
         )
         .unwrap();
+        let app_healthy = IntGauge::new(
+            "leaderd_app_healthy",
+            "1 while the app passes its health check (app_health), else 0; 1 when none is set",
+        )
+        .unwrap();
+        app_healthy.set(1);
         for c in [
             Box::new(is_leader.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(fencing_token.clone()),
@@ -84,6 +92,7 @@ impl Metrics {
             Box::new(heartbeat_duration.clone()),
             Box::new(heartbeat_errors.clone()),
             Box::new(duplicate_id.clone()),
+            Box::new(app_healthy.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
@@ -100,6 +109,7 @@ impl Metrics {
             heartbeat_duration,
             heartbeat_errors,
             duplicate_id,
+            app_healthy,
         }
     }
 

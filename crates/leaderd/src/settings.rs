@@ -30,6 +30,8 @@ pub const KEYS: &[&str] = &[
     "flag_file",
     "migrate",
     "log_format",
+    "app_health",
+    "app_health_failures",
 ];
 
 /// The configuration could not be used. Each entry names its key.
@@ -73,6 +75,17 @@ fn read_url_file(path: &Path) -> Result<DatabaseUrl, String> {
         .map_err(|e| format!("{} holds an {e}", path.display()))
 }
 
+/// An `http://HOST:PORT/PATH` health URL on the pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppHealth {
+    pub host: String,
+    pub port: u16,
+    /// Path and query.
+    pub target: String,
+    /// As configured, for logs.
+    pub url: String,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
     Text,
@@ -90,6 +103,10 @@ pub struct Settings {
     pub flag_file: Option<PathBuf>,
     pub migrate: bool,
     pub log_format: LogFormat,
+    /// The app's health URL, checked every heartbeat.
+    pub app_health: Option<AppHealth>,
+    /// Consecutive failed checks before stepping down.
+    pub app_health_failures: u32,
     /// Things worth a warning once logging is up (unknown variables).
     pub warnings: Vec<String>,
 }
@@ -211,6 +228,8 @@ fn layer(
             },
         ),
         ("log_format", args.log_format.clone()),
+        ("app_health", args.app_health.clone()),
+        ("app_health_failures", args.app_health_failures.clone()),
     ];
     for (key, value) in flags {
         if let Some(value) = value {
@@ -354,19 +373,7 @@ fn validate(
     };
     let listen = match layers.get("listen") {
         None => Some(SocketAddr::from(([127, 0, 0, 1], 4040))),
-        Some(s) => match s.value.parse::<SocketAddr>() {
-            Ok(a) => Some(a),
-            Err(e) => {
-                problem(
-                    problems,
-                    "listen",
-                    s,
-                    &s.value,
-                    format!("{e} (expected HOST:PORT, e.g. 0.0.0.0:4040)"),
-                );
-                None
-            }
-        },
+        Some(s) => listen_addr(s, problems),
     };
     let flag_file = match layers.get("flag_file") {
         Some(s) if s.value.is_empty() => {
@@ -415,6 +422,32 @@ fn validate(
             None
         }
     };
+    let app_health = match layers.get("app_health") {
+        None => Some(None),
+        Some(s) => match parse_health_url(&s.value) {
+            Ok(h) => Some(Some(h)),
+            Err(e) => {
+                problem(problems, "app_health", s, &s.value, e);
+                None
+            }
+        },
+    };
+    let app_health_failures = match layers.get("app_health_failures") {
+        None => Some(3),
+        Some(s) => match s.value.trim().parse::<u32>() {
+            Ok(n) if (1..=1000).contains(&n) => Some(n),
+            _ => {
+                problem(
+                    problems,
+                    "app_health_failures",
+                    s,
+                    &s.value,
+                    "expected a whole number from 1 to 1000",
+                );
+                None
+            }
+        },
+    };
     Some(Settings {
         database: database?,
         election: election?,
@@ -424,6 +457,8 @@ fn validate(
         flag_file,
         migrate: migrate?,
         log_format: log_format?,
+        app_health: app_health?,
+        app_health_failures: app_health_failures?,
         warnings,
     })
 }
@@ -490,6 +525,63 @@ fn database_source(
             DatabaseUrl::parse("sqlite://leaderd.db")
                 .ok()
                 .map(DatabaseSource::Url)
+        }
+    }
+}
+
+/// The app's health URL: plain HTTP to a host and port (the app beside
+/// leaderd); HTTPS is not supported.
+fn parse_health_url(raw: &str) -> Result<AppHealth, String> {
+    let url = url::Url::parse(raw).map_err(|e| format!("{e} (expected http://HOST:PORT/PATH)"))?;
+    if url.scheme() != "http" {
+        return Err("only http:// is supported (the app beside leaderd, e.g. http://127.0.0.1:8080/healthz)".into());
+    }
+    let host = match url.host() {
+        Some(url::Host::Ipv6(a)) => a.to_string(),
+        Some(h) => h.to_string(),
+        None => return Err("no host".into()),
+    };
+    let mut target = url.path().to_owned();
+    if let Some(q) = url.query() {
+        target.push('?');
+        target.push_str(q);
+    }
+    Ok(AppHealth {
+        host,
+        port: url.port_or_known_default().unwrap_or(80),
+        target,
+        url: raw.to_owned(),
+    })
+}
+
+/// Only the `listen` address, for `leaderd release`, which talks to the
+/// local daemon and needs nothing else (a pod's app container may have no
+/// database configuration at all).
+pub fn listen_only(args: &ConfigArgs, env: &dyn Env) -> Result<SocketAddr, ConfigError> {
+    let mut problems = Vec::new();
+    let layers = layer(args, env, &mut problems, &mut Vec::new());
+    let listen = match layers.get("listen") {
+        None => Some(SocketAddr::from(([127, 0, 0, 1], 4040))),
+        Some(s) => listen_addr(s, &mut problems),
+    };
+    match listen {
+        Some(l) if problems.is_empty() => Ok(l),
+        _ => Err(ConfigError { problems }),
+    }
+}
+
+fn listen_addr(s: &Sourced, problems: &mut Vec<String>) -> Option<SocketAddr> {
+    match s.value.parse::<SocketAddr>() {
+        Ok(a) => Some(a),
+        Err(e) => {
+            problem(
+                problems,
+                "listen",
+                s,
+                &s.value,
+                format!("{e} (expected HOST:PORT, e.g. 0.0.0.0:4040)"),
+            );
+            None
         }
     }
 }
@@ -852,6 +944,43 @@ mod tests {
         )
         .unwrap();
         assert!(!s.database.to_string().contains("hunter2"));
+    }
+
+    #[test]
+    fn app_health_is_an_http_url_and_failures_a_count() {
+        let s = load(
+            &["--app-health", "http://127.0.0.1:8080/healthz?deep=1"],
+            &env(&[]),
+        )
+        .unwrap();
+        let h = s.app_health.unwrap();
+        assert_eq!((h.host.as_str(), h.port), ("127.0.0.1", 8080));
+        assert_eq!(h.target, "/healthz?deep=1");
+        assert_eq!(s.app_health_failures, 3);
+        let msg = problems(
+            &[
+                "--app-health",
+                "https://app/healthz",
+                "--app-health-failures",
+                "0",
+            ],
+            &env(&[]),
+        );
+        assert!(
+            msg.contains("`app_health`") && msg.contains("`app_health_failures`"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn release_reads_only_the_listen_address() {
+        let cli = crate::cli::Cli::try_parse_from(["leaderd", "release"]).unwrap();
+        // No database in a Kubernetes pod would stop `run`, not `release`.
+        let e = env(&[
+            ("KUBERNETES_SERVICE_HOST", "10.0.0.1"),
+            ("LEADERD_LISTEN", "0.0.0.0:4041"),
+        ]);
+        assert_eq!(listen_only(&cli.config, &e).unwrap().port(), 4041);
     }
 
     #[test]

@@ -1,0 +1,96 @@
+//! Wake-ups: how a graceful release reaches the waiting replicas at once, on
+//! every backend. Only wake-ups: a replica woken attempts, and safety rests
+//! on the row and the clocks as always; a lost wake-up costs at most one
+//! heartbeat.
+//!
+//! - PostgreSQL: `LISTEN`/`NOTIFY` (the release statement notifies). Checked
+//!   at start with a notification to itself, since transaction-pooling
+//!   proxies drop them silently.
+//! - MySQL/MariaDB: a named lock the leader holds while it leads
+//!   ([`Presence`]); followers wait on it with `GET_LOCK`, which returns when
+//!   it is freed, by a release or by the leader's session ending.
+//! - SQLite: inotify on the database's directory for a file that a release
+//!   rewrites beside the database (processes on one host).
+
+use std::time::Duration;
+
+use crate::{mysql, pg, sqlite, Backend, DatabaseUrl, StoreError};
+
+/// The follower side: waits for releases of one election.
+#[derive(Debug)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "a daemon holds one waiter; boxing would buy nothing"
+)]
+pub enum Waiter {
+    Postgres(pg::Listener),
+    Mysql(mysql::LockWaiter),
+    Sqlite(sqlite::FileWaiter),
+}
+
+impl Waiter {
+    /// Connects (or starts watching). `heartbeat` bounds each server-side
+    /// wait.
+    pub async fn connect(
+        url: &DatabaseUrl,
+        election: &str,
+        heartbeat: Duration,
+    ) -> Result<Self, StoreError> {
+        Ok(match url.backend() {
+            Backend::Postgres => Waiter::Postgres(pg::Listener::connect(url).await?),
+            Backend::Mysql => {
+                Waiter::Mysql(mysql::LockWaiter::connect(url, election, heartbeat).await?)
+            }
+            Backend::Sqlite => Waiter::Sqlite(sqlite::FileWaiter::watch(url)?),
+        })
+    }
+
+    /// Checks that wake-ups arrive at all (PostgreSQL; the others need no
+    /// check). See [`pg::Listener::probe`].
+    pub async fn probe(&mut self, within: Duration, nonce: &str) -> Result<pg::Probe, StoreError> {
+        match self {
+            Waiter::Postgres(l) => l.probe(within, nonce).await,
+            Waiter::Mysql(_) | Waiter::Sqlite(_) => Ok(pg::Probe {
+                delivered: true,
+                others: Vec::new(),
+            }),
+        }
+    }
+
+    /// The election of the next release.
+    pub async fn next(&mut self) -> Result<String, StoreError> {
+        match self {
+            Waiter::Postgres(l) => l.next().await,
+            Waiter::Mysql(w) => w.next().await,
+            Waiter::Sqlite(w) => w.next().await,
+        }
+    }
+}
+
+/// The leader side: what a leader holds while it leads so that its end wakes
+/// the others. Only MySQL/MariaDB needs one; elsewhere the release itself
+/// announces.
+#[derive(Debug)]
+pub struct Presence(mysql::Presence);
+
+impl Presence {
+    /// `None` for backends that need no presence.
+    pub async fn connect(url: &DatabaseUrl, election: &str) -> Result<Option<Self>, StoreError> {
+        match url.backend() {
+            Backend::Mysql => Ok(Some(Presence(
+                mysql::Presence::connect(url, election).await?,
+            ))),
+            Backend::Postgres | Backend::Sqlite => Ok(None),
+        }
+    }
+
+    /// Takes the lock without waiting; whether it is held now.
+    pub async fn hold(&mut self) -> Result<bool, StoreError> {
+        self.0.hold().await
+    }
+
+    /// Frees the lock, waking the waiters.
+    pub async fn let_go(&mut self) -> Result<(), StoreError> {
+        self.0.let_go().await
+    }
+}

@@ -1,0 +1,82 @@
+//! `leaderd release`: asks the daemon on this host (at `listen`) to step
+//! down, for a `preStop` hook in an image without curl. Exit 0 released, 3
+//! not leader, 1 no daemon (or any other failure), 2 bad input.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use crate::cli::ConfigArgs;
+use crate::http_client;
+use crate::settings::{listen_only, ProcessEnv};
+
+/// Longer than any release takes (the daemon bounds its own to about 1 s).
+const TIMEOUT: Duration = Duration::from_secs(5);
+
+pub fn run(config: &ConfigArgs, hold: Option<&str>) -> ExitCode {
+    let listen = match listen_only(config, &ProcessEnv) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("leaderd: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut target = "/release".to_owned();
+    if let Some(hold) = hold {
+        match humantime::parse_duration(hold) {
+            Ok(d) if d <= Duration::from_secs(3600) => {
+                target.push_str(&format!("?hold={}ms", d.as_millis()))
+            }
+            _ => {
+                eprintln!("leaderd: --hold {hold:?}: expected a duration of at most 1h, e.g. 30s");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    // A daemon listening on every address is reached on loopback, which is
+    // also the only peer it accepts a release from.
+    let host = match listen.ip() {
+        IpAddr::V4(a) if a.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(a) if a.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("leaderd: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let reply = runtime.block_on(http_client::request(
+        &host.to_string(),
+        listen.port(),
+        "POST",
+        &target,
+        TIMEOUT,
+    ));
+    match reply {
+        Ok(r) if r.status == 200 => {
+            println!("{}", r.body.trim());
+            ExitCode::SUCCESS
+        }
+        Ok(r) if r.status == 409 => {
+            eprintln!("leaderd: not the leader: {}", r.body.trim());
+            ExitCode::from(3)
+        }
+        Ok(r) => {
+            eprintln!(
+                "leaderd: the daemon at {listen} answered {}: {}",
+                r.status,
+                r.body.trim()
+            );
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("leaderd: no daemon at {listen}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,258 @@
+//! Graceful handover on every backend: SIGTERM and `leaderd release` wake the
+//! waiting replicas at once (PostgreSQL `NOTIFY`, MySQL's named lock, SQLite's
+//! wake file), the releaser holds off, and the app-health gate steps an
+//! unhealthy app's replica down.
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use leaderd_tests::{run_cli, serial, wait_for, wait_single_leader, Daemon, Scratch, TempDb};
+
+/// What the spec promises for a graceful handover, on every backend.
+const HANDOVER: Duration = Duration::from_millis(150);
+const ROUNDS: usize = 8;
+/// The releaser's hold in the release rounds.
+const HOLD: Duration = Duration::from_millis(1000);
+
+/// Waits for one of `others` to lead; how long that took since `from`.
+fn next_leader(others: &[&Daemon], from: Instant) -> (usize, Duration) {
+    let i = wait_for(Duration::from_secs(5), "a new leader", || {
+        others.iter().position(|d| d.is_leader())
+    });
+    (i, from.elapsed())
+}
+
+fn start(db: &TempDb, dir: &Scratch, id: &str) -> Daemon {
+    Daemon::start(&db.url, id, dir, &[])
+}
+
+/// Eight SIGTERMs of the leader; each time another replica leads within
+/// [`HANDOVER`]. The stopped replica is replaced by a new process.
+fn sigterm_hands_over_at_once(db: TempDb) {
+    let _s = serial();
+    let dir = Scratch::new();
+    let mut ds: Vec<Daemon> = ["a", "b", "c"]
+        .iter()
+        .map(|id| start(&db, &dir, id))
+        .collect();
+    let mut took = Vec::new();
+    for round in 0..ROUNDS {
+        let refs: Vec<&Daemon> = ds.iter().collect();
+        let leader = wait_single_leader(&refs, Duration::from_secs(10));
+        // Let the followers settle into waiting (a fresh one polls first).
+        std::thread::sleep(Duration::from_millis(300));
+        let sent = Instant::now();
+        ds[leader].sigterm();
+        let others: Vec<&Daemon> = (0..ds.len())
+            .filter(|&i| i != leader)
+            .map(|i| &ds[i])
+            .collect();
+        let (_, t) = next_leader(&others, sent);
+        took.push(t);
+        assert_eq!(
+            ds[leader]
+                .wait_exit(Duration::from_secs(3))
+                .and_then(|s| s.code()),
+            Some(0)
+        );
+        let id = format!("r{round}");
+        ds[leader] = start(&db, &dir, &id);
+    }
+    let worst = took.iter().max().unwrap();
+    assert!(*worst <= HANDOVER, "SIGTERM handovers took {took:?}");
+    eprintln!("SIGTERM handovers: {took:?}");
+}
+
+/// Eight releases through `leaderd release`; each time another replica
+/// leads within [`HANDOVER`], and the releaser does not take it back.
+fn release_hands_over_at_once(db: TempDb) {
+    let _s = serial();
+    let dir = Scratch::new();
+    let ds: Vec<Daemon> = ["a", "b", "c"]
+        .iter()
+        .map(|id| start(&db, &dir, id))
+        .collect();
+    let refs: Vec<&Daemon> = ds.iter().collect();
+    let mut took = Vec::new();
+    for _ in 0..ROUNDS {
+        let leader = wait_single_leader(&refs, Duration::from_secs(10));
+        // Past the last releaser's hold, and the followers settled.
+        std::thread::sleep(HOLD + Duration::from_millis(300));
+        let listen = format!("127.0.0.1:{}", ds[leader].port);
+        let sent = Instant::now();
+        let hold = format!("{}ms", HOLD.as_millis());
+        let (code, out, err) = run_cli(&["release", "--listen", &listen, "--hold", &hold], &[]);
+        assert_eq!(code, 0, "{out}{err}");
+        let body: leaderd_tests::Value = serde_json::from_str(out.trim()).unwrap();
+        assert_eq!(body["is_leader"], false, "{out}");
+        let others: Vec<&Daemon> = (0..ds.len())
+            .filter(|&i| i != leader)
+            .map(|i| &ds[i])
+            .collect();
+        let (_, t) = next_leader(&others, sent);
+        took.push(t);
+        assert!(!ds[leader].is_leader(), "the releaser took it back");
+        // A follower has nothing to release: exit 3.
+        let follower = format!("127.0.0.1:{}", ds[leader].port);
+        assert_eq!(run_cli(&["release", "--listen", &follower], &[]).0, 3);
+    }
+    let worst = took.iter().max().unwrap();
+    assert!(*worst <= HANDOVER, "release handovers took {took:?}");
+    eprintln!("release handovers: {took:?}");
+}
+
+/// Alone in its election, a releaser stays out for its hold, then leads
+/// again.
+fn the_releaser_holds_off(db: TempDb) {
+    let _s = serial();
+    let dir = Scratch::new();
+    let d = start(&db, &dir, "a");
+    wait_for(Duration::from_secs(10), "leadership", || {
+        d.is_leader().then_some(())
+    });
+    let listen = format!("127.0.0.1:{}", d.port);
+    let released = Instant::now();
+    assert_eq!(
+        run_cli(&["release", "--listen", &listen, "--hold", "1500ms"], &[]).0,
+        0
+    );
+    while released.elapsed() < Duration::from_millis(1400) {
+        assert!(
+            !d.is_leader(),
+            "led again {:?} into a 1.5 s hold",
+            released.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    wait_for(Duration::from_secs(3), "leadership after the hold", || {
+        d.is_leader().then_some(())
+    });
+}
+
+macro_rules! per_backend {
+    ($name:ident, $make:expr) => {
+        mod $name {
+            use super::*;
+
+            #[test]
+            fn sigterm_hands_over_at_once() {
+                super::sigterm_hands_over_at_once($make);
+            }
+
+            #[test]
+            fn release_hands_over_at_once() {
+                super::release_hands_over_at_once($make);
+            }
+
+            #[test]
+            fn the_releaser_holds_off() {
+                super::the_releaser_holds_off($make);
+            }
+        }
+    };
+}
+
+per_backend!(postgres, TempDb::postgres());
+per_backend!(mysql, TempDb::mysql());
+per_backend!(sqlite, TempDb::sqlite());
+
+#[test]
+fn release_without_a_daemon_exits_one() {
+    let listen = format!("127.0.0.1:{}", leaderd_tests::free_port());
+    let (code, _, err) = run_cli(&["release", "--listen", &listen], &[]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("no daemon"), "{err}");
+    assert_eq!(run_cli(&["release", "--hold", "2h"], &[]).0, 2);
+}
+
+/// A tiny app whose health endpoint answers 200 or 500 as told.
+struct App {
+    port: u16,
+    healthy: Arc<AtomicBool>,
+}
+
+impl App {
+    fn start(healthy: bool) -> App {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let flag = Arc::new(AtomicBool::new(healthy));
+        let h = flag.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut s) = stream else { return };
+                let mut buf = [0u8; 1024];
+                let _ = s.read(&mut buf);
+                let status = if h.load(Ordering::SeqCst) {
+                    "200 OK"
+                } else {
+                    "500 Oops"
+                };
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                );
+            }
+        });
+        App {
+            port,
+            healthy: flag,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/healthz", self.port)
+    }
+}
+
+#[test]
+fn an_unhealthy_app_makes_its_replica_step_down() {
+    let _s = serial();
+    let db = TempDb::postgres();
+    let dir = Scratch::new();
+    let apps = [App::start(true), App::start(true)];
+    let ds: Vec<Daemon> = ["a", "b"]
+        .iter()
+        .zip(&apps)
+        .map(|(id, app)| Daemon::start(&db.url, id, &dir, &["--app-health", &app.url()]))
+        .collect();
+    let refs: Vec<&Daemon> = ds.iter().collect();
+    let leader = wait_single_leader(&refs, Duration::from_secs(10));
+    let body = ds[leader].leader().unwrap().1;
+    assert_eq!(body["app_healthy"], true, "{body}");
+    let failing = Instant::now();
+    apps[leader].healthy.store(false, Ordering::SeqCst);
+    // Three failed checks a heartbeat apart, then a release.
+    let other = &ds[1 - leader];
+    wait_for(Duration::from_secs(5), "the other replica to lead", || {
+        other.is_leader().then_some(())
+    });
+    let took = failing.elapsed();
+    assert!(
+        took <= Duration::from_millis(3150),
+        "stepped down after {took:?}"
+    );
+    let body = ds[leader].leader().unwrap().1;
+    assert_eq!(body["app_healthy"], false, "{body}");
+    assert!(ds[leader].log_text().contains("fails its health check"));
+}
+
+#[test]
+fn a_replica_whose_app_never_became_healthy_never_leads() {
+    let _s = serial();
+    let db = TempDb::postgres();
+    let dir = Scratch::new();
+    let app = App::start(false);
+    let d = Daemon::start(&db.url, "a", &dir, &["--app-health", &app.url()]);
+    let until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < until {
+        assert!(!d.is_leader(), "led with an unhealthy app");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    app.healthy.store(true, Ordering::SeqCst);
+    wait_for(Duration::from_secs(5), "leadership once healthy", || {
+        d.is_leader().then_some(())
+    });
+}
