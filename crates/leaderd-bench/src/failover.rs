@@ -1,6 +1,7 @@
-//! Failover: real `leaderd` daemons, the leader killed (SIGKILL) or stopped
-//! (SIGTERM) again and again, timed until another replica answers 200; and
-//! the seed's polling behaviour beside it.
+//! Failover: real `leaderd` daemons, the leader killed (SIGKILL), stopped
+//! (SIGTERM) or asked to step down (`leaderd release`) again and again, timed
+//! until another replica answers 200; and the seed's polling behaviour beside
+//! it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -14,9 +15,21 @@ use crate::seed::Seed;
 use crate::stats::{ms, Summary};
 use crate::Size;
 
-/// Kills the leader of three daemons `rounds` times with `signal`; the time
-/// from the signal until another daemon answers 200 on `/leader`.
-fn leaderd_failovers(url: &str, signal: Signal, rounds: usize) -> Vec<Duration> {
+/// How the leader is made to go.
+#[derive(Debug, Clone, Copy)]
+enum How {
+    Signal(Signal),
+    /// `leaderd release --hold RELEASE_HOLD`.
+    Release,
+}
+
+/// The releaser's hold: long enough that it cannot take the lead back first.
+const RELEASE_HOLD: Duration = Duration::from_millis(500);
+
+/// Makes the leader of three daemons go `rounds` times; the time from the
+/// signal (or release request) until another daemon answers 200 on
+/// `/leader`.
+fn leaderd_failovers(url: &str, how: How, rounds: usize) -> Vec<Duration> {
     let dir = Scratch::new();
     let mut ds: Vec<Daemon> = ["a", "b", "c"]
         .iter()
@@ -41,10 +54,11 @@ fn leaderd_failovers(url: &str, signal: Signal, rounds: usize) -> Vec<Duration> 
             },
         );
         // Then a random moment, so the signal falls anywhere in the
-        // followers' poll cycle and the leader's renewal cycle.
-        std::thread::sleep(Duration::from_micros(
-            pseudo_random(round as u64) % 1_000_000,
-        ));
+        // followers' poll cycle and the leader's renewal cycle (and past the
+        // last releaser's hold).
+        std::thread::sleep(
+            RELEASE_HOLD + Duration::from_micros(pseudo_random(round as u64) % 1_000_000),
+        );
         let others: Vec<&Daemon> = ds
             .iter()
             .enumerate()
@@ -52,7 +66,16 @@ fn leaderd_failovers(url: &str, signal: Signal, rounds: usize) -> Vec<Duration> 
             .map(|(_, d)| d)
             .collect();
         let t0 = Instant::now();
-        ds[leader].signal(signal);
+        match how {
+            How::Signal(signal) => ds[leader].signal(signal),
+            How::Release => {
+                let listen = format!("127.0.0.1:{}", ds[leader].port);
+                let hold = format!("{}ms", RELEASE_HOLD.as_millis());
+                let (code, _, err) =
+                    leaderd_tests::run_cli(&["release", "--listen", &listen, "--hold", &hold], &[]);
+                assert_eq!(code, 0, "release failed: {err}");
+            }
+        }
         loop {
             if others.iter().any(|d| d.is_leader()) {
                 times.push(t0.elapsed());
@@ -61,9 +84,11 @@ fn leaderd_failovers(url: &str, signal: Signal, rounds: usize) -> Vec<Duration> 
             assert!(t0.elapsed() < Duration::from_secs(10), "no failover");
             std::thread::sleep(Duration::from_micros(500));
         }
-        ds[leader].wait_exit(Duration::from_secs(3));
-        let id = format!("{}{round}", &ds[leader].id[..1]);
-        ds[leader] = Daemon::start(url, &id, &dir, &[]);
+        if let How::Signal(_) = how {
+            ds[leader].wait_exit(Duration::from_secs(3));
+            let id = format!("{}{round}", &ds[leader].id[..1]);
+            ds[leader] = Daemon::start(url, &id, &dir, &[]);
+        }
     }
     times
 }
@@ -175,11 +200,12 @@ fn row(what: &str, xs: Vec<Duration>) -> String {
 
 pub async fn run(size: Size) -> Result<()> {
     let rounds = size.pick(50, 2);
-    let mysql_rounds = size.pick(20, 1);
+    let other_rounds = size.pick(20, 1);
     println!("## Failover\n");
     println!(
         "Three real `leaderd` daemons (default heartbeat 1 s, ttl 1.2 s); once every follower has \
-         seen the leader, after a random 0-1 s, the leader is signalled and the time runs until \
+         seen the leader, after 0.5 s and a random 0-1 s, the leader is signalled (or asked to \
+         step down with `leaderd release --hold 500ms`) and the time runs until \
          another daemon answers 200 on `/leader` (polled every 0.5 ms). \
          The killed daemon is replaced by a new process before the next round. Seed: three \
          replicas per election polling once a second on their own grid, {} elections at once, \
@@ -190,34 +216,27 @@ pub async fn run(size: Size) -> Result<()> {
     println!("|---|---:|---:|---:|---:|");
     let pg = TempDb::postgres();
     let my = TempDb::mysql();
+    let lite = TempDb::sqlite();
+    let (kill, term) = (How::Signal(Signal::KILL), How::Signal(Signal::TERM));
     let cases = [
+        ("leaderd, PostgreSQL, SIGKILL", &pg, kill, rounds),
+        ("leaderd, PostgreSQL, SIGTERM", &pg, term, rounds),
+        ("leaderd, PostgreSQL, release", &pg, How::Release, rounds),
+        ("leaderd, MariaDB, SIGKILL", &my, kill, other_rounds),
+        ("leaderd, MariaDB, SIGTERM", &my, term, other_rounds),
+        ("leaderd, MariaDB, release", &my, How::Release, other_rounds),
+        ("leaderd, SQLite, SIGKILL", &lite, kill, other_rounds),
+        ("leaderd, SQLite, SIGTERM", &lite, term, other_rounds),
         (
-            "leaderd, PostgreSQL, SIGKILL",
-            pg.url.clone(),
-            Signal::KILL,
-            rounds,
-        ),
-        (
-            "leaderd, PostgreSQL, SIGTERM",
-            pg.url.clone(),
-            Signal::TERM,
-            rounds,
-        ),
-        (
-            "leaderd, MariaDB, SIGKILL",
-            my.url.clone(),
-            Signal::KILL,
-            mysql_rounds,
-        ),
-        (
-            "leaderd, MariaDB, SIGTERM",
-            my.url.clone(),
-            Signal::TERM,
-            mysql_rounds,
+            "leaderd, SQLite, release",
+            &lite,
+            How::Release,
+            other_rounds,
         ),
     ];
-    for (what, url, signal, n) in cases {
-        let times = tokio::task::spawn_blocking(move || leaderd_failovers(&url, signal, n)).await?;
+    for (what, db, how, n) in cases {
+        let url = db.url.clone();
+        let times = tokio::task::spawn_blocking(move || leaderd_failovers(&url, how, n)).await?;
         println!("{}", row(what, times));
     }
     let seed = seed_failovers(size.pick(50, 2)).await?;

@@ -100,6 +100,15 @@ impl Shared {
         self.control.send(request).await.is_ok()
     }
 
+    /// The receiving end of [`Shared::control`], for the one election loop.
+    pub fn take_control(&self) -> mpsc::Receiver<Control> {
+        self.control_rx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .expect("the election runs once per process")
+    }
+
     /// Whether this replica competes (its app passes its health check, or
     /// none is configured).
     pub fn app_healthy(&self) -> bool {
@@ -167,12 +176,7 @@ pub async fn run(shared: Arc<Shared>, settings: Settings, shutdown: Cancellation
         shared.election.clone(),
         leading_rx,
     ));
-    let control = shared
-        .control_rx
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .take()
-        .expect("the election runs once per process");
+    let control = shared.take_control();
     let mut lp = Loop {
         db: Db {
             instance,

@@ -188,12 +188,34 @@ mod tests {
     }
 
     async fn call(method: Method, uri: &str) -> (StatusCode, String) {
+        call_from(method, uri, SocketAddr::from(([127, 0, 0, 1], 50000))).await
+    }
+
+    async fn call_from(method: Method, uri: &str, peer: SocketAddr) -> (StatusCode, String) {
+        let shared = shared();
+        // A stand-in for the election loop: it answers release requests as
+        // a follower does.
+        let rx = shared.take_control();
+        tokio::spawn(async move {
+            let mut rx = rx;
+            while let Some(request) = rx.recv().await {
+                if let Control::Release { reply, .. } = request {
+                    let _ = reply.send(Err(leaderd_core::View {
+                        is_leader: false,
+                        leader: None,
+                        token: None,
+                        lease_remaining: None,
+                    }));
+                }
+            }
+        });
         let req = Request::builder()
             .method(method)
             .uri(uri)
             .body(Body::empty())
             .unwrap();
-        let res = router(shared()).oneshot(req).await.unwrap();
+        let app = router(shared).layer(axum::extract::connect_info::MockConnectInfo(peer));
+        let res = app.oneshot(req).await.unwrap();
         let status = res.status();
         let body = res.into_body().collect().await.unwrap().to_bytes();
         (status, String::from_utf8(body.to_vec()).unwrap())
@@ -228,6 +250,34 @@ mod tests {
         );
         assert_eq!(
             call(Method::DELETE, "/metrics").await.0,
+            StatusCode::METHOD_NOT_ALLOWED
+        );
+    }
+
+    #[tokio::test]
+    async fn release_is_for_loopback_peers_and_leaders_only() {
+        let outside = SocketAddr::from(([10, 0, 0, 7], 50000));
+        assert_eq!(
+            call_from(Method::POST, "/release", outside).await.0,
+            StatusCode::FORBIDDEN
+        );
+        let mapped: SocketAddr = "[::ffff:127.0.0.1]:5000".parse().unwrap();
+        let (status, body) = call_from(Method::POST, "/release", mapped).await;
+        assert_eq!(status, StatusCode::CONFLICT, "{body}");
+        assert!(body.contains("\"is_leader\":false"), "{body}");
+        for bad in ["/release?hold=2h", "/release?hold=soon", "/release?x=1"] {
+            assert_eq!(
+                call(Method::POST, bad).await.0,
+                StatusCode::BAD_REQUEST,
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            call(Method::POST, "/release?hold=30s").await.0,
+            StatusCode::CONFLICT
+        );
+        assert_eq!(
+            call(Method::GET, "/release").await.0,
             StatusCode::METHOD_NOT_ALLOWED
         );
     }

@@ -99,6 +99,16 @@ The volumes the sidecar needs, for the pod's volumes list.
 A readiness probe for the app container: Ready only while this replica
 leads, so a Service routes to the leader alone.
 */}}
+{{/*
+The app container's lifecycle: hand leadership over before the app drains.
+Needs the leaderd binary in the app image (COPY --from the leaderd image).
+*/}}
+{{- define "leaderd.releaseOnStop" -}}
+preStop:
+  exec:
+    command: ["/usr/local/bin/leaderd", "release", "--listen", "127.0.0.1:{{ .Values.port }}", "--hold", "60s"]
+{{- end -}}
+
 {{- define "leaderd.leaderReadinessProbe" -}}
 httpGet:
   path: /leader
