@@ -494,7 +494,12 @@ fn soak() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(100);
-    let db = pg();
+    let db = match std::env::var("SOAK_BACKEND").as_deref() {
+        Ok("mysql") => TempDb::mysql(),
+        Ok("postgres") | Err(_) => pg(),
+        Ok(other) => panic!("SOAK_BACKEND={other}: expected postgres or mysql"),
+    };
+    eprintln!("soak on {:?}", db.kind);
     let mut c = Cluster::start(&db.url, 3);
     let mut counts = std::collections::BTreeMap::<&str, usize>::new();
     let mut longest_gap = Duration::ZERO;

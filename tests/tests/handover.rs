@@ -50,7 +50,8 @@ fn sigterm_hands_over_at_once(db: TempDb) {
             .filter(|&i| i != leader)
             .map(|i| &ds[i])
             .collect();
-        let (_, t) = next_leader(&others, sent);
+        let (new, t) = next_leader(&others, sent);
+        let new_log = others[new].log_text();
         took.push(t);
         assert_eq!(
             ds[leader]
@@ -58,6 +59,12 @@ fn sigterm_hands_over_at_once(db: TempDb) {
                 .and_then(|s| s.code()),
             Some(0)
         );
+        if t > HANDOVER {
+            eprintln!(
+                "round {round} took {t:?}\n--- stopped leader:\n{}\n--- new leader:\n{new_log}",
+                ds[leader].log_text(),
+            );
+        }
         let id = format!("r{round}");
         ds[leader] = start(&db, &dir, &id);
     }

@@ -9,9 +9,11 @@
 //!   then with a backoff capped at one heartbeat, while the deadline allows;
 //! - followers attempt when the holder's lease ends by the database's answer,
 //!   on a release notification, and at least once per heartbeat;
-//! - a replica that stepped down on purpose (a release request) does not
-//!   attempt again until its hold ends, and one whose app is unhealthy does
-//!   not attempt at all.
+//! - a replica that stepped down on purpose (a release request, an unhealthy
+//!   app) competes again, if at all, as a new instance: its release statement
+//!   may still be in flight, and must never free a later lease of its own
+//!   (that replica would lead on a row the database calls free). It does not
+//!   attempt until its hold ends, nor at all while its app is unhealthy.
 
 use std::time::Duration;
 
@@ -136,8 +138,22 @@ pub struct Engine {
     expired_refusals: u32,
     /// No attempt before this instant (after a release on request).
     hold_until: Option<BootTime>,
-    /// Whether this replica competes at all (its app is healthy).
+    /// Whether this replica competes (its app is healthy).
     competing: bool,
+    /// Instances this replica used before (see [`Engine::release`]): a row
+    /// that carries one of them is ours, not a duplicate id's.
+    past_instances: Vec<String>,
+}
+
+/// How many past instances are remembered; older ones have long expired.
+const PAST_INSTANCES: usize = 8;
+
+/// A step-down on purpose: the loss to report, and the instance whose lease
+/// the caller must now release.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepDown {
+    pub event: Event,
+    pub released_instance: String,
 }
 
 /// Retry a refused attempt whose holder had already expired (a race with a
@@ -170,6 +186,7 @@ impl Engine {
             expired_refusals: 0,
             hold_until: None,
             competing: true,
+            past_instances: Vec::new(),
         }
     }
 
@@ -255,28 +272,47 @@ impl Engine {
     }
 
     /// Steps down on purpose and holds off attempting for `hold`, so that
-    /// another replica takes over. Returns the loss to report; `None` (and no
-    /// hold) when this replica does not lead at `now`.
-    pub fn release(&mut self, now: BootTime, hold: Duration) -> Option<Event> {
+    /// another replica takes over; from now on this replica is
+    /// `fresh_instance` (see the module docs). `None` (and no hold) when it
+    /// does not lead at `now`.
+    pub fn release(
+        &mut self,
+        now: BootTime,
+        hold: Duration,
+        fresh_instance: impl Into<String>,
+    ) -> Option<StepDown> {
         let Role::Leader { token, deadline } = self.role else {
             return None;
         };
         if now >= deadline {
-            return self.poll(now);
+            return None;
         }
         self.role = Role::Follower;
         self.hold_until = Some(now + hold);
         self.next_attempt = self.next_attempt.max(now + hold);
-        Some(Event::Lost {
-            token,
-            reason: LossReason::Released,
+        let released_instance = std::mem::replace(&mut self.instance, fresh_instance.into());
+        if self.past_instances.len() == PAST_INSTANCES {
+            self.past_instances.remove(0);
+        }
+        self.past_instances.push(released_instance.clone());
+        Some(StepDown {
+            event: Event::Lost {
+                token,
+                reason: LossReason::Released,
+            },
+            released_instance,
         })
     }
 
-    /// The app's health changed. An unhealthy app's replica steps down (the
-    /// loss is returned; the caller releases the row) and stops competing
-    /// until the app passes again, when it attempts at once.
-    pub fn set_competing(&mut self, now: BootTime, competing: bool) -> Option<Event> {
+    /// The app's health changed. An unhealthy app's replica steps down (as
+    /// [`Engine::release`] with no hold) and stops competing until the app
+    /// passes again, when it attempts at once.
+    pub fn set_competing(
+        &mut self,
+        now: BootTime,
+        competing: bool,
+        fresh_instance: impl Into<String>,
+    ) -> Option<StepDown> {
         if self.competing == competing {
             return None;
         }
@@ -285,9 +321,9 @@ impl Engine {
             self.next_attempt = self.next_attempt.min(now);
             return None;
         }
-        let event = self.release(now, Duration::ZERO);
+        let step_down = self.release(now, Duration::ZERO, fresh_instance);
         self.hold_until = None;
-        event
+        step_down
     }
 
     /// Client-side timeout for an attempt sent at `now`: what is left of the
@@ -384,8 +420,9 @@ impl Engine {
                     };
                     events.push(Event::Lost { token, reason });
                 }
+                let ours = |i: &String| *i == self.instance || self.past_instances.contains(i);
                 if seen.holder.as_deref() == Some(self.id.as_str())
-                    && seen.instance.as_deref() != Some(self.instance.as_str())
+                    && !seen.instance.as_ref().is_some_and(ours)
                 {
                     events.push(Event::DuplicateId {
                         instance: seen.instance.clone(),
@@ -748,13 +785,25 @@ mod tests {
         let mut e = engine();
         e.on_attempt(at(0), at(5), Attempt::Granted { token: 7 });
         assert_eq!(
-            e.release(at(100), ms(2000)),
-            Some(Event::Lost {
-                token: 7,
-                reason: LossReason::Released
+            e.release(at(100), ms(2000), "inst-a2"),
+            Some(StepDown {
+                event: Event::Lost {
+                    token: 7,
+                    reason: LossReason::Released
+                },
+                released_instance: "inst-a".into()
             })
         );
         assert!(!e.is_leader(at(100)));
+        // Competes again as a new instance; its old one is not a duplicate.
+        assert_eq!(e.instance(), "inst-a2");
+        let own_old_row = Attempt::Refused(Observed {
+            holder: Some("pod-a".into()),
+            instance: Some("inst-a".into()),
+            token: 7,
+            remaining_us: 900_000,
+        });
+        assert!(e.on_attempt(at(150), at(151), own_old_row).is_empty());
         // Neither the schedule nor a release notice brings it back early.
         e.on_release_notice(at(200));
         assert!(!e.attempt_due(at(2099)));
@@ -762,7 +811,8 @@ mod tests {
         assert!(e.attempt_due(at(2100)));
         // A follower has nothing to release.
         let mut f = engine();
-        assert_eq!(f.release(at(0), ms(2000)), None);
+        assert_eq!(f.release(at(0), ms(2000), "x"), None);
+        assert_eq!(f.instance(), "inst-a");
         assert!(f.attempt_due(at(0)));
     }
 
@@ -770,24 +820,26 @@ mod tests {
     fn an_unhealthy_app_stops_competing_until_it_recovers() {
         let mut e = engine();
         e.on_attempt(at(0), at(5), Attempt::Granted { token: 7 });
+        let step_down = e.set_competing(at(100), false, "inst-a2").unwrap();
         assert_eq!(
-            e.set_competing(at(100), false),
-            Some(Event::Lost {
+            step_down.event,
+            Event::Lost {
                 token: 7,
                 reason: LossReason::Released
-            })
+            }
         );
-        assert_eq!(e.set_competing(at(110), false), None);
+        assert_eq!(step_down.released_instance, "inst-a");
+        assert_eq!(e.set_competing(at(110), false, "unused"), None);
         for t in [100, 500, 5000] {
             e.poll(at(t));
             assert!(!e.attempt_due(at(t)));
             assert!(e.next_wakeup() > at(t), "no busy loop while idle");
         }
-        assert_eq!(e.set_competing(at(6000), true), None);
+        assert_eq!(e.set_competing(at(6000), true, "unused"), None);
         assert!(e.attempt_due(at(6000)));
         // A follower whose app was never healthy never attempts.
         let mut f = engine();
-        f.set_competing(at(0), false);
+        f.set_competing(at(0), false, "unused");
         f.poll(at(0));
         assert!(!f.attempt_due(at(0)));
     }

@@ -14,7 +14,7 @@
 mod engine;
 mod time;
 
-pub use engine::{Attempt, Engine, Event, LossReason, Observed, View};
+pub use engine::{Attempt, Engine, Event, LossReason, Observed, StepDown, View};
 pub use time::{BootTime, Timing, TimingError};
 
 /// Longest `name` or `id`, in characters, that the lock table stores.

@@ -80,7 +80,7 @@ impl Shared {
         if settings.app_health.is_some() {
             // Not before the app's first check passes: an app that never
             // became healthy never leads.
-            engine.set_competing(now, false);
+            engine.set_competing(now, false, uuid::Uuid::new_v4().to_string());
         }
         Self {
             election: settings.election.clone(),
@@ -179,7 +179,6 @@ pub async fn run(shared: Arc<Shared>, settings: Settings, shutdown: Cancellation
     let control = shared.take_control();
     let mut lp = Loop {
         db: Db {
-            instance,
             source: settings.database,
             migrate: settings.migrate,
             migrated: false,
@@ -199,7 +198,8 @@ pub async fn run(shared: Arc<Shared>, settings: Settings, shutdown: Cancellation
     };
     lp.elect(&wake, control, &shutdown).await;
     lp.report.step_down(&lp.shared);
-    lp.release_row().await;
+    let instance = lp.shared.engine().instance().to_owned();
+    lp.release_row(&instance).await;
     waiter.abort();
     // The named lock (MySQL) goes with the process anyway; letting it go
     // first wakes the others a little sooner.
@@ -227,8 +227,6 @@ struct Loop {
 
 /// The connection side of the loop: one attempt at a time on one connection.
 struct Db {
-    /// This process's instance id (the engine's), the lease's true owner.
-    instance: String,
     source: DatabaseSource,
     migrate: bool,
     migrated: bool,
@@ -308,29 +306,37 @@ impl Loop {
         let now = boot_now();
         match request {
             Control::Release { hold, reply } => {
-                let event = self.shared.engine().release(now, hold);
-                let Some(event) = event else {
+                let fresh = uuid::Uuid::new_v4().to_string();
+                let step_down = self.shared.engine().release(now, hold, fresh);
+                let Some(step_down) = step_down else {
                     let _ = reply.send(Err(self.shared.view()));
                     return;
                 };
                 info!(election = %self.shared.election, hold = ?hold, "stepping down on request");
-                self.report.handle(&self.shared, vec![event]);
-                self.release_row().await;
+                self.step_down(step_down).await;
                 let _ = reply.send(Ok(self.shared.view()));
             }
             Control::AppHealthy(healthy) => {
-                let event = self.shared.engine().set_competing(now, healthy);
+                let fresh = uuid::Uuid::new_v4().to_string();
+                let step_down = self.shared.engine().set_competing(now, healthy, fresh);
                 if healthy {
                     info!(election = %self.shared.election, "the app passes its health check; competing");
                 } else {
                     warn!(election = %self.shared.election, "the app fails its health check; not competing");
                 }
-                if let Some(event) = event {
-                    self.report.handle(&self.shared, vec![event]);
-                    self.release_row().await;
+                if let Some(step_down) = step_down {
+                    self.step_down(step_down).await;
                 }
             }
         }
+    }
+
+    /// Reports a step-down on purpose and releases the lease it gave up. The
+    /// engine already competes as a new instance, so this release can never
+    /// free a later lease of this replica, however late it lands.
+    async fn step_down(&mut self, step_down: leaderd_core::StepDown) {
+        self.report.handle(&self.shared, vec![step_down.event]);
+        self.release_row(&step_down.released_instance).await;
     }
 
     /// Tells the presence (MySQL's named lock) whether this replica leads.
@@ -391,13 +397,14 @@ impl Loop {
     /// After the local step-down: free the row, within [`RELEASE_BUDGET`],
     /// on the connection the last attempt used when it is still usable; then
     /// let the presence go, which wakes the others on MySQL.
-    async fn release_row(&mut self) {
+    async fn release_row(&mut self, instance: &str) {
         if !self.may_hold {
             self.sync_presence();
             return;
         }
         let election = self.shared.election.clone();
-        let released = tokio::time::timeout(RELEASE_BUDGET, self.db.release(&election)).await;
+        let released =
+            tokio::time::timeout(RELEASE_BUDGET, self.db.release(&election, instance)).await;
         if matches!(released, Ok(Ok(_))) {
             // Whatever was unanswered has been overtaken by this release.
             self.may_hold = false;
@@ -440,10 +447,11 @@ impl Db {
         // The token we hold as of the send time, the instant the timeout was
         // computed for.
         let held_token = shared.engine().lease(sent_at).map(|(token, _)| token);
+        let instance = shared.engine().instance().to_owned();
         let req = LeaseRequest {
             election: &shared.election,
             holder: &shared.id,
-            instance: &self.instance,
+            instance: &instance,
             ttl: shared.timing.ttl(),
             held_token,
         };
@@ -493,11 +501,11 @@ impl Db {
         }
     }
 
-    /// Releases the row if this instance holds it.
-    async fn release(&mut self, election: &str) -> Result<bool, String> {
+    /// Releases the row if `instance` holds it.
+    async fn release(&mut self, election: &str, instance: &str) -> Result<bool, String> {
         self.connect().await?;
         let conn = self.conn.as_mut().expect("connected above");
-        conn.release(election, &self.instance)
+        conn.release(election, instance)
             .await
             .map_err(|e| e.to_string())
     }

@@ -1,0 +1,656 @@
+//! A deterministic simulation of whole elections: several replicas each
+//! running the real [`Engine`], a simulated database implementing the spec's
+//! operations on its own clock, and a network and hosts that misbehave —
+//! delayed, lost and late messages, replies that arrive after the lease,
+//! processes paused past their ttl, crashes and restarts, releases, two
+//! processes with one id, host and database clocks running at different
+//! rates (within the assumed bounds).
+//!
+//! After every step it checks: no two replicas lead at one instant of true
+//! time, no leader's token is below an earlier leader's, no token is held by
+//! two instances; and once the faults stop, a leader exists again within the
+//! bound the spec promises.
+//!
+//! Everything is driven by a seeded generator, so a failure is reproduced by
+//! its seed: `SIM_SEED=… cargo test -p leaderd-core --test simulation`.
+//! The default run is a short sweep; the long one is
+//! `SIM_STEPS=1000000 cargo test --release -p leaderd-core --test simulation -- --ignored --nocapture`.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::time::Duration;
+
+use leaderd_core::{Attempt, BootTime, Engine, Event, Observed, Timing};
+
+/// True time, in microseconds since the simulation began.
+type Us = i64;
+
+const TTL: Us = 1_200_000;
+const HEARTBEAT: Us = 1_000_000;
+
+/// splitmix64: small, fast, and the same everywhere.
+#[derive(Debug, Clone)]
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn range(&mut self, lo: Us, hi: Us) -> Us {
+        lo + i64::try_from(self.below(u64::try_from(hi - lo).unwrap_or(0) + 1)).unwrap_or(0)
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// A clock running at `1 + ppm / 10⁶` of true time from `offset`.
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    offset: Us,
+    ppm: i64,
+}
+
+impl Clock {
+    fn at(&self, t: Us) -> Us {
+        self.offset + t + t * self.ppm / 1_000_000
+    }
+    /// The true time at which this clock reads `local` (the inverse).
+    fn true_at(&self, local: Us) -> Us {
+        let d = local - self.offset;
+        d - d * self.ppm / (1_000_000 + self.ppm)
+    }
+    fn boot(&self, t: Us) -> BootTime {
+        BootTime::from_since_boot(Duration::from_micros(
+            u64::try_from(self.at(t)).unwrap_or(0),
+        ))
+    }
+}
+
+fn local_us(b: BootTime) -> Us {
+    i64::try_from(b.since_boot().as_micros()).unwrap_or(i64::MAX)
+}
+
+/// The lock row, as the spec defines its operations, on the database clock.
+#[derive(Debug, Clone, Default)]
+struct Row {
+    holder: Option<String>,
+    instance: Option<String>,
+    token: i64,
+    expires: Us,
+}
+
+#[derive(Debug, Default)]
+struct Db {
+    row: Option<Row>,
+    /// Seeds a re-created row's token; the database clock in µs in reality.
+    next_seed: i64,
+}
+
+impl Db {
+    fn acquire_or_renew(&mut self, now: Us, id: &str, inst: &str, held: Option<i64>) -> Attempt {
+        let Some(row) = self.row.as_mut() else {
+            self.next_seed += 1_000_000;
+            self.row = Some(Row {
+                token: self.next_seed,
+                expires: now + TTL,
+                ..Row::default()
+            });
+            return Attempt::Created;
+        };
+        let mine_live = row.instance.as_deref() == Some(inst) && row.expires > now;
+        if let Some(h) = held {
+            // The leader's fast path requires its token.
+            if mine_live && row.token == h {
+                row.expires = row.expires.max(now + TTL);
+                return Attempt::Granted { token: row.token };
+            }
+        }
+        if mine_live || row.expires <= now {
+            if !mine_live {
+                row.token += 1;
+            }
+            row.holder = Some(id.to_owned());
+            row.instance = Some(inst.to_owned());
+            row.expires = row.expires.max(now + TTL);
+            self.next_seed = self.next_seed.max(row.token);
+            return Attempt::Granted { token: row.token };
+        }
+        Attempt::Refused(Observed {
+            holder: row.holder.clone(),
+            instance: row.instance.clone(),
+            token: row.token,
+            remaining_us: row.expires - now,
+        })
+    }
+
+    fn release(&mut self, now: Us, inst: &str) {
+        if let Some(row) = self.row.as_mut() {
+            if row.instance.as_deref() == Some(inst) {
+                row.holder = None;
+                row.instance = None;
+                row.expires = now;
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Flight {
+    Idle,
+    /// An attempt sent at `sent` (local) whose fate is decided by events.
+    Waiting {
+        sent: BootTime,
+        id: u64,
+    },
+}
+
+#[derive(Debug)]
+struct Replica {
+    id: String,
+    clock: Clock,
+    engine: Engine,
+    flight: Flight,
+    /// Paused (SIGSTOP) until this true time.
+    paused_until: Us,
+    crashed: bool,
+    /// A reply that arrived while paused: processed at resume.
+    pending_reply: Option<(u64, Attempt)>,
+    generation: u32,
+    releases: u32,
+}
+
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum What {
+    /// The replica's engine wants to run (a wakeup, or the end of a pause).
+    Wake { r: usize },
+    /// A request reaches the database.
+    Arrive {
+        r: usize,
+        flight: u64,
+        lost_reply: bool,
+        reply_delay: Us,
+    },
+    /// A reply reaches the replica.
+    Reply { r: usize, flight: u64 },
+    /// The client-side timeout of an attempt fires.
+    Timeout { r: usize, flight: u64 },
+    /// A delayed release reaches the database.
+    Release { instance: String },
+}
+
+struct Sim {
+    rng: Rng,
+    now: Us,
+    db: Db,
+    db_clock: Clock,
+    replicas: Vec<Replica>,
+    queue: BinaryHeap<Reverse<(Us, u64, What)>>,
+    seq: u64,
+    /// Requests in flight: flight id → what was sent.
+    requests: BTreeMap<u64, Request>,
+    /// Replies in flight: flight id → the answer.
+    answers: BTreeMap<u64, Attempt>,
+    next_flight: u64,
+    timing: Timing,
+    /// Faults are injected until this true time; then only the quiet run.
+    faults_until: Us,
+    /// The highest token any leader has held, and who held each.
+    max_token: i64,
+    token_owner: BTreeMap<i64, String>,
+    steps: u64,
+}
+
+impl Sim {
+    fn new(seed: u64, replicas: usize, faults_until: Us) -> Sim {
+        let mut rng = Rng(seed);
+        let timing = Timing::new(
+            Duration::from_micros(HEARTBEAT as u64),
+            Duration::from_micros(TTL as u64),
+        )
+        .unwrap();
+        // Clocks run within ±500 ppm of true time: far more than real drift,
+        // far less than the safety margin over one ttl.
+        let db_clock = Clock {
+            offset: rng.range(0, 1 << 40),
+            ppm: rng.range(-500, 500),
+        };
+        let mut sim = Sim {
+            rng,
+            now: 0,
+            db: Db::default(),
+            db_clock,
+            replicas: Vec::new(),
+            queue: BinaryHeap::new(),
+            seq: 0,
+            requests: BTreeMap::new(),
+            answers: BTreeMap::new(),
+            next_flight: 0,
+            timing,
+            faults_until,
+            max_token: i64::MIN,
+            token_owner: BTreeMap::new(),
+            steps: 0,
+        };
+        for i in 0..replicas {
+            // Two processes share an id now and then.
+            let id = if i > 0 && sim.rng.chance(20) {
+                format!("r{}", i - 1)
+            } else {
+                format!("r{i}")
+            };
+            let clock = Clock {
+                offset: sim.rng.range(0, 1 << 40),
+                ppm: sim.rng.range(-500, 500),
+            };
+            let instance = format!("{id}-{i}-0");
+            sim.replicas.push(Replica {
+                engine: Engine::new(timing, id.clone(), instance, clock.boot(0)),
+                id,
+                clock,
+                flight: Flight::Idle,
+                paused_until: 0,
+                crashed: false,
+                pending_reply: None,
+                generation: 0,
+                releases: 0,
+            });
+            sim.push(0, What::Wake { r: i });
+        }
+        sim
+    }
+
+    fn push(&mut self, at: Us, what: What) {
+        self.seq += 1;
+        self.queue.push(Reverse((at.max(self.now), self.seq, what)));
+    }
+
+    fn faulty(&self) -> bool {
+        self.now < self.faults_until
+    }
+
+    fn step(&mut self) -> bool {
+        let Some(Reverse((at, _, what))) = self.queue.pop() else {
+            return false;
+        };
+        self.now = at;
+        self.steps += 1;
+        match what {
+            What::Wake { r } => self.wake(r),
+            What::Arrive {
+                r,
+                flight,
+                lost_reply,
+                reply_delay,
+            } => {
+                // Executed as sent, whatever became of the sender since.
+                let req = self.requests.remove(&flight).expect("recorded when sent");
+                let db_now = self.db_clock.at(self.now);
+                let answer = self
+                    .db
+                    .acquire_or_renew(db_now, &req.id, &req.instance, req.held);
+                if !lost_reply {
+                    self.answers.insert(flight, answer);
+                    self.push(self.now + reply_delay, What::Reply { r, flight });
+                }
+            }
+            What::Reply { r, flight } => {
+                let Some(answer) = self.answers.remove(&flight) else {
+                    return true;
+                };
+                let rep = &mut self.replicas[r];
+                if rep.crashed || !matches!(rep.flight, Flight::Waiting { id, .. } if id == flight)
+                {
+                    return true;
+                }
+                if self.now < rep.paused_until {
+                    rep.pending_reply = Some((flight, answer));
+                } else {
+                    self.deliver(r, answer);
+                }
+            }
+            What::Timeout { r, flight } => {
+                let rep = &mut self.replicas[r];
+                if rep.crashed || !matches!(rep.flight, Flight::Waiting { id, .. } if id == flight)
+                {
+                    return true;
+                }
+                if self.now < rep.paused_until {
+                    // Handled at resume (a reply that came first wins).
+                    return true;
+                }
+                rep.flight = Flight::Idle;
+                let now = rep.clock.boot(self.now);
+                let ev = rep.engine.on_failure(now);
+                self.events(r, ev.into_iter().collect());
+                self.schedule(r);
+            }
+            What::Release { instance } => {
+                let db_now = self.db_clock.at(self.now);
+                self.db.release(db_now, &instance);
+            }
+        }
+        self.check();
+        true
+    }
+
+    /// The replica runs: resumes, polls its engine, maybe starts an attempt
+    /// or a fault.
+    fn wake(&mut self, r: usize) {
+        if self.replicas[r].crashed {
+            self.restart(r);
+            return;
+        }
+        if self.now < self.replicas[r].paused_until {
+            return;
+        }
+        // Resuming: a reply that arrived meanwhile wins over the timeout.
+        if let Some((flight, answer)) = self.replicas[r].pending_reply.take() {
+            if matches!(self.replicas[r].flight, Flight::Waiting { id, .. } if id == flight) {
+                self.deliver(r, answer);
+            }
+        }
+        if let Flight::Waiting { sent, .. } = self.replicas[r].flight {
+            let rep = &self.replicas[r];
+            let limit = rep.clock.true_at(local_us(sent) + self.timeout_us(r, sent));
+            if self.now >= limit {
+                let rep = &mut self.replicas[r];
+                rep.flight = Flight::Idle;
+                let ev = rep.engine.on_failure(rep.clock.boot(self.now));
+                self.events(r, ev.into_iter().collect());
+            }
+        }
+        if self.faulty() && self.rng.chance(3) {
+            self.fault(r);
+            if self.replicas[r].crashed || self.now < self.replicas[r].paused_until {
+                return;
+            }
+        }
+        let rep = &mut self.replicas[r];
+        let now = rep.clock.boot(self.now);
+        let ev = rep.engine.poll(now);
+        self.events(r, ev.into_iter().collect());
+        let rep = &self.replicas[r];
+        if matches!(rep.flight, Flight::Idle) && rep.engine.attempt_due(rep.clock.boot(self.now)) {
+            self.send(r);
+        }
+        self.schedule(r);
+    }
+
+    fn timeout_us(&self, r: usize, sent: BootTime) -> Us {
+        let t = self.replicas[r].engine.attempt_timeout(sent);
+        i64::try_from(t.as_micros()).unwrap_or(i64::MAX)
+    }
+
+    fn send(&mut self, r: usize) {
+        let sent = self.replicas[r].clock.boot(self.now);
+        let held = self.replicas[r].engine.lease(sent).map(|(t, _)| t);
+        let timeout = self.timeout_us(r, sent);
+        self.next_flight += 1;
+        let flight = self.next_flight;
+        self.replicas[r].flight = Flight::Waiting { sent, id: flight };
+        let rep = &self.replicas[r];
+        let request = Request {
+            id: rep.id.clone(),
+            instance: rep.engine.instance().to_owned(),
+            held,
+        };
+        let (delay, lost_request, lost_reply, reply_delay) = if self.faulty() {
+            let slow = self.rng.chance(10);
+            let hi = if slow { 2 * TTL } else { 5_000 };
+            (
+                self.rng.range(100, hi),
+                self.rng.chance(3),
+                self.rng.chance(3),
+                self.rng.range(100, hi),
+            )
+        } else {
+            (
+                self.rng.range(100, 2_000),
+                false,
+                false,
+                self.rng.range(100, 2_000),
+            )
+        };
+        if !lost_request {
+            self.requests.insert(flight, request);
+            self.push(
+                self.now + delay,
+                What::Arrive {
+                    r,
+                    flight,
+                    lost_reply,
+                    reply_delay,
+                },
+            );
+        }
+        let rep = &self.replicas[r];
+        let limit = rep.clock.true_at(local_us(sent) + timeout);
+        self.push(limit, What::Timeout { r, flight });
+    }
+
+    fn deliver(&mut self, r: usize, answer: Attempt) {
+        let Flight::Waiting { sent, .. } = self.replicas[r].flight else {
+            return;
+        };
+        let rep = &mut self.replicas[r];
+        rep.flight = Flight::Idle;
+        let received = rep.clock.boot(self.now);
+        let events = rep.engine.on_attempt(sent, received, answer);
+        self.events(r, events);
+        self.schedule(r);
+    }
+
+    fn schedule(&mut self, r: usize) {
+        let rep = &self.replicas[r];
+        let next = rep.clock.true_at(local_us(rep.engine.next_wakeup()));
+        self.push(next.max(self.now + 1), What::Wake { r });
+    }
+
+    /// Checks each grant as it happens: leadership intervals start only at
+    /// grants, so an overlap shows as a grant while someone else leads.
+    fn events(&mut self, r: usize, events: Vec<Event>) {
+        for e in events {
+            if std::env::var_os("SIM_TRACE").is_some() {
+                let rep = &self.replicas[r];
+                eprintln!(
+                    "{:>12} {} {:?} deadline_true={:?} db_row={:?}",
+                    self.now,
+                    rep.engine.instance(),
+                    e,
+                    rep.engine
+                        .lease(rep.clock.boot(self.now))
+                        .map(|(_, d)| rep.clock.true_at(local_us(d))),
+                    self.db.row
+                );
+            }
+            if let Event::Acquired { token } = e {
+                let inst = self.replicas[r].engine.instance().to_owned();
+                assert!(
+                    token >= self.max_token,
+                    "token went back from {} to {token} at {}",
+                    self.max_token,
+                    self.now
+                );
+                self.max_token = token;
+                let owner = self
+                    .token_owner
+                    .entry(token)
+                    .or_insert_with(|| inst.clone());
+                assert_eq!(*owner, inst, "token {token} held by two instances");
+            }
+        }
+    }
+
+    /// No two replicas lead at this instant of true time.
+    fn check(&self) {
+        let leaders: Vec<&str> = self
+            .replicas
+            .iter()
+            .filter(|r| !r.crashed && r.engine.is_leader(r.clock.boot(self.now)))
+            .map(|r| r.engine.instance())
+            .collect();
+        assert!(
+            leaders.len() <= 1,
+            "two leaders at {}: {leaders:?}",
+            self.now
+        );
+    }
+
+    fn fault(&mut self, r: usize) {
+        match self.rng.below(4) {
+            0 => {
+                // SIGSTOP for up to three ttls.
+                let until = self.now + self.rng.range(1, 3 * TTL);
+                self.replicas[r].paused_until = until;
+                self.push(until, What::Wake { r });
+            }
+            1 => {
+                // SIGKILL; restarts later as a new instance.
+                self.replicas[r].crashed = true;
+                self.replicas[r].flight = Flight::Idle;
+                let at = self.now + self.rng.range(1, 2 * TTL);
+                self.push(at, What::Wake { r });
+            }
+            2 => {
+                // A release on request; the release statement may be slow.
+                // The daemon takes requests between attempts only.
+                if !matches!(self.replicas[r].flight, Flight::Idle) {
+                    return;
+                }
+                let rep = &mut self.replicas[r];
+                let now = rep.clock.boot(self.now);
+                let hold = Duration::from_micros(self.rng.below(3 * HEARTBEAT as u64));
+                rep.releases += 1;
+                let fresh = format!(
+                    "{}-{r}-{}-released-{}",
+                    rep.id, rep.generation, rep.releases
+                );
+                if let Some(step_down) = rep.engine.release(now, hold, fresh) {
+                    let instance = step_down.released_instance;
+                    self.events(r, vec![step_down.event]);
+                    let at = self.now + self.rng.range(100, TTL);
+                    self.push(at, What::Release { instance });
+                }
+            }
+            _ => {
+                // The row is deleted (an operator, a restore).
+                if self.rng.chance(10) {
+                    self.db.row = None;
+                }
+            }
+        }
+    }
+
+    fn restart(&mut self, r: usize) {
+        let rep = &mut self.replicas[r];
+        rep.generation += 1;
+        rep.crashed = false;
+        rep.paused_until = 0;
+        rep.pending_reply = None;
+        rep.flight = Flight::Idle;
+        rep.engine = Engine::new(
+            self.timing,
+            rep.id.clone(),
+            format!("{}-{r}-{}", rep.id, rep.generation),
+            rep.clock.boot(self.now),
+        );
+        self.push(self.now, What::Wake { r });
+    }
+
+    /// Runs the faulty phase, then a quiet one in which a leader must appear
+    /// within the spec's bound: the holder's lease (a ttl), one heartbeat of
+    /// polling, and a few message delays.
+    fn run(&mut self, max_steps: u64) {
+        while self.now < self.faults_until && self.steps < max_steps && self.step() {}
+        // Faults stop: heal pauses and crashes.
+        self.faults_until = self.now;
+        for r in 0..self.replicas.len() {
+            if self.replicas[r].crashed {
+                self.restart(r);
+            }
+            if self.replicas[r].paused_until > self.now {
+                self.replicas[r].paused_until = self.now;
+                self.push(self.now, What::Wake { r });
+            }
+        }
+        let quiet = self.now;
+        // In-flight slow messages (≤ 2 ttl each way), the longest hold
+        // (3 heartbeats), a lease, a heartbeat and a blocked new row.
+        let bound = 4 * TTL + 3 * HEARTBEAT + TTL + HEARTBEAT + TTL;
+        while self.now < quiet + bound {
+            if self
+                .replicas
+                .iter()
+                .any(|r| r.engine.is_leader(r.clock.boot(self.now)))
+            {
+                return;
+            }
+            assert!(self.step(), "the simulation ran dry");
+        }
+        panic!("no leader within {bound} µs after the faults stopped");
+    }
+}
+
+/// An acquire-or-renew as sent.
+#[derive(Debug)]
+struct Request {
+    id: String,
+    instance: String,
+    held: Option<i64>,
+}
+
+fn simulate(seed: u64, steps: u64) -> u64 {
+    let replicas = 2 + usize::try_from(seed % 4).unwrap_or(0);
+    let mut sim = Sim::new(seed, replicas, i64::MAX);
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        sim.run(steps);
+    }));
+    if let Err(e) = result {
+        eprintln!("simulation failed: reproduce with SIM_SEED={seed} SIM_STEPS={steps}");
+        std::panic::resume_unwind(e);
+    }
+    sim.steps
+}
+
+fn env(key: &str) -> Option<u64> {
+    std::env::var(key).ok().and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn short_sweep_finds_no_second_leader() {
+    if let Some(seed) = env("SIM_SEED") {
+        simulate(seed, env("SIM_STEPS").unwrap_or(20_000));
+        return;
+    }
+    let mut steps = 0;
+    for seed in 0..40 {
+        steps += simulate(seed, 20_000);
+    }
+    assert!(steps >= 40 * 20_000, "ran {steps} steps");
+}
+
+#[test]
+#[ignore = "long: run with --ignored --nocapture (see the module docs)"]
+fn long_run() {
+    let total = env("SIM_STEPS").unwrap_or(1_000_000);
+    let first = env("SIM_SEED").unwrap_or(1_000);
+    let started = std::time::Instant::now();
+    let (mut steps, mut seed) = (0, first);
+    while steps < total {
+        steps += simulate(seed, 200_000.min(total - steps).max(10_000));
+        seed += 1;
+    }
+    let took = started.elapsed();
+    eprintln!(
+        "{steps} steps over seeds {first}..{seed} in {took:?} ({:.0} steps/s)",
+        steps as f64 / took.as_secs_f64()
+    );
+}
