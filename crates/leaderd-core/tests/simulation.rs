@@ -4,7 +4,8 @@
 //! delayed, lost and late messages, replies that arrive after the lease,
 //! processes paused past their ttl, crashes and restarts, releases, two
 //! processes with one id, host and database clocks running at different
-//! rates (within the assumed bounds).
+//! rates and the database clock stepping forward (within the assumed bounds:
+//! ±500 ppm, steps below the safety margin).
 //!
 //! After every step it checks: no two replicas lead at one instant of true
 //! time, no leader's token is below an earlier leader's, no token is held by
@@ -206,6 +207,8 @@ struct Sim {
     max_token: i64,
     token_owner: BTreeMap<i64, String>,
     steps: u64,
+    /// When the database clock last stepped forward.
+    last_db_step: Us,
 }
 
 impl Sim {
@@ -238,6 +241,7 @@ impl Sim {
             max_token: i64::MIN,
             token_owner: BTreeMap::new(),
             steps: 0,
+            last_db_step: 0,
         };
         for i in 0..replicas {
             // Two processes share an id now and then.
@@ -505,7 +509,7 @@ impl Sim {
     }
 
     fn fault(&mut self, r: usize) {
-        match self.rng.below(4) {
+        match self.rng.below(5) {
             0 => {
                 // SIGSTOP for up to three ttls.
                 let until = self.now + self.rng.range(1, 3 * TTL);
@@ -538,6 +542,14 @@ impl Sim {
                     self.events(r, vec![step_down.event]);
                     let at = self.now + self.rng.range(100, TTL);
                     self.push(at, What::Release { instance });
+                }
+            }
+            3 => {
+                // The database clock steps forward, within the assumed bound
+                // (less than the safety margin while a lease is live).
+                if self.now - self.last_db_step > 2 * TTL {
+                    self.last_db_step = self.now;
+                    self.db_clock.offset += self.rng.range(0, 45_000);
                 }
             }
             _ => {
@@ -614,7 +626,10 @@ fn simulate(seed: u64, steps: u64) -> u64 {
         sim.run(steps);
     }));
     if let Err(e) = result {
-        eprintln!("simulation failed: reproduce with SIM_SEED={seed} SIM_STEPS={steps}");
+        eprintln!(
+            "simulation failed after {} steps: reproduce with SIM_SEED={seed} SIM_STEPS={steps}",
+            sim.steps
+        );
         std::panic::resume_unwind(e);
     }
     sim.steps

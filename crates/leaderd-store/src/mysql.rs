@@ -269,10 +269,13 @@ const LOCK_HELD: &str = concat!("SELECT IS_USED_LOCK(", lock_name!(), ") IS NOT 
 /// A leader takes the lock without waiting: 1 when it has it.
 const TAKE_LOCK: &str = concat!("SELECT COALESCE(GET_LOCK(", lock_name!(), ", 0), 0)");
 
-/// How soon a waiter looks again for a leader's lock that nobody holds,
-/// doubling up to [`IDLE_MAX`] while nobody does.
-const IDLE_FIRST: std::time::Duration = std::time::Duration::from_millis(20);
-const IDLE_MAX: std::time::Duration = std::time::Duration::from_millis(200);
+/// How soon a waiter looks again for a leader's lock that nobody holds: often
+/// for a while after a release (a new leader takes its lock within
+/// milliseconds, and a waiter that looks late misses the next release), then
+/// rarely while the election has no leader.
+const IDLE_SOON: std::time::Duration = std::time::Duration::from_millis(20);
+const IDLE_SOON_FOR: std::time::Duration = std::time::Duration::from_secs(3);
+const IDLE_LATER: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Wake-ups without polling: while it leads, a leader holds a named lock on a
 /// connection of its own ([`Presence`]); a follower waits for that lock with
@@ -305,20 +308,22 @@ impl LockWaiter {
     /// Returns when a leader's lock was freed.
     pub(crate) async fn next(&mut self) -> Result<String, StoreError> {
         let wait_ms = i64::try_from(self.wait.as_millis()).unwrap_or(i64::MAX);
-        let mut idle = IDLE_FIRST;
+        let woke = tokio::time::Instant::now();
         loop {
             let held: bool =
                 Stmt::<diesel::sql_types::Bool>::new(LOCK_HELD, [Bind::Text(&self.election)])
                     .get_result(&mut self.conn)
                     .await?;
             if !held {
-                // No leader holds it (yet; a new one takes it within
-                // milliseconds): look again soon, then less often.
+                // No leader holds it (yet).
+                let idle = if woke.elapsed() < IDLE_SOON_FOR {
+                    IDLE_SOON
+                } else {
+                    IDLE_LATER
+                };
                 tokio::time::sleep(idle).await;
-                idle = (idle * 2).min(IDLE_MAX);
                 continue;
             }
-            idle = IDLE_FIRST;
             let got: Option<i64> = Stmt::<Nullable<BigInt>>::new(
                 WAIT_FOR_LOCK,
                 [Bind::Text(&self.election), Bind::BigInt(wait_ms)],
