@@ -226,4 +226,46 @@ mod tests {
             assert!(!err.contains(":p@"), "{err}");
         }
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+        /// Any text: no panic, and an error never echoes the input.
+        #[test]
+        fn any_text_is_parsed_or_refused_cleanly(raw in "\\PC{0,80}") {
+            if let Err(e) = DatabaseUrl::parse(&raw) {
+                let msg = e.to_string();
+                proptest::prop_assert!(!msg.is_empty());
+                if raw.len() > 12 {
+                    proptest::prop_assert!(!msg.contains(raw.trim()), "{msg}");
+                }
+            }
+        }
+
+        /// Whatever the shape around it, a password never shows.
+        #[test]
+        fn the_password_never_shows(
+            scheme in "(postgres|postgresql|mysql|mariadb)",
+            user in "[a-z]{1,8}",
+            secret in "[A-Za-z0-9]{12,20}",
+            host in "[a-z]{1,10}(:[0-9]{1,5})?",
+            query in "(\\?[a-z_]{1,10}=[a-z0-9]{0,8}(&[a-z_]{1,10}=[a-z0-9]{0,8}){0,3})?",
+            in_param in proptest::bool::ANY,
+        ) {
+            let raw = if in_param {
+                let sep = if query.is_empty() { "?" } else { "&" };
+                format!("{scheme}://{user}@{host}/db{query}{sep}password={secret}")
+            } else {
+                format!("{scheme}://{user}:{secret}@{host}/db{query}")
+            };
+            match DatabaseUrl::parse(&raw) {
+                Ok(u) => {
+                    proptest::prop_assert!(!u.to_string().contains(&secret), "{u}");
+                    let debug = format!("{u:?}");
+                    proptest::prop_assert!(!debug.contains(&secret), "{debug}");
+                }
+                Err(e) => proptest::prop_assert!(!e.to_string().contains(&secret), "{e}"),
+            }
+        }
+    }
 }

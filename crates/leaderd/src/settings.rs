@@ -993,4 +993,47 @@ mod tests {
         );
         assert!(problems(&[], &env(&[("LEADERD_MIGRATE", "maybe")])).contains("`migrate`"));
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(1000))]
+
+        /// Any value of any key, from the environment: no panic, and every
+        /// problem names its key.
+        #[test]
+        fn any_value_is_accepted_or_named(key in 0..KEYS.len(), value in "\\PC{0,40}") {
+            let key = KEYS[key];
+            let var = format!("LEADERD_{}", key.to_ascii_uppercase());
+            // database_url_file would read an arbitrary path; skip it here.
+            if key != "database_url_file" {
+                if let Err(e) = load(&[], &env(&[(var.as_str(), value.as_str()), ("POD_NAME", "p")])) {
+                    for p in &e.problems {
+                        proptest::prop_assert!(p.contains('`'), "no key named: {p}");
+                    }
+                }
+            }
+        }
+
+        /// Any text as a config file: no panic, and a planted secret never
+        /// shows in the errors.
+        #[test]
+        fn any_config_file_is_read_or_refused_cleanly(
+            text in "\\PC{0,120}",
+            yaml in proptest::bool::ANY,
+        ) {
+            let planted = format!("database_url = \"postgres://u:Pl4nt3dS3cret@h/d\"\n{text}");
+            let (dir, file) = config_file(if yaml { "c.yaml" } else { "c.toml" }, &planted);
+            let result = load(&["--config", file.to_str().unwrap()], &env(&[("POD_NAME", "p")]));
+            std::fs::remove_dir_all(dir).unwrap();
+            if let Err(e) = result {
+                proptest::prop_assert!(!e.to_string().contains("Pl4nt3dS3cret"), "{e}");
+            }
+        }
+
+        /// Durations: no panic on any text, and huge values are refused, not
+        /// wrapped.
+        #[test]
+        fn any_duration_is_parsed_or_refused(value in "[0-9]{1,25}(ns|us|ms|s|m|h|d|y)?") {
+            let _ = load(&["--ttl", &value], &env(&[("POD_NAME", "p")]));
+        }
+    }
 }
