@@ -32,7 +32,24 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .fallback(not_found)
+        .layer(axum::middleware::from_fn(refuse_bodies))
         .with_state(shared)
+}
+
+/// No endpoint takes a body (`/release` neither): refuse any, unread.
+async fn refuse_bodies(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let headers = req.headers();
+    let has_body = headers.contains_key(header::TRANSFER_ENCODING)
+        || headers
+            .get(header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() != b"0");
+    if has_body {
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request bodies are not accepted",
+        );
+    }
+    next.run(req).await
 }
 
 #[derive(Serialize)]
@@ -280,6 +297,24 @@ mod tests {
             call(Method::GET, "/release").await.0,
             StatusCode::METHOD_NOT_ALLOWED
         );
+    }
+
+    #[tokio::test]
+    async fn request_bodies_are_refused() {
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri("/release")
+            .header("content-length", "5")
+            .body(Body::from("hello"))
+            .unwrap();
+        let res = router(shared())
+            .layer(axum::extract::connect_info::MockConnectInfo(
+                SocketAddr::from(([127, 0, 0, 1], 1)),
+            ))
+            .oneshot(req)
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::PAYLOAD_TOO_LARGE);
     }
 
     #[tokio::test]

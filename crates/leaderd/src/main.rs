@@ -14,6 +14,7 @@ mod http;
 mod http_client;
 mod metrics;
 mod release;
+mod server;
 mod settings;
 mod signals;
 mod wakeups;
@@ -102,7 +103,22 @@ fn init_logging(format: LogFormat) {
     }
 }
 
+/// Raises the soft limit on open files to the hard one: every HTTP
+/// connection (up to `server::MAX_CONNECTIONS`) holds a descriptor, and
+/// running out would also fail the flag file and the database connections.
+fn raise_open_files_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        limit.current = limit.maximum;
+        if let Err(e) = setrlimit(Resource::Nofile, limit) {
+            warn!(error = %e, "cannot raise the open-files limit");
+        }
+    }
+}
+
 async fn run(settings: Settings) -> anyhow::Result<()> {
+    raise_open_files_limit();
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
@@ -121,14 +137,7 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
     let server = {
         let stop = http_stop.clone();
         let app = http::router(shared.clone());
-        tokio::spawn(async move {
-            axum::serve(
-                listener,
-                app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-            )
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await
-        })
+        tokio::spawn(server::serve(listener, app, stop))
     };
     if let Some(check) = settings.app_health.clone() {
         tokio::spawn(app_health::watch(
@@ -141,9 +150,7 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
     election::run(shared, settings, shutdown).await;
     // Leadership is already given up and the row released; stop serving.
     http_stop.cancel();
-    if let Ok(Ok(Err(e))) = tokio::time::timeout(Duration::from_millis(300), server).await {
-        warn!(error = %e, "HTTP server stopped with an error");
-    }
+    let _ = tokio::time::timeout(Duration::from_millis(300), server).await;
     info!("stopped");
     Ok(())
 }
