@@ -74,14 +74,14 @@ impl Waiter {
 pub struct Presence(mysql::Presence);
 
 impl Presence {
-    /// `None` for backends that need no presence.
-    pub async fn connect(url: &DatabaseUrl, election: &str) -> Result<Option<Self>, StoreError> {
-        match url.backend() {
-            Backend::Mysql => Ok(Some(Presence(
-                mysql::Presence::connect(url, election).await?,
-            ))),
-            Backend::Postgres | Backend::Sqlite => Ok(None),
-        }
+    /// Whether the backend needs a presence at all.
+    pub fn needed(url: &DatabaseUrl) -> bool {
+        url.backend() == Backend::Mysql
+    }
+
+    /// Connects; only for a backend that [needs](Presence::needed) one.
+    pub async fn connect(url: &DatabaseUrl, election: &str) -> Result<Self, StoreError> {
+        Ok(Presence(mysql::Presence::connect(url, election).await?))
     }
 
     /// Takes the lock without waiting; whether it is held now.

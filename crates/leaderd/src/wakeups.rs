@@ -70,13 +70,17 @@ pub async fn wait_for_releases(
 }
 
 /// Holds the election's named lock while `leading` is true (MySQL/MariaDB;
-/// returns at once on the other backends). Ends when the loop drops its end
-/// of `leading`, letting the lock go.
+/// returns at once on the other backends, which need none). Ends when the
+/// loop drops its end of `leading`, letting the lock go.
 pub async fn keep_presence(
     source: DatabaseSource,
     election: String,
     mut leading: watch::Receiver<bool>,
 ) {
+    // The backend cannot change under a running daemon.
+    if !source.resolve().is_ok_and(|url| Presence::needed(&url)) {
+        return;
+    }
     let mut presence: Option<Presence> = None;
     loop {
         if leading.wait_for(|l| *l).await.is_err() {
@@ -85,11 +89,8 @@ pub async fn keep_presence(
         let held: Result<(), String> = async {
             if presence.is_none() {
                 let url = source.resolve()?;
-                match Presence::connect(&url, &election).await {
-                    Ok(Some(p)) => presence = Some(p),
-                    Ok(None) => return Err(String::new()),
-                    Err(e) => return Err(e.to_string()),
-                }
+                let connected = Presence::connect(&url, &election).await;
+                presence = Some(connected.map_err(|e| e.to_string())?);
             }
             let p = presence.as_mut().expect("connected above");
             // A follower that just woke holds the lock for an instant.
@@ -102,8 +103,6 @@ pub async fn keep_presence(
         .await;
         match held {
             Ok(()) => {}
-            // This backend needs no presence.
-            Err(e) if e.is_empty() => return,
             Err(e) => {
                 debug!(error = %e, "leader presence failed; reconnecting");
                 presence = None;
