@@ -288,8 +288,10 @@ impl Engine {
             return None;
         }
         self.role = Role::Follower;
-        self.hold_until = Some(now + hold);
-        self.next_attempt = self.next_attempt.max(now + hold);
+        // Never shorter than a hold already asked for.
+        let until = self.hold_until.map_or(now + hold, |h| h.max(now + hold));
+        self.hold_until = Some(until);
+        self.next_attempt = self.next_attempt.max(until);
         let released_instance = std::mem::replace(&mut self.instance, fresh_instance.into());
         if self.past_instances.len() == PAST_INSTANCES {
             self.past_instances.remove(0);
@@ -321,9 +323,9 @@ impl Engine {
             self.next_attempt = self.next_attempt.min(now);
             return None;
         }
-        let step_down = self.release(now, Duration::ZERO, fresh_instance);
-        self.hold_until = None;
-        step_down
+        // No hold of its own: it competes again when the app passes (an
+        // operator's hold, if any, still applies).
+        self.release(now, Duration::ZERO, fresh_instance)
     }
 
     /// Client-side timeout for an attempt sent at `now`: what is left of the
@@ -814,6 +816,17 @@ mod tests {
         assert_eq!(f.release(at(0), ms(2000), "x"), None);
         assert_eq!(f.instance(), "inst-a");
         assert!(f.attempt_due(at(0)));
+    }
+
+    #[test]
+    fn an_app_health_change_keeps_an_operators_hold() {
+        let mut e = engine();
+        e.on_attempt(at(0), at(5), Attempt::Granted { token: 7 });
+        e.release(at(100), ms(60_000), "inst-a2");
+        e.set_competing(at(200), false, "unused");
+        e.set_competing(at(300), true, "unused");
+        assert!(!e.attempt_due(at(30_000)), "the hold was wiped");
+        assert!(e.attempt_due(at(60_100)));
     }
 
     #[test]

@@ -409,6 +409,9 @@ impl Loop {
             // Whatever was unanswered has been overtaken by this release.
             self.may_hold = false;
             self.unanswered = false;
+        } else {
+            // Mid-exchange, perhaps: never reuse it.
+            self.db.failed(RELEASE_BUDGET);
         }
         self.sync_presence();
         match released {
@@ -503,7 +506,9 @@ impl Db {
 
     /// Releases the row if `instance` holds it.
     async fn release(&mut self, election: &str, instance: &str) -> Result<bool, String> {
+        self.statement_sent = false;
         self.connect().await?;
+        self.statement_sent = true;
         let conn = self.conn.as_mut().expect("connected above");
         conn.release(election, instance)
             .await

@@ -75,8 +75,12 @@ async fn connection(stream: TcpStream, peer: SocketAddr, app: Router, stop: Canc
         inner: stream,
         activity: activity.clone(),
     });
+    let busy = activity.clone();
     let service =
         hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+            // The head is in: the header clock stops while the handler runs
+            // (`/release` may take a while), until the response is written.
+            busy.busy();
             req.extensions_mut().insert(ConnectInfo(peer));
             app.clone().oneshot(req)
         });
@@ -93,8 +97,10 @@ async fn connection(stream: TcpStream, peer: SocketAddr, app: Router, stop: Canc
     }
 }
 
-/// What a connection last did, for its timeouts: when it became idle (after
-/// a write) or started a request (first byte read), in ms since `start`.
+/// What a connection last did, for its timeouts: when it started a request
+/// (first byte read: the header timeout applies), or when its request head
+/// was complete or its last response written (the idle timeout applies), in
+/// ms since `start`.
 #[derive(Debug)]
 struct Activity {
     start: Instant,
@@ -122,6 +128,12 @@ impl Activity {
         if s & READING == 0 {
             self.state.store(READING | self.now_ms(), Ordering::Relaxed);
         }
+    }
+
+    /// A request is being handled: the idle limit applies until its
+    /// response is written.
+    fn busy(&self) {
+        self.state.store(self.now_ms(), Ordering::Relaxed);
     }
 
     fn wrote(&self) {

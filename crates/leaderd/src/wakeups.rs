@@ -77,9 +77,14 @@ pub async fn keep_presence(
     election: String,
     mut leading: watch::Receiver<bool>,
 ) {
-    // The backend cannot change under a running daemon.
-    if !source.resolve().is_ok_and(|url| Presence::needed(&url)) {
-        return;
+    // The backend cannot change under a running daemon; a URL file that is
+    // not readable yet (a Secret mounted late) is waited for.
+    loop {
+        match source.resolve() {
+            Ok(url) if !Presence::needed(&url) => return,
+            Ok(_) => break,
+            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
     }
     let mut presence: Option<Presence> = None;
     loop {
