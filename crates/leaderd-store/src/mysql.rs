@@ -277,6 +277,15 @@ const IDLE_SOON: std::time::Duration = std::time::Duration::from_millis(20);
 const IDLE_SOON_FOR: std::time::Duration = std::time::Duration::from_secs(3);
 const IDLE_LATER: std::time::Duration = std::time::Duration::from_millis(200);
 
+/// Gives the election's named lock back (a no-op when this session does not
+/// hold it).
+async fn let_go(conn: &mut AsyncMysqlConnection, election: &str) -> Result<(), StoreError> {
+    Stmt::<Nullable<BigInt>>::new(LET_GO, [Bind::Text(election)])
+        .get_result::<Option<i64>>(conn)
+        .await?;
+    Ok(())
+}
+
 /// Wake-ups without polling: while it leads, a leader holds a named lock on a
 /// connection of its own ([`Presence`]); a follower waits for that lock with
 /// `GET_LOCK`, which returns the moment the leader frees it (a release, or
@@ -332,9 +341,7 @@ impl LockWaiter {
             .await?;
             if got == Some(1) {
                 // Let go at once: nobody must find a follower holding it.
-                Stmt::<Nullable<BigInt>>::new(LET_GO, [Bind::Text(&self.election)])
-                    .get_result::<Option<i64>>(&mut self.conn)
-                    .await?;
+                let_go(&mut self.conn, &self.election).await?;
                 return Ok(self.election.clone());
             }
         }
@@ -369,9 +376,6 @@ impl Presence {
 
     /// Frees the lock, waking one waiter (who wakes the next).
     pub(crate) async fn let_go(&mut self) -> Result<(), StoreError> {
-        Stmt::<Nullable<BigInt>>::new(LET_GO, [Bind::Text(&self.election)])
-            .get_result::<Option<i64>>(&mut self.conn)
-            .await?;
-        Ok(())
+        let_go(&mut self.conn, &self.election).await
     }
 }

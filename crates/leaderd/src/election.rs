@@ -192,7 +192,7 @@ pub async fn run(shared: Arc<Shared>, settings: Settings, shutdown: Cancellation
         },
         shared,
         last_error: None,
-        may_hold: false,
+        granted: false,
         unanswered: false,
         leading,
     };
@@ -212,12 +212,10 @@ struct Loop {
     report: Report,
     /// The last failure, so each change of reason is logged once.
     last_error: Option<String>,
-    /// The database may hold a lease for this instance (the last answer was
-    /// a grant, even one too late to use, or some statement went unanswered:
-    /// it may still commit, whatever later answers say): release it at
-    /// shutdown so nobody waits out the ttl.
-    may_hold: bool,
-    /// Some statement went unanswered (timed out or failed after sending).
+    /// The last answer was a grant (even one too late to use).
+    granted: bool,
+    /// Some statement went unanswered (timed out or failed after sending):
+    /// it may still commit, whatever later answers say.
     unanswered: bool,
     /// Whether this replica leads, for the wake-up presence (MySQL's named
     /// lock). Cleared only after a release of the row, so that the wake-up
@@ -339,6 +337,12 @@ impl Loop {
         self.release_row(&step_down.released_instance).await;
     }
 
+    /// The database may hold a lease for this instance: release it at
+    /// shutdown so nobody waits out the ttl.
+    fn may_hold(&self) -> bool {
+        self.granted || self.unanswered
+    }
+
     /// Tells the presence (MySQL's named lock) whether this replica leads.
     fn sync_presence(&self) {
         let leading = self.shared.engine().is_leader(boot_now());
@@ -360,8 +364,7 @@ impl Loop {
             .observe(received_at.saturating_since(sent_at).as_secs_f64());
         let events = match result {
             Ok(answer) => {
-                self.may_hold =
-                    self.unanswered || matches!(answer, leaderd_core::Attempt::Granted { .. });
+                self.granted = matches!(answer, leaderd_core::Attempt::Granted { .. });
                 self.shared.db_ok(received_at);
                 if self.last_error.take().is_some() {
                     info!(election = %self.shared.election, "database reachable again");
@@ -374,7 +377,6 @@ impl Loop {
                 // A statement that was sent may still commit; a failed connect
                 // cannot have granted anything.
                 self.unanswered |= self.db.statement_sent;
-                self.may_hold |= self.unanswered;
                 self.db.failed(timeout);
                 self.failed(reason, received_at)
             }
@@ -398,7 +400,7 @@ impl Loop {
     /// on the connection the last attempt used when it is still usable; then
     /// let the presence go, which wakes the others on MySQL.
     async fn release_row(&mut self, instance: &str) {
-        if !self.may_hold {
+        if !self.may_hold() {
             self.sync_presence();
             return;
         }
@@ -407,7 +409,7 @@ impl Loop {
             tokio::time::timeout(RELEASE_BUDGET, self.db.release(&election, instance)).await;
         if matches!(released, Ok(Ok(_))) {
             // Whatever was unanswered has been overtaken by this release.
-            self.may_hold = false;
+            self.granted = false;
             self.unanswered = false;
         } else {
             // Mid-exchange, perhaps: never reuse it.
@@ -449,8 +451,11 @@ impl Db {
         self.connect().await?;
         // The token we hold as of the send time, the instant the timeout was
         // computed for.
-        let held_token = shared.engine().lease(sent_at).map(|(token, _)| token);
-        let instance = shared.engine().instance().to_owned();
+        let (held_token, instance) = {
+            let engine = shared.engine();
+            let held = engine.lease(sent_at).map(|(token, _)| token);
+            (held, engine.instance().to_owned())
+        };
         let req = LeaseRequest {
             election: &shared.election,
             holder: &shared.id,
