@@ -14,10 +14,13 @@ use std::time::{Duration, Instant};
 
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 
+pub mod certs;
 pub mod checker;
 pub mod mariadbserver;
+pub mod pgbouncer;
 pub mod pgserver;
 pub mod proxy;
+pub mod sse;
 
 pub use serde_json::Value;
 
@@ -117,7 +120,12 @@ pub enum Kind {
 /// at the end of the test.
 #[derive(Debug)]
 pub struct TempDb {
+    /// The URL leaderd is given (with any TLS parameters).
     pub url: String,
+    /// The URL the harness itself uses (the driver's own parameters only).
+    plain: String,
+    /// The pooler `url` goes through, if any; it goes with the database.
+    bouncer: Option<pgbouncer::PgBouncer>,
     pub kind: Kind,
     name: String,
     admin: String,
@@ -137,6 +145,8 @@ impl TempDb {
         let dir = Scratch::new();
         let url = format!("sqlite://{}", dir.path("leaderd.db").display());
         TempDb {
+            bouncer: None,
+            plain: url.clone(),
             url,
             kind: Kind::Sqlite,
             name: String::new(),
@@ -145,12 +155,56 @@ impl TempDb {
         }
     }
 
+    /// A fresh database on the local PostgreSQL, which leaderd reaches with
+    /// these URL parameters (e.g. `sslmode=require`).
+    pub fn postgres_with(params: &str) -> TempDb {
+        Self::server(Kind::Postgres, postgres_admin_url()).with_params(params)
+    }
+
+    /// A fresh database on the MySQL/MariaDB server of `admin` (whose query,
+    /// if any, holds mysql_async's own parameters for the harness).
+    pub fn mysql_on(admin: &str, params: &str) -> TempDb {
+        Self::server(Kind::Mysql, admin.to_owned()).with_params(params)
+    }
+
+    /// A fresh PostgreSQL database that leaderd reaches through its own
+    /// PgBouncer in transaction pooling with `pool_size` server connections
+    /// (the harness still connects directly).
+    pub fn postgres_through_pgbouncer(pool_size: u32) -> TempDb {
+        let mut db = Self::postgres();
+        let bouncer = pgbouncer::PgBouncer::start(pool_size);
+        db.url = format!("postgres://postgres@127.0.0.1:{}/{}", bouncer.port, db.name);
+        db.bouncer = Some(bouncer);
+        db
+    }
+
+    /// The PgBouncer in front of this database, if any.
+    pub fn pgbouncer(&self) -> Option<&pgbouncer::PgBouncer> {
+        self.bouncer.as_ref()
+    }
+
+    fn with_params(mut self, params: &str) -> TempDb {
+        let path = self.url.split('?').next().unwrap_or_default().to_owned();
+        self.url = if params.is_empty() {
+            path
+        } else {
+            format!("{path}?{params}")
+        };
+        self
+    }
+
     fn server(kind: Kind, admin: String) -> TempDb {
         let name = format!("leaderd_t_{}", uuid::Uuid::new_v4().simple());
         exec(kind, &admin, &[&format!("CREATE DATABASE {name}")]);
-        let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
+        let (admin_path, query) = match admin.split_once('?') {
+            Some((p, q)) => (p, format!("?{q}")),
+            None => (admin.as_str(), String::new()),
+        };
+        let base = admin_path.rsplit_once('/').map_or(admin_path, |(b, _)| b);
         TempDb {
             url: format!("{base}/{name}"),
+            plain: format!("{base}/{name}{query}"),
+            bouncer: None,
             kind,
             name,
             admin,
@@ -160,7 +214,7 @@ impl TempDb {
 
     /// Runs SQL statements on this database.
     pub fn exec(&self, statements: &[&str]) {
-        exec(self.kind, &self.url, statements);
+        exec(self.kind, &self.plain, statements);
     }
 
     /// The value of one SQL expression (or scalar subquery) as text.
@@ -170,7 +224,7 @@ impl TempDb {
             Kind::Mysql => format!("SELECT CAST(({expr}) AS CHAR) AS v"),
             Kind::Sqlite => format!("SELECT CAST(({expr}) AS TEXT) AS v"),
         };
-        let (kind, url) = (self.kind, self.url.clone());
+        let (kind, url) = (self.kind, self.plain.clone());
         block_on(async move {
             use diesel_async::{AsyncMysqlConnection, RunQueryDsl};
             #[derive(diesel::QueryableByName)]
@@ -242,6 +296,22 @@ impl Drop for TempDb {
 pub struct Scratch(pub PathBuf);
 
 impl Scratch {
+    /// Gives the directory to `owner` (`user:group`) when running as root,
+    /// as a server the harness starts as that user needs; says whether it
+    /// did (whether this process is root).
+    pub fn chown_if_root(&self, owner: &str) -> bool {
+        let root = rustix::process::geteuid().is_root();
+        if root {
+            let ok = Command::new("chown")
+                .args(["-R", owner])
+                .arg(&self.0)
+                .status()
+                .expect("chown");
+            assert!(ok.success());
+        }
+        root
+    }
+
     pub fn new() -> Scratch {
         let dir =
             std::env::temp_dir().join(format!("leaderd-test-{}", uuid::Uuid::new_v4().simple()));
@@ -337,6 +407,31 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     Some((status, body))
 }
 
+/// Waits up to `within` until something accepts TCP connections on
+/// `127.0.0.1:port` (a server the harness started).
+pub fn wait_for_port(port: u16, within: Duration, what: &str) {
+    wait_for(within, &format!("{what} to accept connections"), || {
+        TcpStream::connect(("127.0.0.1", port)).ok().map(|_| ())
+    });
+}
+
+/// utime + stime of process `pid`, in clock ticks.
+pub fn cpu_ticks(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name in parentheses: utime and stime are fields 14
+    // and 15 of the whole line.
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+/// A `kB` field of `/proc/<pid>/status`, e.g. `VmRSS:`.
+pub fn status_kib(pid: i32, key: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with(key))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// Sends raw bytes and returns whatever came back (for junk-request tests).
 pub fn http_raw(port: u16, bytes: &[u8]) -> String {
     let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
@@ -374,18 +469,27 @@ impl Daemon {
         let flag = dir.path(&format!("{stem}.flag"));
         let log = dir.path(&format!("{stem}.log"));
         let mut cmd = Command::new(leaderd_bin());
-        cmd.arg("run")
-            .args(["--database-url", url, "--id", id])
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(["--flag-file", flag.to_str().expect("utf-8 path")])
-            .args(["--log-format", "json"])
-            .args(extra);
+        let mut args: Vec<String> = vec![
+            "--database-url".into(),
+            url.into(),
+            "--id".into(),
+            id.into(),
+        ];
+        args.extend(["--listen".into(), format!("127.0.0.1:{port}")]);
+        args.extend([
+            "--flag-file".into(),
+            flag.to_str().expect("utf-8 path").into(),
+        ]);
+        args.extend(["--log-format".into(), "json".into()]);
+        args.extend(extra.iter().map(|a| a.to_string()));
         scrub_env(&mut cmd);
         // Renewals (with their deadlines) are logged at debug; the
         // split-brain checker needs them.
         cmd.env("RUST_LOG", "info,leaderd::election=debug");
         Launch {
             cmd,
+            args,
+            command: Vec::new(),
             id: id.to_owned(),
             port,
             flag,
@@ -398,6 +502,9 @@ impl Daemon {
 #[derive(Debug)]
 pub struct Launch {
     cmd: Command,
+    args: Vec<String>,
+    /// Under `exec`: the command to run while leading.
+    command: Vec<String>,
     id: String,
     port: u16,
     flag: PathBuf,
@@ -411,15 +518,28 @@ impl Launch {
         self
     }
 
+    /// Runs `leaderd exec … -- command` instead of `leaderd run`.
+    pub fn exec(mut self, command: &[&str]) -> Self {
+        self.command = command.iter().map(|a| a.to_string()).collect();
+        self
+    }
+
     /// Starts it and waits until it serves HTTP.
     pub fn start(self) -> Daemon {
         let Launch {
             mut cmd,
+            args,
+            command,
             id,
             port,
             flag,
             log,
         } = self;
+        if command.is_empty() {
+            cmd.arg("run").args(args);
+        } else {
+            cmd.arg("exec").args(args).arg("--").args(command);
+        }
         let log_file = std::fs::File::create(&log).expect("log file");
         let child = cmd
             .stdin(Stdio::null())
@@ -452,6 +572,15 @@ impl Daemon {
     pub fn leader(&self) -> Option<(u16, Value)> {
         let (status, body) = http_get(self.port, "/leader")?;
         Some((status, serde_json::from_str(&body).ok()?))
+    }
+
+    /// `POST /release{query}` (e.g. `?hold=3s`); panics unless it answers
+    /// 200.
+    pub fn release(&self, query: &str) {
+        let request =
+            format!("POST /release{query} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let reply = http_raw(self.port, request.as_bytes());
+        assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
     }
 
     /// Whether `/leader` answers 200 now.
@@ -564,7 +693,7 @@ pub struct RowLock {
 impl TempDb {
     /// Locks the row of `election` in another transaction.
     pub fn lock_row(&self, election: &str) -> RowLock {
-        let (kind, url) = (self.kind, self.url.clone());
+        let (kind, url) = (self.kind, self.plain.clone());
         let select =
             format!("SELECT * FROM service_leader_lock WHERE name = '{election}' FOR UPDATE");
         let (locked_tx, locked_rx) = std::sync::mpsc::channel();

@@ -2,10 +2,13 @@
 //! so a test can stop and restart the database without touching the shared
 //! one. Runs as the `mysql` user when the tests run as root.
 
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::Duration;
 
-use crate::{free_port, wait_for, Scratch};
+use crate::certs::TestCa;
+use crate::{free_port, wait_for_port, Scratch};
 
 #[derive(Debug)]
 pub struct MariaDbServer {
@@ -14,6 +17,11 @@ pub struct MariaDbServer {
     child: Option<Child>,
     /// Extra server options, e.g. `--autocommit=0`.
     options: Vec<String>,
+    /// Plain-text connections are refused: the harness connects over TLS.
+    tls_only: bool,
+    /// The server lives as long as the test process, not this value (see
+    /// [`MariaDbServer::shared_tls`]); this directory goes with it.
+    tied: Option<PathBuf>,
 }
 
 impl MariaDbServer {
@@ -25,15 +33,47 @@ impl MariaDbServer {
 
     /// As [`MariaDbServer::start`], with extra server options.
     pub fn start_with(options: &[&str]) -> MariaDbServer {
+        Self::launch(options, None)
+    }
+
+    /// A server that accepts TLS only (`--require-secure-transport=ON`),
+    /// with a certificate for `localhost` issued by `ca`.
+    pub fn start_tls(ca: &TestCa) -> MariaDbServer {
+        Self::launch(&Self::tls_options(ca), None)
+    }
+
+    fn tls_options(ca: &TestCa) -> Vec<String> {
+        let (cert, key) = ca.issue("mariadb", &["localhost"]);
+        vec![
+            format!("--ssl-ca={}", ca.ca().display()),
+            format!("--ssl-cert={}", cert.display()),
+            format!("--ssl-key={}", key.display()),
+            "--require-secure-transport=ON".into(),
+        ]
+    }
+
+    /// One TLS-only server (and its CA) for the whole test process, for
+    /// suites of many short cases. It is stopped, and its data removed, when
+    /// the process exits however it exits: a shell beside it waits for the
+    /// end of a pipe from this process.
+    pub fn shared_tls() -> &'static (TestCa, MariaDbServer) {
+        static SHARED: OnceLock<(TestCa, MariaDbServer)> = OnceLock::new();
+        SHARED.get_or_init(|| {
+            let ca = TestCa::new("shared MariaDB");
+            // The CA's files go with the server's data: the static is never
+            // dropped.
+            let server = Self::launch(&Self::tls_options(&ca), Some(ca.dir.0.clone()));
+            (ca, server)
+        })
+    }
+
+    /// `tied`: the server lives as long as this process; the directory given
+    /// is removed with its data.
+    fn launch(options: &[impl AsRef<str>], tied: Option<PathBuf>) -> MariaDbServer {
+        let options: Vec<String> = options.iter().map(|o| o.as_ref().to_owned()).collect();
+        let tls_only = options.iter().any(|o| o == "--require-secure-transport=ON");
         let dir = Scratch::new();
-        if rustix::process::geteuid().is_root() {
-            let ok = Command::new("chown")
-                .args(["-R", "mysql:mysql"])
-                .arg(&dir.0)
-                .status()
-                .expect("chown");
-            assert!(ok.success());
-        }
+        dir.chown_if_root("mysql:mysql");
         let out = Command::new("mariadb-install-db")
             .args([
                 "--user=mysql",
@@ -52,7 +92,9 @@ impl MariaDbServer {
             port: free_port(),
             dir,
             child: None,
-            options: options.iter().map(|o| o.to_string()).collect(),
+            options,
+            tls_only,
+            tied,
         };
         server.start_again();
         crate::exec(
@@ -63,10 +105,23 @@ impl MariaDbServer {
         server
     }
 
-    fn admin_url(&self) -> String {
-        format!("mysql://root@127.0.0.1:{}/mysql", self.port)
+    /// The root URL for the harness's own connections (mysql_async's
+    /// parameters: TLS without checks on a TLS-only server, on `localhost`,
+    /// the name in its certificate, so that databases made from it can be
+    /// reached with `VERIFY_IDENTITY`).
+    pub fn admin_url(&self) -> String {
+        if self.tls_only {
+            format!(
+                "mysql://root@localhost:{}/mysql?require_ssl=true&verify_ca=false&prefer_socket=false",
+                self.port
+            )
+        } else {
+            format!("mysql://root@127.0.0.1:{}/mysql", self.port)
+        }
     }
 
+    /// The `test` database, for leaderd, on `127.0.0.1` (TLS parameters are
+    /// the caller's to add).
     pub fn url(&self) -> String {
         format!("mysql://root@127.0.0.1:{}/test", self.port)
     }
@@ -78,7 +133,26 @@ impl MariaDbServer {
             .append(true)
             .open(self.dir.path("server.log"))
             .expect("log");
-        let child = Command::new("mariadbd")
+        let mut cmd = if let Some(also) = &self.tied {
+            // `cat` returns when this process's end of its stdin closes, at
+            // exit; mariadbd is then killed and its data removed.
+            let mut sh = Command::new("sh");
+            sh.arg("-c")
+                .arg(
+                    "mariadbd \"$@\" </dev/null & pid=$!; cat >/dev/null; \
+                     kill -9 $pid; wait $pid; rm -rf \"$LEADERD_TEST_DIR\" \"$LEADERD_TEST_ALSO\"",
+                )
+                .arg("sh")
+                .env("LEADERD_TEST_DIR", &self.dir.0)
+                .env("LEADERD_TEST_ALSO", also)
+                .stdin(Stdio::piped());
+            sh
+        } else {
+            let mut d = Command::new("mariadbd");
+            d.stdin(Stdio::null());
+            d
+        };
+        let child = cmd
             .args([
                 "--no-defaults",
                 "--user=mysql",
@@ -93,7 +167,6 @@ impl MariaDbServer {
                 "--socket={}",
                 self.dir.path("mysqld.sock").display()
             ))
-            .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -101,15 +174,7 @@ impl MariaDbServer {
         self.child = Some(child);
         let port = self.port;
         // mariadbd listens only once it is ready for connections.
-        wait_for(
-            Duration::from_secs(20),
-            "MariaDB to accept connections",
-            || {
-                std::net::TcpStream::connect(("127.0.0.1", port))
-                    .ok()
-                    .map(|_| ())
-            },
-        );
+        wait_for_port(port, Duration::from_secs(20), "MariaDB");
     }
 
     /// Stops the server the hard way (SIGKILL, as in a crash; InnoDB

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use crate::{free_port, wait_for, Scratch};
+use crate::{free_port, wait_for_port, Scratch};
 
 #[derive(Debug)]
 pub struct PgServer {
@@ -44,14 +44,7 @@ impl PgServer {
         let dir = Scratch::new();
         let data = dir.path("data");
         let bin = pg_bin();
-        if rustix::process::geteuid().is_root() {
-            let ok = Command::new("chown")
-                .args(["-R", "postgres:postgres"])
-                .arg(&dir.0)
-                .status()
-                .expect("chown");
-            assert!(ok.success());
-        }
+        dir.chown_if_root("postgres:postgres");
         let out = as_postgres(&bin.join("initdb"))
             .args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"])
             .arg(&data)
@@ -95,15 +88,7 @@ impl PgServer {
         );
         if action != "stop" {
             let port = self.port;
-            wait_for(
-                Duration::from_secs(10),
-                "PostgreSQL to accept connections",
-                || {
-                    std::net::TcpStream::connect(("127.0.0.1", port))
-                        .ok()
-                        .map(|_| ())
-                },
-            );
+            wait_for_port(port, Duration::from_secs(10), "PostgreSQL");
         }
     }
 

@@ -31,6 +31,15 @@ pub enum Fault {
     CutBeforeReply,
 }
 
+/// The `host:port` a database URL (`scheme://[user[:pass]@]host:port/db`)
+/// points at, for a proxy in front of it.
+pub fn upstream(url: &str) -> SocketAddr {
+    let rest = url.split_once("://").expect("a URL").1;
+    let host = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+    let hostport = host.split('/').next().expect("host:port");
+    hostport.parse().expect("host:port")
+}
+
 /// A running proxy; stops when dropped.
 #[derive(Debug)]
 pub struct FaultProxy {

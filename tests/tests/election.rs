@@ -60,6 +60,15 @@ fn token(d: &Daemon) -> i64 {
         .expect("token")
 }
 
+/// A scenario's daemons (running or not), the directory of their logs and
+/// their database, for checks after it. Dropped in this order: the daemons
+/// stop before their database goes.
+struct Ran {
+    daemons: Vec<Daemon>,
+    _dir: Scratch,
+    _db: TempDb,
+}
+
 fn start_three(db: &TempDb, dir: &Scratch) -> Vec<Daemon> {
     ["a", "b", "c"]
         .iter()
@@ -67,7 +76,7 @@ fn start_three(db: &TempDb, dir: &Scratch) -> Vec<Daemon> {
         .collect()
 }
 
-fn three_daemons_elect_exactly_one_leader_and_stay_stable(db: TempDb) {
+fn three_daemons_elect_exactly_one_leader_and_stay_stable(db: TempDb) -> Ran {
     let _serial = serial();
     let dir = Scratch::new();
     let ds = start_three(&db, &dir);
@@ -113,6 +122,11 @@ fn three_daemons_elect_exactly_one_leader_and_stay_stable(db: TempDb) {
         expires > now_ms && expires <= now_ms + 1200,
         "flag expiry {expires} vs now {now_ms}"
     );
+    Ran {
+        daemons: ds,
+        _dir: dir,
+        _db: db,
+    }
 }
 
 /// Kills the leader of `ds` with `kill`, measures the time until another
@@ -138,7 +152,7 @@ fn failover(ds: &mut [Daemon], kill: impl FnOnce(&Daemon), within: Duration) -> 
     (old, took)
 }
 
-fn sigkill_of_the_leader_fails_over_within_ttl(db: TempDb) {
+fn sigkill_of_the_leader_fails_over_within_ttl(db: TempDb) -> Ran {
     let _serial = serial();
     let dir = Scratch::new();
     let mut ds = start_three(&db, &dir);
@@ -146,11 +160,16 @@ fn sigkill_of_the_leader_fails_over_within_ttl(db: TempDb) {
     ds[killed]
         .wait_exit(Duration::from_secs(2))
         .expect("killed");
+    Ran {
+        daemons: ds,
+        _dir: dir,
+        _db: db,
+    }
 }
 
 /// `within`: 300 ms where release notifications wake the followers
 /// (PostgreSQL), else one heartbeat + 300 ms.
-fn sigterm_of_the_leader_hands_over_and_exits_cleanly(db: TempDb, within: Duration) {
+fn sigterm_of_the_leader_hands_over_and_exits_cleanly(db: TempDb, within: Duration) -> Ran {
     let _serial = serial();
     let dir = Scratch::new();
     let mut ds = start_three(&db, &dir);
@@ -168,6 +187,11 @@ fn sigterm_of_the_leader_hands_over_and_exits_cleanly(db: TempDb, within: Durati
         "no shutdown transition logged: {}",
         ds[stopped].log_text()
     );
+    Ran {
+        daemons: ds,
+        _dir: dir,
+        _db: db,
+    }
 }
 
 fn tokens_grow_at_every_change_of_leader(db: TempDb) {
@@ -308,6 +332,68 @@ macro_rules! elections {
 elections!(postgres, TempDb::postgres(), SLACK);
 elections!(mysql, TempDb::mysql(), HEARTBEAT + SLACK);
 elections!(sqlite, TempDb::sqlite(), HEARTBEAT + SLACK);
+
+/// The same scenarios through PgBouncer in transaction pooling with fewer
+/// server connections (2) than daemons (3), with the plain URL: nothing
+/// fails, nothing warns. Release notifications do not cross the pooler, so a
+/// handover waits for the followers' next poll.
+mod pgbouncer {
+    use super::*;
+
+    /// The table is created first, through the pooler, as a deployment's
+    /// migration Job does: the replicas' own check is then a read.
+    fn db() -> TempDb {
+        let db = TempDb::postgres_through_pgbouncer(2);
+        let (code, _, stderr) =
+            leaderd_tests::run_cli(&["migrate", "--database-url", &db.url], &[]);
+        assert_eq!(code, 0, "leaderd migrate through PgBouncer: {stderr}");
+        db
+    }
+
+    /// No attempt failed (not even a retried one) and nothing was logged
+    /// above info, by any daemon; the live ones count no heartbeat error.
+    fn quiet(ran: &Ran) {
+        for d in &ran.daemons {
+            let loud: Vec<String> = d
+                .log_events()
+                .iter()
+                .filter(|e| e["level"] == "WARN" || e["level"] == "ERROR")
+                .map(|e| e.to_string())
+                .collect();
+            assert!(loud.is_empty(), "{}: {loud:#?}", d.id);
+            assert!(
+                !d.log_text().contains("attempt failed"),
+                "{}: {}",
+                d.id,
+                d.log_text()
+            );
+            if let Some((_, metrics)) = leaderd_tests::http_get(d.port, "/metrics") {
+                let errors: f64 = metrics
+                    .lines()
+                    .filter(|l| l.starts_with("leaderd_heartbeat_errors_total"))
+                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                    .sum();
+                assert_eq!(errors, 0.0, "{}: {metrics}", d.id);
+            }
+        }
+    }
+
+    #[test]
+    fn three_daemons_elect_exactly_one_leader_and_stay_stable() {
+        quiet(&super::three_daemons_elect_exactly_one_leader_and_stay_stable(db()));
+    }
+    #[test]
+    fn sigkill_of_the_leader_fails_over_within_ttl() {
+        quiet(&super::sigkill_of_the_leader_fails_over_within_ttl(db()));
+    }
+    #[test]
+    fn sigterm_of_the_leader_hands_over_and_exits_cleanly() {
+        quiet(&super::sigterm_of_the_leader_hands_over_and_exits_cleanly(
+            db(),
+            HEARTBEAT + SLACK,
+        ));
+    }
+}
 
 #[test]
 fn two_processes_with_the_same_id_never_both_lead() {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use leaderd_tests::checker::assert_no_overlap;
 use leaderd_tests::mariadbserver::MariaDbServer;
 use leaderd_tests::pgserver::PgServer;
-use leaderd_tests::proxy::{Fault, FaultProxy};
+use leaderd_tests::proxy::{upstream, Fault, FaultProxy};
 use leaderd_tests::{http_get, http_raw, run_cli, serial, wait_for, Daemon, Kind, Scratch, TempDb};
 
 const TTL: Duration = Duration::from_millis(1200);
@@ -27,13 +27,6 @@ struct Cluster {
     proxies: Vec<FaultProxy>,
     url: String,
     dir: Scratch,
-}
-
-fn upstream(url: &str) -> std::net::SocketAddr {
-    let rest = url.split_once("://").unwrap().1;
-    let host = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
-    let hostport = host.split('/').next().unwrap();
-    hostport.parse().expect("host:port")
 }
 
 impl Cluster {

@@ -18,12 +18,7 @@ fn raise_open_files_limit() {
 }
 
 fn rss_kib(pid: i32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS")
+    leaderd_tests::status_kib(pid, "VmRSS:").expect("VmRSS")
 }
 
 fn open_fds(pid: i32) -> usize {
@@ -74,6 +69,19 @@ fn all_closed(conns: &mut [TcpStream]) -> bool {
     conns.iter_mut().map(closed).filter(|c| !c).count() == 0
 }
 
+/// One daemon on SQLite, leading, with the open-files limit raised for the
+/// many connections the tests open.
+fn lone_leader() -> (TempDb, Scratch, Daemon) {
+    raise_open_files_limit();
+    let db = TempDb::sqlite();
+    let dir = Scratch::new();
+    let d = Daemon::start(&db.url, "a", &dir, &[]);
+    wait_for(Duration::from_secs(10), "leadership", || {
+        d.is_leader().then_some(())
+    });
+    (db, dir, d)
+}
+
 fn leader_p99(port: u16) -> Duration {
     let mut took: Vec<Duration> = (0..200)
         .map(|_| {
@@ -92,13 +100,7 @@ fn leader_p99(port: u16) -> Duration {
 #[test]
 fn slow_and_idle_clients_cannot_exhaust_the_daemon() {
     let _s = serial();
-    raise_open_files_limit();
-    let db = TempDb::sqlite();
-    let dir = Scratch::new();
-    let d = Daemon::start(&db.url, "a", &dir, &[]);
-    wait_for(Duration::from_secs(10), "leadership", || {
-        d.is_leader().then_some(())
-    });
+    let (_db, _dir, d) = lone_leader();
     let pid = d.pid();
     let base_fds = open_fds(pid);
     // 500 idle keep-alive connections and 500 clients that never finish
@@ -171,4 +173,38 @@ fn slow_and_idle_clients_cannot_exhaust_the_daemon() {
         || all_closed(&mut heavy).then_some(()),
     );
     assert!(d.is_leader(), "the leader kept its lease throughout");
+}
+
+#[test]
+fn a_thousand_idle_watchers_cost_nothing_and_all_hear_a_change() {
+    use leaderd_tests::sse::Watcher;
+    let _s = serial();
+    let (_db, _dir, d) = lone_leader();
+    let watchers: Vec<Watcher> = (0..1000)
+        .map(|i| Watcher::open(d.port).unwrap_or_else(|| panic!("watcher {i} refused")))
+        .collect();
+    for w in &watchers {
+        let first = w.next(Duration::from_secs(5)).expect("an event at connect");
+        assert_eq!(first["is_leader"], true);
+    }
+    // The cap keeps slots for probes.
+    assert!(
+        Watcher::open(d.port).is_none(),
+        "watcher 1,001 was accepted"
+    );
+    let p99 = leader_p99(d.port);
+    let before = leaderd_tests::cpu_ticks(d.pid()).expect("stat");
+    std::thread::sleep(Duration::from_secs(3));
+    let idle_ticks = leaderd_tests::cpu_ticks(d.pid()).expect("stat") - before;
+    eprintln!("with 1,000 watchers: /leader p99 {p99:?}, {idle_ticks} CPU ticks in 3 s idle");
+    assert!(p99 < Duration::from_millis(10), "/leader p99 {p99:?}");
+    // Renewals alone: a poll per watcher would cost far more than this.
+    assert!(idle_ticks < 30, "{idle_ticks} ticks (1/100 s) in 3 s");
+    d.release("");
+    for w in &watchers {
+        let (_, v) = w
+            .until(Duration::from_secs(2), |v| v["is_leader"] == false)
+            .expect("every watcher hears of the step-down");
+        assert_eq!(v["leader"], serde_json::Value::Null);
+    }
 }

@@ -443,6 +443,51 @@ fn delete_rows(db: &TempDb) {
 conformance!(postgres, TempDb::postgres(), delete_rows);
 conformance!(mysql, TempDb::mysql(), delete_rows);
 conformance!(sqlite, TempDb::sqlite(), delete_rows);
+// The same cases over TLS: PostgreSQL checking the chain up to its own
+// (self-signed) certificate, MariaDB the chain and the name, on a TLS-only
+// server shared by the cases.
+conformance!(postgres_tls, postgres_tls(), delete_rows);
+conformance!(mysql_tls, mysql_tls(), delete_rows);
+
+/// Named prepared statements (prepared once, the fast path) only where the
+/// server's peer is this process's own socket; through PgBouncer, unnamed.
+#[tokio::test]
+async fn postgres_named_statements_only_when_direct() {
+    // The check answers beside the first statements.
+    async fn settled(mut c: Connection) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(named) = c.named_statements() {
+                return named;
+            }
+            assert!(Instant::now() < deadline, "the check never answered");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    let direct = TempDb::postgres();
+    assert!(settled(connect(&direct.url).await).await);
+    let tls = postgres_tls();
+    assert!(settled(connect(&tls.url).await).await);
+    let pooled = TempDb::postgres_through_pgbouncer(1);
+    assert!(!settled(connect(&pooled.url).await).await);
+    // And the pooled connection works.
+    connect(&pooled.url).await.migrate().await.unwrap();
+    let mut c = connect(&pooled.url).await;
+    acquire(&mut c, &req("e", "a", "ia"), Duration::from_secs(3)).await;
+}
+
+fn postgres_tls() -> TempDb {
+    let cert = leaderd_tests::certs::postgres_server_cert_shared();
+    TempDb::postgres_with(&format!("sslmode=verify-ca&sslrootcert={}", cert.display()))
+}
+
+fn mysql_tls() -> TempDb {
+    let (ca, server) = leaderd_tests::mariadbserver::MariaDbServer::shared_tls();
+    TempDb::mysql_on(
+        &server.admin_url(),
+        &format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={}", ca.ca().display()),
+    )
+}
 
 /// A statement never waits on a row lock another transaction holds: a
 /// waiting server-side statement outlives the client's timeout, and each

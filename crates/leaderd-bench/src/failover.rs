@@ -23,6 +23,9 @@ enum How {
     Release,
 }
 
+/// leaderd's default ttl, which the daemons here run with.
+pub const DAEMON_TTL: Duration = Duration::from_millis(1200);
+
 /// The releaser's hold: long enough that it cannot take the lead back first.
 const RELEASE_HOLD: Duration = Duration::from_millis(500);
 
@@ -187,8 +190,27 @@ async fn seed_failovers(elections: usize) -> Result<Vec<Duration>> {
         .collect())
 }
 
-fn row(what: &str, xs: Vec<Duration>) -> String {
-    let s = Summary::of(xs);
+/// How a case's leader went, for the plot's colours.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Went {
+    Kill,
+    Term,
+    Release,
+    /// The seed: no release, so a stop is a kill.
+    SeedStop,
+}
+
+/// One row of the failover table, with every time measured.
+#[derive(Debug, Clone)]
+pub struct Case {
+    /// The table's name for it.
+    pub what: &'static str,
+    pub went: Went,
+    pub times: Vec<Duration>,
+}
+
+fn row(what: &str, xs: &[Duration]) -> String {
+    let s = Summary::of(xs.to_vec());
     format!(
         "| {what} | {} | {} | {} | {} |",
         s.n,
@@ -198,7 +220,7 @@ fn row(what: &str, xs: Vec<Duration>) -> String {
     )
 }
 
-pub async fn run(size: Size) -> Result<()> {
+pub async fn run(size: Size) -> Result<Vec<Case>> {
     let rounds = size.pick(50, 2);
     let other_rounds = size.pick(20, 1);
     println!("## Failover\n");
@@ -234,16 +256,26 @@ pub async fn run(size: Size) -> Result<()> {
             other_rounds,
         ),
     ];
+    let mut done = Vec::new();
     for (what, db, how, n) in cases {
         let url = db.url.clone();
         let times = tokio::task::spawn_blocking(move || leaderd_failovers(&url, how, n)).await?;
-        println!("{}", row(what, times));
+        println!("{}", row(what, &times));
+        let went = match how {
+            How::Signal(Signal::KILL) => Went::Kill,
+            How::Signal(_) => Went::Term,
+            How::Release => Went::Release,
+        };
+        done.push(Case { what, went, times });
     }
-    let seed = seed_failovers(size.pick(50, 2)).await?;
-    println!(
-        "{}",
-        row("seed polling, PostgreSQL, SIGKILL or SIGTERM", seed)
-    );
+    let what = "seed polling, PostgreSQL, SIGKILL or SIGTERM";
+    let times = seed_failovers(size.pick(50, 2)).await?;
+    println!("{}", row(what, &times));
     println!();
-    Ok(())
+    done.push(Case {
+        what,
+        went: Went::SeedStop,
+        times,
+    });
+    Ok(done)
 }

@@ -29,7 +29,7 @@ fn temp_db(kind: Kind) -> TempDb {
     }
 }
 
-fn kind_name(kind: Kind) -> &'static str {
+pub fn kind_name(kind: Kind) -> &'static str {
     match kind {
         Kind::Postgres => "PostgreSQL 15",
         Kind::Mysql => "MariaDB 10.11",
@@ -60,10 +60,25 @@ async fn leaderd_rows(db: &TempDb, n: usize) -> Result<()> {
 }
 
 async fn leaderd_pool(db: &TempDb, size: usize) -> Result<Arc<Vec<Mutex<Connection>>>> {
-    let url = DatabaseUrl::parse(&db.url)?;
+    connections(&db.url, None, size).await
+}
+
+/// `size` connections to `url`; with `named`, PostgreSQL's named prepared
+/// statements or unnamed ones as it says (whatever the connection was found
+/// to be).
+async fn connections(
+    url: &str,
+    named: Option<bool>,
+    size: usize,
+) -> Result<Arc<Vec<Mutex<Connection>>>> {
+    let url = DatabaseUrl::parse(url)?;
     let mut conns = Vec::new();
     for _ in 0..size {
-        conns.push(Mutex::new(Connection::connect(&url).await?));
+        let mut c = Connection::connect(&url).await?;
+        if let Some(named) = named {
+            c.set_named_statements(named);
+        }
+        conns.push(Mutex::new(c));
     }
     Ok(Arc::new(conns))
 }
@@ -86,10 +101,33 @@ async fn heartbeat(conn: &Mutex<Connection>, i: usize, held: Option<i64>) -> Res
     }
 }
 
-struct Run {
-    rate: f64,
-    lat: Summary,
-    round_trips: Option<f64>,
+/// One closed-loop run of one algorithm.
+#[derive(Debug, Clone)]
+pub struct Run {
+    /// Heartbeats per second.
+    pub rate: f64,
+    pub lat: Summary,
+    /// Statements per heartbeat, where the server counts them (MariaDB).
+    pub round_trips: Option<f64>,
+}
+
+/// One row of the heartbeat table: leaderd and the seed, same backend and
+/// number of electors.
+#[derive(Debug, Clone)]
+pub struct CostRow {
+    pub kind: Kind,
+    pub electors: usize,
+    pub leaderd: Run,
+    pub seed: Run,
+}
+
+/// One step of the scale table.
+#[derive(Debug, Clone)]
+pub struct ScaleStep {
+    pub replicas: usize,
+    /// Renewals per second achieved (the offered rate is `replicas`).
+    pub rate: f64,
+    pub lat: Summary,
 }
 
 #[derive(QueryableByName)]
@@ -110,6 +148,34 @@ async fn questions(url: &str) -> Result<u64> {
         .context("no Questions status")?
         .value
         .parse()?)
+}
+
+/// Makes elector `i` of `n` lead election `e{i}`; their tokens.
+async fn lead_all(pool: &[Mutex<Connection>], n: usize) -> Result<Vec<i64>> {
+    let mut tokens = Vec::new();
+    for i in 0..n {
+        tokens.push(heartbeat(&pool[i % pool.len()], i, None).await?);
+    }
+    Ok(tokens)
+}
+
+/// Every elector renews back to back for `secs`; each renewal's latency.
+async fn renew_all(
+    pool: Arc<Vec<Mutex<Connection>>>,
+    tokens: Vec<i64>,
+    secs: f64,
+) -> Result<Vec<Duration>> {
+    let tokens = Arc::new(tokens);
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    hammer(tokens.len(), deadline, move |i| {
+        let (pool, tokens) = (pool.clone(), tokens.clone());
+        async move {
+            heartbeat(&pool[i % pool.len()], i, Some(tokens[i]))
+                .await
+                .map(drop)
+        }
+    })
+    .await
 }
 
 /// Runs `op(i)` for electors `0..n` back to back until `deadline`; the
@@ -153,22 +219,9 @@ async fn closed_loop(kind: Kind, leaderd: bool, n: usize, secs: f64) -> Result<R
     let (before, lat) = if leaderd {
         leaderd_rows(&db, n).await?;
         let pool = leaderd_pool(&db, pool_size).await?;
-        let mut tokens = Vec::new();
-        for i in 0..n {
-            tokens.push(heartbeat(&pool[i % pool_size], i, None).await?);
-        }
-        let tokens = Arc::new(tokens);
+        let tokens = lead_all(&pool, n).await?;
         let before = statements().await?;
-        let deadline = Instant::now() + Duration::from_secs_f64(secs);
-        let lat = hammer(n, deadline, move |i| {
-            let (pool, tokens) = (pool.clone(), tokens.clone());
-            async move {
-                heartbeat(&pool[i % pool.len()], i, Some(tokens[i]))
-                    .await
-                    .map(drop)
-            }
-        })
-        .await?;
+        let lat = renew_all(pool, tokens, secs).await?;
         (before, lat)
     } else {
         Seed::setup(kind, &db.url, n).await?;
@@ -208,7 +261,7 @@ async fn closed_loop(kind: Kind, leaderd: bool, n: usize, secs: f64) -> Result<R
 }
 
 /// Heartbeats per second, latency and round trips, leaderd against the seed.
-pub async fn cost(size: Size) -> Result<()> {
+pub async fn cost(size: Size) -> Result<Vec<CostRow>> {
     let secs = size.pick(5.0, 0.5);
     let electors: &[usize] = size.pick(&[1, 32, 256], &[1, 4]);
     println!("## Heartbeat cost\n");
@@ -222,6 +275,7 @@ pub async fn cost(size: Size) -> Result<()> {
     );
     println!("| backend | electors | leaderd hb/s | seed hb/s | ratio | leaderd p50 / p99 ms | seed p50 / p99 ms | round trips leaderd / seed |");
     println!("|---|---:|---:|---:|---:|---|---|---|");
+    let mut rows = Vec::new();
     for kind in [Kind::Postgres, Kind::Mysql] {
         for &n in electors {
             let ours = closed_loop(kind, true, n, secs).await?;
@@ -242,6 +296,110 @@ pub async fn cost(size: Size) -> Result<()> {
                 ms(base.lat.p99),
                 rt(&ours, 1),
                 rt(&base, seed::ROUND_TRIPS),
+            );
+            rows.push(CostRow {
+                kind,
+                electors: n,
+                leaderd: ours,
+                seed: base,
+            });
+        }
+    }
+    println!();
+    Ok(rows)
+}
+
+/// One way of reaching PostgreSQL.
+struct Route {
+    name: &'static str,
+    /// URL parameters.
+    params: &'static str,
+    /// Named prepared statements (direct connections only).
+    named: bool,
+    /// Through a PgBouncer in transaction pooling.
+    bouncer: bool,
+}
+
+const ROUTES: &[Route] = &[
+    Route {
+        name: "direct, plain, unnamed statements",
+        params: "sslmode=disable",
+        named: false,
+        bouncer: false,
+    },
+    Route {
+        name: "direct, plain, named prepared statements (the default when direct)",
+        params: "sslmode=disable",
+        named: true,
+        bouncer: false,
+    },
+    Route {
+        name: "direct, TLS (`sslmode=require`), unnamed",
+        params: "sslmode=require",
+        named: false,
+        bouncer: false,
+    },
+    Route {
+        name: "direct, TLS, named",
+        params: "sslmode=require",
+        named: true,
+        bouncer: false,
+    },
+    Route {
+        name: "PgBouncer 1.18 (transaction pooling), plain, unnamed (the default there)",
+        params: "sslmode=disable",
+        named: false,
+        bouncer: true,
+    },
+];
+
+/// Server connections PgBouncer may open per database in the bench.
+const BOUNCER_POOL: u32 = 20;
+
+/// Closed loop of leaderd renewals over one route.
+async fn route_loop(route: &Route, n: usize, secs: f64) -> Result<Run> {
+    let db = if route.bouncer {
+        TempDb::postgres_through_pgbouncer(BOUNCER_POOL)
+    } else {
+        TempDb::postgres()
+    };
+    leaderd_rows(&db, n).await?;
+    let url = format!("{}?{}", db.url, route.params);
+    let pool = connections(&url, Some(route.named), n.min(POOL)).await?;
+    let tokens = lead_all(&pool, n).await?;
+    let lat = renew_all(pool, tokens, secs).await?;
+    Ok(Run {
+        rate: lat.len() as f64 / secs,
+        lat: Summary::of(lat),
+        round_trips: None,
+    })
+}
+
+/// PostgreSQL renewals by connection route: unnamed against named
+/// statements, plain against TLS, direct against PgBouncer, in one run.
+pub async fn routes(size: Size) -> Result<()> {
+    let secs = size.pick(5.0, 0.5);
+    let electors: &[usize] = size.pick(&[1, 32], &[1]);
+    println!("## Heartbeat cost by connection route (PostgreSQL 15)\n");
+    println!(
+        "Closed loop, {secs} s per cell, as above: leaderd's renewal (one round trip), each \
+         elector renewing its own election through a pool of at most {POOL} connections; \
+         PgBouncer with {BOUNCER_POOL} server connections. Relative: to the first row's rate.\n"
+    );
+    println!("| route | electors | hb/s | relative | p50 / p99 ms |");
+    println!("|---|---:|---:|---:|---|");
+    for &n in electors {
+        let mut first = None;
+        for route in ROUTES {
+            let run = route_loop(route, n, secs).await?;
+            let base = *first.get_or_insert(run.rate);
+            println!(
+                "| {} | {n} | {:.0} | {:.2}× | {} / {} |",
+                route.name,
+                run.rate,
+                run.rate / base,
+                ms(run.lat.p50),
+                ms(run.lat.p99),
             );
         }
     }
@@ -291,7 +449,7 @@ async fn open_loop(n: usize, secs: f64, pool_size: usize) -> Result<(f64, Summar
 }
 
 /// How many replicas at 1 Hz one PostgreSQL serves with p99 under 50 ms.
-pub async fn scale(size: Size) -> Result<()> {
+pub async fn scale(size: Size) -> Result<Vec<ScaleStep>> {
     let secs = size.pick(10.0, 1.0);
     let pool = 32;
     let steps: &[usize] = size.pick(&[1000, 2000, 4000, 8000, 12000, 16000, 24000], &[50]);
@@ -303,6 +461,7 @@ pub async fn scale(size: Size) -> Result<()> {
     );
     println!("| replicas | renewals/s | p50 ms | p99 ms | max ms |");
     println!("|---:|---:|---:|---:|---:|");
+    let mut done = Vec::new();
     for &n in steps {
         let (rate, lat) = open_loop(n, secs, pool).await?;
         println!(
@@ -311,10 +470,15 @@ pub async fn scale(size: Size) -> Result<()> {
             ms(lat.p99),
             ms(lat.max)
         );
+        done.push(ScaleStep {
+            replicas: n,
+            rate,
+            lat,
+        });
         if lat.p99 > Duration::from_millis(50) {
             break;
         }
     }
     println!();
-    Ok(())
+    Ok(done)
 }

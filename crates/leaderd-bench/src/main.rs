@@ -2,24 +2,29 @@
 //! by side with the approach of the articles leaderd grew from, in one run.
 //!
 //! ```text
-//! cargo run --release -p leaderd-bench -- [--smoke] [heartbeat|scale|failover|serve|footprint]...
+//! cargo run --release -p leaderd-bench -- [--smoke] [--plots DIR] [heartbeat|scale|failover|exec|serve|footprint]...
 //! ```
 //!
 //! With no part named, all run. `--smoke` shrinks every part to seconds so
 //! the test run can exercise the bench without measuring anything. Output is
-//! Markdown, ready for `BENCHMARKS.md`. It uses the local PostgreSQL and
+//! Markdown, ready for `BENCHMARKS.md`; with `--plots DIR` every part but
+//! the footprint also draws an SVG plot into `DIR` (see `plot.rs`) and links
+//! it under its table. It uses the local PostgreSQL and
 //! MariaDB (see the test harness for the URLs) and the `leaderd` binary built
 //! beside it.
 
+mod exec;
 mod failover;
 mod heartbeat;
+mod plot;
 mod seed;
 mod serve;
 mod stats;
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 
 /// How big each part runs.
 #[derive(Debug, Clone, Copy)]
@@ -38,16 +43,29 @@ impl Size {
     }
 }
 
-const PARTS: &[&str] = &["heartbeat", "scale", "failover", "serve", "footprint"];
+const PARTS: &[&str] = &[
+    "heartbeat",
+    "scale",
+    "failover",
+    "exec",
+    "serve",
+    "footprint",
+];
 
 fn main() -> Result<()> {
     let mut smoke = false;
+    let mut plots: Option<PathBuf> = None;
     let mut parts = Vec::new();
-    for arg in std::env::args().skip(1) {
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
         match arg.as_str() {
             "--smoke" => smoke = true,
+            "--plots" => plots = Some(args.next().context("--plots needs a directory")?.into()),
             "--help" | "-h" => {
-                println!("usage: leaderd-bench [--smoke] [{}]...", PARTS.join("|"));
+                println!(
+                    "usage: leaderd-bench [--smoke] [--plots DIR] [{}]...",
+                    PARTS.join("|")
+                );
                 return Ok(());
             }
             p if PARTS.contains(&p) => parts.push(p.to_owned()),
@@ -56,6 +74,9 @@ fn main() -> Result<()> {
     }
     if parts.is_empty() {
         parts = PARTS.iter().map(|s| s.to_string()).collect();
+    }
+    if let Some(dir) = &plots {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     let size = Size { smoke };
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -70,12 +91,49 @@ fn main() -> Result<()> {
         }
     );
     println!("{}\n", machine());
+    // Each part prints its table; with --plots its plot follows.
+    let plot = |file: &str, alt: &str, draw: &dyn Fn(&Path) -> Result<()>| -> Result<()> {
+        if let Some(dir) = &plots {
+            let path = dir.join(file);
+            draw(&path).with_context(|| format!("plotting {}", path.display()))?;
+            println!("![{alt}]({})\n", path.display());
+        }
+        Ok(())
+    };
     for part in &parts {
         match part.as_str() {
-            "heartbeat" => rt.block_on(heartbeat::cost(size))?,
-            "scale" => rt.block_on(heartbeat::scale(size))?,
-            "failover" => rt.block_on(failover::run(size))?,
-            "serve" => rt.block_on(serve::leader_endpoint(size))?,
+            "heartbeat" => {
+                let rows = rt.block_on(heartbeat::cost(size))?;
+                plot(
+                    plot::HEARTBEAT,
+                    "Heartbeat throughput and p99 latency against electors, leaderd and the seed per backend",
+                    &|p| plot::heartbeat(p, &rows),
+                )?;
+                rt.block_on(heartbeat::routes(size))?;
+            }
+            "scale" => {
+                let steps = rt.block_on(heartbeat::scale(size))?;
+                plot(
+                    plot::SCALE,
+                    "Renewal latency and renewals served against replicas on one PostgreSQL",
+                    &|p| plot::scale(p, &steps),
+                )?;
+            }
+            "failover" => {
+                let cases = rt.block_on(failover::run(size))?;
+                plot(
+                    plot::FAILOVER,
+                    "Every failover time per backend and kind (SIGKILL, SIGTERM, release, seed)",
+                    &|p| plot::failover(p, &cases, failover::DAEMON_TTL),
+                )?;
+            }
+            "exec" => exec::run(size)?,
+            "serve" => {
+                let served = rt.block_on(serve::leader_endpoint(size))?;
+                plot(plot::SERVE, "GET /leader latency by percentile", &|p| {
+                    plot::serve(p, &served)
+                })?;
+            }
             "footprint" => serve::footprint(size)?,
             _ => unreachable!(),
         }

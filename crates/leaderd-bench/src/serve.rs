@@ -57,7 +57,14 @@ async fn client(port: u16, until: Instant) -> Result<Vec<Duration>> {
     Ok(lat)
 }
 
-pub async fn leader_endpoint(size: Size) -> Result<()> {
+/// The `/leader` run: its rate and every request's latency, sorted.
+#[derive(Debug, Clone)]
+pub struct Served {
+    pub rate: f64,
+    pub sorted: Vec<Duration>,
+}
+
+pub async fn leader_endpoint(size: Size) -> Result<Served> {
     let secs = size.pick(5.0, 0.5);
     let connections = 16;
     let db = TempDb::sqlite();
@@ -80,7 +87,8 @@ pub async fn leader_endpoint(size: Size) -> Result<()> {
         all.extend(t.await??);
     }
     let rate = all.len() as f64 / secs;
-    let s = Summary::of(all);
+    all.sort_unstable();
+    let s = Summary::of(all.clone());
     println!("## `/leader` serving\n");
     println!(
         "In-bench client: {connections} keep-alive connections on loopback sending `GET /leader` back \
@@ -95,26 +103,16 @@ pub async fn leader_endpoint(size: Size) -> Result<()> {
         ms(s.p99),
         ms(s.max)
     );
-    Ok(())
+    Ok(Served { rate, sorted: all })
 }
 
 /// utime + stime of `pid`, in clock ticks.
 fn cpu_ticks(pid: i32) -> Result<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the parenthesised command name; utime and stime are the
-    // 14th and 15th fields of the whole line.
-    let rest = stat.rsplit_once(')').context("stat format")?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    Ok(f[11].parse::<u64>()? + f[12].parse::<u64>()?)
+    leaderd_tests::cpu_ticks(pid).context("reading /proc/<pid>/stat")
 }
 
 fn status_kib(pid: i32, key: &str) -> Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let line = status
-        .lines()
-        .find(|l| l.starts_with(key))
-        .context("no such field")?;
-    Ok(line.split_whitespace().nth(1).context("value")?.parse()?)
+    leaderd_tests::status_kib(pid, key).with_context(|| format!("no {key} in /proc/<pid>/status"))
 }
 
 pub fn footprint(size: Size) -> Result<()> {

@@ -288,10 +288,7 @@ impl Engine {
             return None;
         }
         self.role = Role::Follower;
-        // Never shorter than a hold already asked for.
-        let until = self.hold_until.map_or(now + hold, |h| h.max(now + hold));
-        self.hold_until = Some(until);
-        self.next_attempt = self.next_attempt.max(until);
+        self.hold(now, hold);
         let released_instance = std::mem::replace(&mut self.instance, fresh_instance.into());
         if self.past_instances.len() == PAST_INSTANCES {
             self.past_instances.remove(0);
@@ -304,6 +301,16 @@ impl Engine {
             },
             released_instance,
         })
+    }
+
+    /// Does not attempt for `hold` from `now`; never shortens a hold already
+    /// asked for. A release that took a while (under `exec`, waiting for
+    /// the command) re-arms its hold once the row is free, so that the
+    /// others, not this replica, take it.
+    pub fn hold(&mut self, now: BootTime, hold: Duration) {
+        let until = self.hold_until.map_or(now + hold, |h| h.max(now + hold));
+        self.hold_until = Some(until);
+        self.next_attempt = self.next_attempt.max(until);
     }
 
     /// The app's health changed. An unhealthy app's replica steps down (as
@@ -499,14 +506,7 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn ms(n: u64) -> Duration {
-        Duration::from_millis(n)
-    }
-
-    fn at(n: u64) -> BootTime {
-        BootTime::from_since_boot(ms(10_000 + n))
-    }
+    use crate::time::test_times::{at, ms};
 
     fn engine() -> Engine {
         Engine::new(
@@ -816,6 +816,20 @@ mod tests {
         assert_eq!(f.release(at(0), ms(2000), "x"), None);
         assert_eq!(f.instance(), "inst-a");
         assert!(f.attempt_due(at(0)));
+    }
+
+    #[test]
+    fn a_hold_rearmed_after_a_slow_release_counts_from_then() {
+        let mut e = engine();
+        e.on_attempt(at(0), at(5), Attempt::Granted { token: 7 });
+        e.release(at(100), ms(2000), "inst-a2");
+        // The row was freed only at 3000 (the command took that long).
+        e.hold(at(3000), ms(2000));
+        assert!(!e.attempt_due(at(4999)));
+        assert!(e.attempt_due(at(5000)));
+        // Never shorter than the hold in force.
+        e.hold(at(3000), ms(10));
+        assert!(!e.attempt_due(at(4999)));
     }
 
     #[test]

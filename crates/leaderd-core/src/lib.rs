@@ -11,9 +11,11 @@
 //! serve HTTP, write the flag file, or handle signals (see the `leaderd`
 //! binary).
 
+mod child;
 mod engine;
 mod time;
 
+pub use child::{ChildAction, ChildTimer, StopGraceError};
 pub use engine::{Attempt, Engine, Event, LossReason, Observed, StepDown, View};
 pub use time::{BootTime, Timing, TimingError};
 

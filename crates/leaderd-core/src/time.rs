@@ -148,6 +148,22 @@ impl fmt::Display for Timing {
     }
 }
 
+/// Plain times for the unit tests of the state machines.
+#[cfg(test)]
+pub(crate) mod test_times {
+    use super::BootTime;
+    use std::time::Duration;
+
+    pub fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// `n` ms into a test, well after boot.
+    pub fn at(n: u64) -> BootTime {
+        BootTime::from_since_boot(ms(10_000 + n))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

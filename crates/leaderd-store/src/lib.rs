@@ -1,8 +1,11 @@
 //! Database adapters of leaderd: the `service_leader_lock` table on
 //! PostgreSQL, MySQL/MariaDB and SQLite.
 //!
-//! A [`Connection`] runs the spec's operations as fixed SQL statements (see
-//! `sql`), which the driver prepares once per connection:
+//! A [`Connection`] runs the spec's operations as fixed SQL statements: on
+//! MySQL and SQLite through diesel (see `sql`), prepared once per connection;
+//! on PostgreSQL on tokio-postgres as unnamed statements, so that they work
+//! through a transaction pooler (see `pg`). TLS (rustls) and the URL's
+//! parameters are in `tls` and `url`.
 //! - acquire-or-renew, judged by the database's clock. A leader's renewal is
 //!   one round trip everywhere; a refused attempt writes and locks nothing.
 //!   PostgreSQL does it all in one `UPDATE … RETURNING`; MySQL and SQLite read
@@ -34,6 +37,7 @@ mod mysql;
 mod pg;
 mod sql;
 mod sqlite;
+mod tls;
 mod url;
 mod wake;
 
@@ -52,9 +56,18 @@ pub enum StoreError {
     /// The URL cannot be used.
     #[error("invalid database URL: {0}")]
     InvalidUrl(String),
-    /// Connecting failed (network, authentication, unknown database).
+    /// Connecting failed (network, authentication, unknown database, a
+    /// TLS handshake refused: the message says why).
     #[error("cannot connect to the database: {0}")]
     Connect(#[source] diesel::ConnectionError),
+    /// The TLS set-up cannot be made (a CA or key file unreadable, no CA
+    /// store on the system).
+    #[error("TLS: {0}")]
+    Tls(String),
+    /// A PostgreSQL statement failed (tokio-postgres runs the lock-table
+    /// statements directly; see `pg`).
+    #[error("database error: {}", pg::describe(.0))]
+    Postgres(#[from] tokio_postgres::Error),
     /// A statement failed (missing table, permission denied, lost connection).
     #[error("database error: {0}")]
     Query(#[from] diesel::result::Error),
@@ -157,13 +170,6 @@ pub enum Migrated {
     Applied,
 }
 
-/// Opens a diesel-async connection; the error never carries the URL.
-async fn establish<C: diesel_async::AsyncConnection>(url: &DatabaseUrl) -> Result<C, StoreError> {
-    C::establish(url.expose())
-        .await
-        .map_err(StoreError::Connect)
-}
-
 /// Runs blocking work (migrations, opening SQLite) off the async threads.
 async fn run_blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
@@ -175,18 +181,16 @@ async fn run_blocking<T: Send + 'static>(
 
 /// Cancels the statement in flight on a connection, from outside it: a
 /// client-side timeout alone leaves the server working (or waiting on a lock)
-/// for a client that has gone.
-pub struct Canceller(tokio_postgres::CancelToken);
+/// for a client that has gone. A cancel request opens a new connection, with
+/// the same TLS as the one it cancels.
+pub struct Canceller(pg::CancelHandle);
 
 opaque_debug!(Canceller);
 
 impl Canceller {
     /// Asks the server to cancel; no timeout, wrap it.
     pub async fn cancel(self) -> Result<(), StoreError> {
-        self.0
-            .cancel_query(tokio_postgres::NoTls)
-            .await
-            .map_err(|e| StoreError::Local(format!("cancel request failed: {e}")))
+        self.0.cancel().await
     }
 }
 
@@ -213,8 +217,32 @@ impl Connection {
     /// bound their waits inside each statement instead.
     pub fn canceller(&self) -> Option<Canceller> {
         match self {
-            Connection::Postgres(c) => Some(Canceller(c.cancel_token())),
+            Connection::Postgres(c) => Some(Canceller(c.cancel_handle())),
             Connection::Mysql(_) | Connection::Sqlite(_) => None,
+        }
+    }
+
+    /// PostgreSQL: whether statements are named and prepared once on this
+    /// connection, which is done only when it was found to reach the server
+    /// directly (no pooler or proxy); else they are unnamed. `None` while
+    /// that is being found (beside the first statements, which are unnamed
+    /// until then). Elsewhere `Some(false)` (diesel prepares MySQL's and
+    /// SQLite's once per connection, which needs no such care: no
+    /// transaction pooler sits in front).
+    pub fn named_statements(&mut self) -> Option<bool> {
+        match self {
+            Connection::Postgres(c) => c.named_statements(),
+            Connection::Mysql(_) | Connection::Sqlite(_) => Some(false),
+        }
+    }
+
+    /// PostgreSQL: overrides [`Connection::named_statements`], for the
+    /// heartbeat bench's comparison. Never force named statements through a
+    /// pooler: they fail there, or run another client's statement of the
+    /// same name. Elsewhere a no-op.
+    pub fn set_named_statements(&mut self, named: bool) {
+        if let Connection::Postgres(c) = self {
+            c.set_named_statements(named);
         }
     }
 

@@ -15,6 +15,8 @@ use diesel_async::{AsyncMysqlConnection, RunQueryDsl};
 use crate::cas::{self, CasOps};
 use crate::migrate;
 use crate::sql::{Bind, Stmt};
+use crate::tls::{Files, Verify};
+use crate::url::TlsMode;
 use crate::{
     observed, Attempt, DatabaseUrl, ElectionRow, LeaseRequest, Migrated, Observed, StoreError,
 };
@@ -110,6 +112,75 @@ const MIGRATION: migrate::Plan = migrate::Plan {
 
 migrate::migrate_with!(AsyncMysqlConnection);
 
+/// Opens a connection with the URL's TLS, as diesel-async's own `establish`
+/// would otherwise (no driver-side statement cache, `CLIENT_FOUND_ROWS`).
+///
+/// TLS is mysql_async's, on rustls, from the URL's options; it reads the CA
+/// and key files itself at each connect. `PREFERRED` is as MySQL's clients
+/// do it: TLS (unverified) when the server offers it, else plain text.
+/// Without `ssl-ca`, the system's CA store is given instead of the driver's
+/// compiled-in Mozilla list, as on PostgreSQL.
+pub(crate) async fn establish(url: &DatabaseUrl) -> Result<AsyncMysqlConnection, StoreError> {
+    let opts = mysql_async::Opts::from_url(url.expose())
+        .map_err(|e| StoreError::InvalidUrl(e.to_string()))?;
+    let base = mysql_async::OptsBuilder::from_opts(opts)
+        .stmt_cache_size(0)
+        .client_found_rows(true);
+    let want = url.tls();
+    let connected = match want.mode {
+        TlsMode::Disable => mysql_async::Conn::new(base).await,
+        TlsMode::Require(verify) => {
+            mysql_async::Conn::new(base.ssl_opts(ssl_opts(verify, &want.files))).await
+        }
+        TlsMode::Prefer => {
+            let tls = base
+                .clone()
+                .ssl_opts(ssl_opts(Verify::Nothing, &want.files));
+            match mysql_async::Conn::new(tls).await {
+                Err(mysql_async::Error::Driver(
+                    mysql_async::DriverError::NoClientSslFlagFromServer,
+                )) => mysql_async::Conn::new(base).await,
+                other => other,
+            }
+        }
+    };
+    let conn = connected
+        .map_err(|e| StoreError::Connect(diesel::ConnectionError::BadConnection(e.to_string())))?;
+    AsyncMysqlConnection::try_from(conn)
+        .await
+        .map_err(StoreError::Connect)
+}
+
+fn ssl_opts(verify: Verify, files: &Files) -> mysql_async::SslOpts {
+    let mut opts = mysql_async::SslOpts::default();
+    opts = match verify {
+        Verify::Nothing => opts.with_danger_accept_invalid_certs(true),
+        // Never parsed from a URL (see `url`): the driver's name skip does
+        // not work with this rustls, so it would check the name anyway.
+        Verify::Chain | Verify::Full => opts,
+    };
+    if verify != Verify::Nothing {
+        // The driver does not name the root type; `into` finds it.
+        opts = match &files.root {
+            Some(path) => opts.with_root_certs(vec![path.clone().into()]),
+            None => opts.with_root_certs(
+                crate::tls::system_roots()
+                    .into_iter()
+                    .map(|der| der.to_vec().into())
+                    .collect(),
+            ),
+        }
+        .with_disable_built_in_roots(true);
+    }
+    if let (Some(cert), Some(key)) = (&files.cert, &files.key) {
+        opts = opts.with_client_identity(Some(mysql_async::ClientIdentity::new(
+            cert.clone().into(),
+            key.clone().into(),
+        )));
+    }
+    opts
+}
+
 /// A MySQL/MariaDB connection holding the lock-table statements.
 pub struct MysqlStore {
     conn: AsyncMysqlConnection,
@@ -120,7 +191,7 @@ opaque_debug!(MysqlStore);
 
 impl MysqlStore {
     pub(crate) async fn connect(url: &DatabaseUrl) -> Result<Self, StoreError> {
-        let mut conn: AsyncMysqlConnection = crate::establish(url).await?;
+        let mut conn: AsyncMysqlConnection = establish(url).await?;
         let (autocommit, version): (i64, String) = Stmt::<(BigInt, Text)>::new(SESSION, [])
             .get_result(&mut conn)
             .await?;
@@ -308,7 +379,7 @@ impl LockWaiter {
         wait: std::time::Duration,
     ) -> Result<Self, StoreError> {
         Ok(Self {
-            conn: crate::establish(url).await?,
+            conn: establish(url).await?,
             election: election.to_owned(),
             wait,
         })
@@ -317,7 +388,9 @@ impl LockWaiter {
     /// Returns when a leader's lock was freed.
     pub(crate) async fn next(&mut self) -> Result<String, StoreError> {
         let wait_ms = i64::try_from(self.wait.as_millis()).unwrap_or(i64::MAX);
-        let woke = tokio::time::Instant::now();
+        // When a leader was last seen holding the lock: its lock is looked
+        // for often for a while after it goes (see `IDLE_SOON`).
+        let mut woke = tokio::time::Instant::now();
         loop {
             let held: bool =
                 Stmt::<diesel::sql_types::Bool>::new(LOCK_HELD, [Bind::Text(&self.election)])
@@ -333,6 +406,7 @@ impl LockWaiter {
                 tokio::time::sleep(idle).await;
                 continue;
             }
+            woke = tokio::time::Instant::now();
             let got: Option<i64> = Stmt::<Nullable<BigInt>>::new(
                 WAIT_FOR_LOCK,
                 [Bind::Text(&self.election), Bind::BigInt(wait_ms)],
@@ -360,7 +434,7 @@ opaque_debug!(Presence);
 impl Presence {
     pub(crate) async fn connect(url: &DatabaseUrl, election: &str) -> Result<Self, StoreError> {
         Ok(Self {
-            conn: crate::establish(url).await?,
+            conn: establish(url).await?,
             election: election.to_owned(),
         })
     }

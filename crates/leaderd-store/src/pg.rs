@@ -1,17 +1,35 @@
-//! PostgreSQL: the lock table on `tokio-postgres` (pure Rust) via diesel-async.
+//! PostgreSQL: the lock table on `tokio-postgres` (pure Rust), over rustls
+//! when the URL asks for TLS (see `tls`).
 //!
 //! Clock: `now()`, the start of each autocommit statement, on the server.
 //! Acquire-or-renew is one `UPDATE … RETURNING` that also reads the holder when
 //! refused. Release wakes waiting replicas with `NOTIFY leaderd, '<election>'`.
+//!
+//! Pooler-safe: the lock-table statements run on tokio-postgres directly and
+//! the session is never `SET`. Through PgBouncer in transaction pooling each
+//! statement may run on another server connection, where a named statement
+//! prepared earlier does not exist (or another client's exists under the same
+//! name, which could even be a different statement); diesel-async prepares
+//! named statements for every query and `SET`s the time zone at connect, so
+//! it is not used here at all. Statements are therefore *unnamed*
+//! (`query_typed`: parse, bind and execute in one round trip) unless the
+//! connection is known to be direct: the server's view of its peer is a TCP
+//! socket of this very process (see [`direct`]). Then they are named and
+//! prepared once (from the first statement after the check answers): the server's parse and plan of each renewal cost
+//! 2.5× the throughput at 32 electors (BENCHMARKS.md). Anything unknown
+//! (a Unix socket, NAT, a proxy of any kind, no `/proc`) counts as not
+//! direct: slower, never wrong.
 
 use std::time::Duration;
 
-use diesel::sql_types::{BigInt, Bool, Nullable, Text};
-use diesel_async::{AsyncPgConnection, RunQueryDsl};
-use futures_util::StreamExt;
+use tokio::sync::mpsc;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{AsyncMessage, Client, Row};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::migrate;
-use crate::sql::{Bind, Stmt};
+use crate::tls::{self, Verify};
+use crate::url::TlsMode;
 use crate::{observed, Attempt, DatabaseUrl, ElectionRow, LeaseRequest, Migrated, StoreError};
 
 /// The `LISTEN`/`NOTIFY` channel; the payload is the election name.
@@ -33,8 +51,6 @@ const MIGRATION: migrate::Plan = migrate::Plan {
     legacy: "SELECT to_regclass('__diesel_schema_migrations') IS NOT NULL",
 };
 
-migrate::migrate_with!(AsyncPgConnection);
-
 /// Renews when this instance holds a live lease, takes the row when it is
 /// expired (bumping the token), else returns the current holder: one round
 /// trip. A refusal matches no row in the `UPDATE`, so it writes nothing,
@@ -43,9 +59,9 @@ migrate::migrate_with!(AsyncPgConnection);
 /// lock someone else holds (a waiting backend outlives the client's timeout
 /// and would pile up connections); a skipped row reads as a refusal that
 /// shows the row as it was. Binds: election, instance, holder, ttl in
-/// microseconds.
+/// microseconds; see [`ACQUIRE_TYPES`].
 const ACQUIRE_OR_RENEW: &str = "\
-WITH p AS (SELECT ?::varchar AS name, ?::varchar AS inst, ?::varchar AS holder, ?::bigint AS ttl_us),
+WITH p AS (SELECT $1::varchar AS name, $2::varchar AS inst, $3::varchar AS holder, $4::bigint AS ttl_us),
 c AS (
   SELECT l.id FROM service_leader_lock l, p
    WHERE l.name = p.name AND (l.expires_at <= now() OR l.instance = p.inst)
@@ -72,101 +88,408 @@ SELECT FALSE, l.holder, l.instance, l.token,
   FROM service_leader_lock l, p
  WHERE l.name = p.name AND NOT EXISTS (SELECT 1 FROM u)";
 
-type AttemptRow = (bool, Option<String>, Option<String>, i64, i64);
+const ACQUIRE_TYPES: &[Type] = &[Type::VARCHAR, Type::VARCHAR, Type::VARCHAR, Type::INT8];
 
 /// A leader's renewal: the cheapest statement that does it (no read-back of a
 /// holder), one round trip; `SKIP LOCKED` as above. Matching no row means the
 /// lease is no longer ours, or the row is locked; the full statement above
 /// then says which. Binds: election, instance, token, ttl in microseconds.
 const RENEW: &str = "WITH c AS (SELECT id FROM service_leader_lock \
-      WHERE name = ? AND instance = ? AND token = ? AND expires_at > now() \
+      WHERE name = $1 AND instance = $2 AND token = $3 AND expires_at > now() \
       FOR UPDATE SKIP LOCKED) \
     UPDATE service_leader_lock l SET renewed_at = now(), \
-      expires_at = GREATEST(l.expires_at, now() + ? * INTERVAL '1 microsecond') \
+      expires_at = GREATEST(l.expires_at, now() + $4 * INTERVAL '1 microsecond') \
     FROM c WHERE l.id = c.id RETURNING l.token";
+const RENEW_TYPES: &[Type] = &[Type::VARCHAR, Type::VARCHAR, Type::INT8, Type::INT8];
 
 /// Creates a missing row: free, blocked until `now + ttl` so that a holder
 /// whose row was deleted steps down before anyone takes over, and with a token
 /// from the clock in microseconds so tokens never go backwards.
 const CREATE: &str = "INSERT INTO service_leader_lock (name, token, expires_at) \
-    SELECT ?, (EXTRACT(EPOCH FROM now()) * 1000000)::bigint, now() + ? * INTERVAL '1 microsecond' \
+    SELECT $1, (EXTRACT(EPOCH FROM now()) * 1000000)::bigint, now() + $2 * INTERVAL '1 microsecond' \
     ON CONFLICT (name) DO NOTHING";
+const CREATE_TYPES: &[Type] = &[Type::VARCHAR, Type::INT8];
 
 /// Frees the row if this instance holds it and notifies the waiting replicas
 /// (delivered at commit), in one round trip.
 const RELEASE: &str = "WITH r AS (UPDATE service_leader_lock SET holder = NULL, instance = NULL, \
-    expires_at = now() WHERE name = ? AND instance = ? RETURNING name) \
+    expires_at = now() WHERE name = $1 AND instance = $2 RETURNING name) \
     SELECT count(pg_notify('leaderd', r.name)) FROM r";
+const RELEASE_TYPES: &[Type] = &[Type::VARCHAR, Type::VARCHAR];
 
 const ELECTIONS: &str = "SELECT name, holder, token, \
     (EXTRACT(EPOCH FROM expires_at - now()) * 1000000)::bigint \
     FROM service_leader_lock ORDER BY name";
 
-/// A PostgreSQL connection holding the lock-table statements.
+/// A tokio-postgres error with its causes: its own `Display` says only
+/// "db error" or "error performing TLS handshake", leaving out the server's
+/// message or why the handshake failed (unknown CA, name mismatch, no TLS).
+pub(crate) fn describe(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        return format!("{}: {}", db.severity(), db.message());
+    }
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        let more = cause.to_string();
+        if !text.contains(&more) {
+            text = format!("{text}: {more}");
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// An open tokio-postgres connection: the client, how to cancel on it, and
+/// (for a [`Listener`]) the notifications it receives.
+struct Opened {
+    client: Client,
+    cancel: CancelHandle,
+    notifications: Option<mpsc::UnboundedReceiver<Result<String, tokio_postgres::Error>>>,
+}
+
+/// Connects with the URL's TLS (files read now). The connection's messages
+/// are driven by a task that ends when the client is dropped; it forwards
+/// notifications only when `listen`, so that a connection that never asked
+/// for any (but, behind a pooler, may be handed some) stores nothing.
+async fn open(url: &DatabaseUrl, listen: bool) -> Result<Opened, StoreError> {
+    let mut config: tokio_postgres::Config = url
+        .expose()
+        .parse()
+        .map_err(|e: tokio_postgres::Error| StoreError::InvalidUrl(e.to_string()))?;
+    let want = url.tls();
+    let (tx, rx) = if listen {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (Some(tx), Some(rx))
+    } else {
+        (None, None)
+    };
+    let failed = |e: tokio_postgres::Error| {
+        StoreError::Connect(diesel::ConnectionError::BadConnection(describe(&e)))
+    };
+    let hosts = config.get_hosts();
+    let unix_only = !hosts.is_empty()
+        && hosts
+            .iter()
+            .all(|h| matches!(h, tokio_postgres::config::Host::Unix(_)));
+    let tls_mode = match want.mode {
+        // As libpq: no TLS over a Unix socket (the server offers none there,
+        // and the channel never leaves the host), whatever `sslmode` says.
+        _ if unix_only => None,
+        TlsMode::Disable => None,
+        TlsMode::Prefer => Some((tokio_postgres::config::SslMode::Prefer, Verify::Nothing)),
+        TlsMode::Require(v) => Some((tokio_postgres::config::SslMode::Require, v)),
+    };
+    let (client, tls) = match tls_mode {
+        None => {
+            config.ssl_mode(tokio_postgres::config::SslMode::Disable);
+            let (client, connection) = config
+                .connect(tokio_postgres::NoTls)
+                .await
+                .map_err(failed)?;
+            tokio::spawn(drive(connection, tx));
+            (client, None)
+        }
+        Some((ssl_mode, verify)) => {
+            config.ssl_mode(ssl_mode);
+            let tls = MakeRustlsConnect::new(tls::client_config(verify, &want.files)?);
+            let (client, connection) = config.connect(tls.clone()).await.map_err(failed)?;
+            tokio::spawn(drive(connection, tx));
+            (client, Some(tls))
+        }
+    };
+    Ok(Opened {
+        cancel: CancelHandle {
+            token: client.cancel_token(),
+            tls,
+        },
+        client,
+        notifications: rx,
+    })
+}
+
+/// Polls a connection until it closes, forwarding notifications (and the
+/// error that ends it) to `tx`.
+async fn drive<S, T>(
+    mut connection: tokio_postgres::Connection<S, T>,
+    tx: Option<mpsc::UnboundedSender<Result<String, tokio_postgres::Error>>>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    loop {
+        match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            Some(Ok(AsyncMessage::Notification(n))) => {
+                if let Some(tx) = &tx {
+                    let _ = tx.send(Ok(n.payload().to_owned()));
+                }
+            }
+            // Notices (e.g. "there is no transaction in progress"): nothing
+            // to act on.
+            Some(Ok(_)) => {}
+            Some(Err(e)) => {
+                if let Some(tx) = &tx {
+                    let _ = tx.send(Err(e));
+                }
+                return;
+            }
+            None => return,
+        }
+    }
+}
+
+/// Starts finding out whether `client` talks to the server directly: the
+/// server sees as its peer a TCP socket that this process holds. Through a
+/// pooler or any proxy the server's peer is the proxy's socket, found in no
+/// file descriptor of ours. Every doubt (a Unix socket, no `/proc`, a failed
+/// query) is `false`. The server is asked now (one round trip); the lookup in
+/// `/proc`, which reads every TCP socket of the host's network namespace
+/// (tens of milliseconds with many thousands in TIME_WAIT), runs on a
+/// blocking thread meanwhile, so that it never delays an attempt: statements
+/// stay unnamed until it answers.
+async fn direct(client: &Client) -> Option<tokio::task::JoinHandle<bool>> {
+    const SEEN: &str = "SELECT host(inet_client_addr()), inet_client_port(), \
+        host(inet_server_addr()), inet_server_port()";
+    let rows = client.query_typed(SEEN, &[]).await.ok()?;
+    let row = rows.first()?;
+    let addr = |i: usize, j: usize| -> Option<std::net::SocketAddr> {
+        let ip: String = row.try_get::<_, Option<String>>(i).ok()??;
+        let port: i32 = row.try_get::<_, Option<i32>>(j).ok()??;
+        Some(std::net::SocketAddr::new(
+            ip.parse().ok()?,
+            u16::try_from(port).ok()?,
+        ))
+    };
+    let (ours, theirs) = (addr(0, 1)?, addr(2, 3)?);
+    Some(tokio::task::spawn_blocking(move || {
+        own_socket(ours, theirs)
+    }))
+}
+
+/// Whether this process holds a TCP socket from `local` to `remote`: among
+/// the sockets of `/proc/self/fd`, one that `/proc/self/net/tcp{,6}` shows
+/// with these addresses.
+fn own_socket(local: std::net::SocketAddr, remote: std::net::SocketAddr) -> bool {
+    let Ok(fds) = std::fs::read_dir("/proc/self/fd") else {
+        return false;
+    };
+    // Our sockets' inodes first (a handful), so that only their lines of
+    // the (possibly huge) tables are parsed.
+    let ours: Vec<String> = fds
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|t| {
+            let t = t.to_str()?;
+            Some(t.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
+        })
+        .collect();
+    if ours.is_empty() {
+        return false;
+    }
+    ["/proc/self/net/tcp", "/proc/self/net/tcp6"]
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .any(|table| {
+            table.lines().skip(1).any(|line| {
+                let f: Vec<&str> = line.split_whitespace().take(10).collect();
+                f.len() == 10
+                    && ours.iter().any(|i| i == f[9])
+                    && proc_addr(f[1]) == Some(local)
+                    && proc_addr(f[2]) == Some(remote)
+            })
+        })
+}
+
+/// An address as `/proc/net/tcp` prints it: each 32-bit word of the address
+/// in the host's byte order, in hex, then `:` and the port in hex. IPv4
+/// addresses mapped into IPv6 compare as IPv4, as the server reports them.
+fn proc_addr(text: &str) -> Option<std::net::SocketAddr> {
+    let (ip, port) = text.split_once(':')?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    let mut bytes = Vec::with_capacity(16);
+    for i in (0..ip.len()).step_by(8) {
+        let word = u32::from_str_radix(ip.get(i..i + 8)?, 16).ok()?;
+        bytes.extend_from_slice(&word.to_ne_bytes());
+    }
+    let ip = match bytes.len() {
+        4 => std::net::IpAddr::from(<[u8; 4]>::try_from(bytes).ok()?),
+        16 => {
+            let v6 = std::net::Ipv6Addr::from(<[u8; 16]>::try_from(bytes).ok()?);
+            v6.to_ipv4_mapped()
+                .map_or(std::net::IpAddr::V6(v6), std::net::IpAddr::V4)
+        }
+        _ => return None,
+    };
+    Some(std::net::SocketAddr::new(ip, port))
+}
+
+/// What cancels a statement on one connection: its cancel token and the TLS
+/// it was opened with (a cancel request is a new connection to the server;
+/// none over a Unix socket).
+#[derive(Clone)]
+pub(crate) struct CancelHandle {
+    token: tokio_postgres::CancelToken,
+    tls: Option<MakeRustlsConnect>,
+}
+
+impl CancelHandle {
+    pub(crate) async fn cancel(self) -> Result<(), StoreError> {
+        let sent = match self.tls {
+            Some(tls) => self.token.cancel_query(tls).await,
+            None => self.token.cancel_query(tokio_postgres::NoTls).await,
+        };
+        sent.map_err(|e| StoreError::Local(format!("cancel request failed: {e}")))
+    }
+}
+
+/// A PostgreSQL connection running the lock-table statements.
 pub struct PgStore {
-    conn: AsyncPgConnection,
+    client: Client,
+    cancel: CancelHandle,
+    /// Named statements prepared once on this connection, once it is known
+    /// to be direct; `None`: unnamed statements, the pooler-safe default.
+    named: Option<Vec<(&'static str, tokio_postgres::Statement)>>,
+    /// Whether the connection is direct, while [`direct`] finds out.
+    finding: Option<tokio::task::JoinHandle<bool>>,
 }
 
 opaque_debug!(PgStore);
 
 impl PgStore {
     pub(crate) async fn connect(url: &DatabaseUrl) -> Result<Self, StoreError> {
-        let conn: AsyncPgConnection = crate::establish(url).await?;
-        Ok(Self { conn })
+        let opened = open(url, false).await?;
+        let finding = direct(&opened.client).await;
+        Ok(Self {
+            client: opened.client,
+            cancel: opened.cancel,
+            named: None,
+            finding,
+        })
     }
 
-    pub(crate) fn cancel_token(&self) -> tokio_postgres::CancelToken {
-        self.conn.cancel_token()
+    pub(crate) fn cancel_handle(&self) -> CancelHandle {
+        self.cancel.clone()
+    }
+
+    /// Takes [`direct`]'s answer once it is there.
+    fn settle(&mut self) {
+        use futures_util::FutureExt;
+        if let Some(finding) = &mut self.finding {
+            if finding.is_finished() {
+                let direct = finding.now_or_never().and_then(Result::ok) == Some(true);
+                self.finding = None;
+                if direct {
+                    self.named = Some(Vec::new());
+                }
+            }
+        }
+    }
+
+    /// Whether statements are named and prepared once on this connection
+    /// (found direct) rather than unnamed; `None` while that is being found.
+    pub(crate) fn named_statements(&mut self) -> Option<bool> {
+        self.settle();
+        self.finding.is_none().then_some(self.named.is_some())
+    }
+
+    /// Overrides what is found at connect, for the heartbeat bench's
+    /// comparison. Named statements through a transaction pooler fail, or
+    /// run another client's statement of the same name.
+    pub(crate) fn set_named_statements(&mut self, named: bool) {
+        self.finding = None;
+        match (named, self.named.is_some()) {
+            (true, false) => self.named = Some(Vec::new()),
+            (false, true) => self.named = None,
+            _ => {}
+        }
+    }
+
+    /// One statement, one round trip.
+    async fn query(
+        &mut self,
+        sql: &'static str,
+        types: &[Type],
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, StoreError> {
+        self.settle();
+        let typed = || -> Vec<(&(dyn ToSql + Sync), Type)> {
+            params
+                .iter()
+                .zip(types)
+                .map(|(p, t)| (*p, t.clone()))
+                .collect()
+        };
+        let Some(named) = &mut self.named else {
+            return Ok(self.client.query_typed(sql, &typed()).await?);
+        };
+        if let Some((_, stmt)) = named.iter().find(|(s, _)| *s == sql) {
+            return Ok(self.client.query(stmt, params).await?);
+        }
+        // Not prepared yet: this call runs unnamed, and the statement is
+        // prepared beside it, pipelined on the connection: still one round
+        // trip.
+        let now_typed = typed();
+        let (rows, stmt) = tokio::join!(
+            self.client.query_typed(sql, &now_typed),
+            self.client.prepare_typed(sql, types)
+        );
+        if let Ok(stmt) = stmt {
+            named.push((sql, stmt));
+        }
+        Ok(rows?)
     }
 
     pub(crate) async fn acquire_or_renew(
         &mut self,
         req: &LeaseRequest<'_>,
     ) -> Result<Attempt, StoreError> {
+        let ttl_us = req.ttl_us();
         if let Some(held) = req.held_token {
-            let renewed: Vec<i64> = Stmt::<BigInt>::new(
-                RENEW,
-                [
-                    Bind::Text(req.election),
-                    Bind::Text(req.instance),
-                    Bind::BigInt(held),
-                    Bind::BigInt(req.ttl_us()),
-                ],
-            )
-            .load(&mut self.conn)
-            .await?;
-            if let Some(token) = renewed.into_iter().next() {
+            let renewed = self
+                .query(
+                    RENEW,
+                    RENEW_TYPES,
+                    &[&req.election, &req.instance, &held, &ttl_us],
+                )
+                .await?;
+            if let Some(row) = renewed.first() {
+                let token: i64 = row.try_get(0)?;
+                // A renewal keeps the token; anything else is not our
+                // statement's answer, and must not read as a grant.
+                if token != held {
+                    return Err(StoreError::Local(format!(
+                        "a renewal answered token {token}, not the token held ({held})"
+                    )));
+                }
                 return Ok(Attempt::Granted { token });
             }
         }
-        let binds = [
-            Bind::Text(req.election),
-            Bind::Text(req.instance),
-            Bind::Text(req.holder),
-            Bind::BigInt(req.ttl_us()),
-        ];
-        let rows: Vec<AttemptRow> =
-            Stmt::<(Bool, Nullable<Text>, Nullable<Text>, BigInt, BigInt)>::new(
+        let rows = self
+            .query(
                 ACQUIRE_OR_RENEW,
-                binds,
+                ACQUIRE_TYPES,
+                &[&req.election, &req.instance, &req.holder, &ttl_us],
             )
-            .load(&mut self.conn)
             .await?;
-        match rows.into_iter().next() {
-            Some((true, _, _, token, _)) => Ok(Attempt::Granted { token }),
-            Some((false, holder, instance, token, remaining_us)) => {
-                let seen = observed((holder, instance, token, remaining_us));
-                crate::refusal(req, seen)
-            }
-            None => {
-                Stmt::<()>::new(
-                    CREATE,
-                    [Bind::Text(req.election), Bind::BigInt(req.ttl_us())],
-                )
-                .execute(&mut self.conn)
+        let Some(row) = rows.first() else {
+            self.query(CREATE, CREATE_TYPES, &[&req.election, &ttl_us])
                 .await?;
-                Ok(Attempt::Created)
+            return Ok(Attempt::Created);
+        };
+        let seen = observed((
+            row.try_get(1)?,
+            row.try_get(2)?,
+            row.try_get(3)?,
+            row.try_get(4)?,
+        ));
+        if row.try_get::<_, bool>(0)? {
+            if seen.instance.as_deref() != Some(req.instance) {
+                return Err(StoreError::Local(
+                    "a grant that does not name this instance".to_owned(),
+                ));
             }
+            Ok(Attempt::Granted { token: seen.token })
+        } else {
+            crate::refusal(req, seen)
         }
     }
 
@@ -175,22 +498,84 @@ impl PgStore {
         election: &str,
         instance: &str,
     ) -> Result<bool, StoreError> {
-        let n: i64 = Stmt::<BigInt>::new(RELEASE, [Bind::Text(election), Bind::Text(instance)])
-            .get_result(&mut self.conn)
+        let rows = self
+            .query(RELEASE, RELEASE_TYPES, &[&election, &instance])
             .await?;
+        let n: i64 = match rows.first() {
+            Some(row) => row.try_get(0)?,
+            None => 0,
+        };
         Ok(n > 0)
     }
 
     pub(crate) async fn elections(&mut self) -> Result<Vec<ElectionRow>, StoreError> {
-        let rows: Vec<(String, Option<String>, i64, i64)> =
-            Stmt::<(Text, Nullable<Text>, BigInt, BigInt)>::new(ELECTIONS, [])
-                .load(&mut self.conn)
-                .await?;
-        Ok(rows.into_iter().map(ElectionRow::from).collect())
+        let rows = self.query(ELECTIONS, &[], &[]).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(ElectionRow::from((
+                    r.try_get(0)?,
+                    r.try_get(1)?,
+                    r.try_get(2)?,
+                    r.try_get(3)?,
+                )))
+            })
+            .collect()
     }
 
-    pub(crate) async fn migrate(mut self) -> Result<Migrated, StoreError> {
-        migrate_with(&mut self.conn, &MIGRATION).await
+    /// As `migrate::migrate_with` does on the other backends, on
+    /// tokio-postgres: the checks are unnamed statements and the lock and
+    /// steps one transaction, so a transaction pooler runs them all on one
+    /// server connection.
+    pub(crate) async fn migrate(self) -> Result<Migrated, StoreError> {
+        use migrate::{LEGACY_DELETE, LEGACY_DROP, LEGACY_OTHERS, LEGACY_VERSION};
+        let client = &self.client;
+        let flag = |sql: &'static str| async move {
+            let row = client.query_typed(sql, &[]).await?;
+            let found: Option<bool> = row.first().map(|r| r.try_get(0)).transpose()?;
+            Ok::<bool, StoreError>(found.unwrap_or(false))
+        };
+        let plan = &MIGRATION;
+        let mut result = Migrated::UpToDate;
+        if !flag(plan.current).await? {
+            client.batch_execute(plan.lock).await?;
+            if !flag(plan.current).await? {
+                client
+                    .batch_execute(&plan.steps.concat())
+                    .await
+                    .map_err(|e| StoreError::Migration(e.to_string()))?;
+                result = Migrated::Applied;
+            }
+            client.batch_execute(plan.unlock).await?;
+        }
+        if flag(plan.legacy).await? {
+            let forget = async {
+                let text = [(&LEGACY_VERSION as &(dyn ToSql + Sync), Type::VARCHAR)];
+                let ours = client
+                    .execute_typed(&LEGACY_DELETE.replace('?', "$1"), &text)
+                    .await?;
+                if ours == 0 {
+                    return Ok::<(), StoreError>(());
+                }
+                let others = client
+                    .query_typed(&LEGACY_OTHERS.replace('?', "$1"), &text)
+                    .await?;
+                let others: i64 = match others.first() {
+                    Some(r) => r.try_get(0)?,
+                    None => 0,
+                };
+                if others == 0 {
+                    client.batch_execute(LEGACY_DROP).await?;
+                }
+                Ok(())
+            };
+            if let Err(e) = forget.await {
+                tracing::warn!(
+                    error = %e,
+                    "could not remove leaderd's old entry from __diesel_schema_migrations"
+                );
+            }
+        }
+        Ok(result)
     }
 }
 
@@ -205,7 +590,10 @@ pub struct Probe {
 
 /// A dedicated connection that `LISTEN`s for release notifications.
 pub struct Listener {
-    conn: AsyncPgConnection,
+    client: Client,
+    notifications: mpsc::UnboundedReceiver<Result<String, tokio_postgres::Error>>,
+    /// For the probe's sender, a connection of its own.
+    url: DatabaseUrl,
 }
 
 opaque_debug!(Listener);
@@ -213,11 +601,17 @@ opaque_debug!(Listener);
 impl Listener {
     /// Connects and subscribes.
     pub async fn connect(url: &DatabaseUrl) -> Result<Self, StoreError> {
-        let mut conn: AsyncPgConnection = crate::establish(url).await?;
-        diesel::sql_query(format!("LISTEN {CHANNEL}"))
-            .execute(&mut conn)
+        let opened = open(url, true).await?;
+        // The simple-query protocol: no prepared statement, named or not.
+        opened
+            .client
+            .batch_execute(&format!("LISTEN {CHANNEL}"))
             .await?;
-        Ok(Self { conn })
+        Ok(Self {
+            client: opened.client,
+            notifications: opened.notifications.expect("opened to listen"),
+            url: url.clone(),
+        })
     }
 
     /// Sends a notification to itself and waits up to `within` for it.
@@ -228,10 +622,17 @@ impl Listener {
     /// meanwhile are returned, not lost.
     pub async fn probe(&mut self, within: Duration, nonce: &str) -> Result<Probe, StoreError> {
         let payload = format!("leaderd-probe-{nonce}");
-        diesel::sql_query("SELECT pg_notify($1, $2)")
-            .bind::<Text, _>(CHANNEL)
-            .bind::<Text, _>(&payload)
-            .execute(&mut self.conn)
+        // Sent from another connection, as a release is: through a
+        // transaction pooler both could run on the same server connection,
+        // and the notification would come back to the listener although
+        // releases never would.
+        let sender = open(&self.url, false).await?;
+        sender
+            .client
+            .query_typed(
+                "SELECT pg_notify($1, $2)::text",
+                &[(&CHANNEL, Type::TEXT), (&payload, Type::TEXT)],
+            )
             .await?;
         let mut others = Vec::new();
         let wait = async {
@@ -247,19 +648,60 @@ impl Listener {
             Ok(r) => r.map(|()| true)?,
             Err(_) => false,
         };
+        if !delivered {
+            // Through a pooler the `LISTEN` stays on whichever server
+            // connection ran it (no reset in transaction pooling): undo it,
+            // as well as can be, before the listener is dropped.
+            let _ = tokio::time::timeout(within, self.client.batch_execute("UNLISTEN *")).await;
+        }
         Ok(Probe { delivered, others })
     }
 
     /// The payload (election name) of the next notification.
     pub async fn next(&mut self) -> Result<String, StoreError> {
-        let mut stream = std::pin::pin!(self.conn.notifications_stream());
-        match stream.next().await {
-            Some(Ok(n)) => Ok(n.payload),
+        match self.notifications.recv().await {
+            Some(Ok(payload)) => Ok(payload),
             Some(Err(e)) => Err(e.into()),
             None => Err(StoreError::Query(diesel::result::Error::DatabaseError(
                 diesel::result::DatabaseErrorKind::ClosedConnection,
                 Box::new("notification stream closed".to_owned()),
             ))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[cfg(target_endian = "little")]
+    fn reads_proc_net_tcp_addresses() {
+        assert_eq!(
+            proc_addr("0100007F:1538"),
+            Some("127.0.0.1:5432".parse().unwrap())
+        );
+        assert_eq!(
+            proc_addr("00000000000000000000000001000000:D431"),
+            Some("[::1]:54321".parse().unwrap())
+        );
+        // IPv4 mapped into IPv6 (a dual-stack socket) compares as IPv4.
+        assert_eq!(
+            proc_addr("0000000000000000FFFF00000100007F:1538"),
+            Some("127.0.0.1:5432".parse().unwrap())
+        );
+        assert_eq!(proc_addr("nonsense"), None);
+        assert_eq!(proc_addr("0100007:1538"), None);
+    }
+
+    #[test]
+    fn a_socket_of_this_process_is_found_and_others_are_not() {
+        let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let ours = std::net::TcpStream::connect(server.local_addr().unwrap()).unwrap();
+        let (local, remote) = (ours.local_addr().unwrap(), ours.peer_addr().unwrap());
+        assert!(own_socket(local, remote));
+        let mut elsewhere = local;
+        elsewhere.set_port(if local.port() == 1 { 2 } else { 1 });
+        assert!(!own_socket(elsewhere, remote));
     }
 }

@@ -1,5 +1,6 @@
-//! One statement type for every backend: fixed SQL text with `?` where each
-//! bind goes.
+//! One statement type for the diesel backends (MySQL, SQLite): fixed SQL
+//! text with `?` where each bind goes. PostgreSQL's statements run on
+//! tokio-postgres directly (see `pg`).
 //!
 //! diesel caches neither `sql_query` nor its INSERT/UPDATE builders as
 //! prepared statements; a `QueryFragment` whose SQL text never changes is
@@ -21,8 +22,8 @@ pub(crate) enum Bind<'a> {
     BigInt(i64),
 }
 
-/// Fixed SQL with `?` placeholders (rewritten to the backend's own, `$n` on
-/// PostgreSQL) and the binds in order. `ST` is the row type it returns.
+/// Fixed SQL with `?` placeholders (MySQL and SQLite; PostgreSQL's statements
+/// are in `pg.rs`) and the binds in order. `ST` is the row type it returns.
 #[derive(Debug)]
 pub(crate) struct Stmt<'a, ST = ()> {
     sql: &'static str,

@@ -1,7 +1,16 @@
-//! Database URLs: which backend, and a `Display` that never shows the password.
+//! Database URLs: which backend, the connection parameters leaderd reads
+//! from them (TLS, `application_name`, `connect_timeout`), and a `Display`
+//! that never shows the password.
+//!
+//! Parameters are checked here, with the rest of the configuration: one
+//! leaderd does not know, or a bad value, is an error naming it, so a typo
+//! such as `sslmode=requre` never connects in plain text. The drivers get a
+//! URL without the parameters leaderd handles itself.
 
 use std::fmt;
+use std::path::PathBuf;
 
+use crate::tls::{Files, Verify};
 use crate::StoreError;
 
 /// The database families leaderd can talk to.
@@ -27,9 +36,181 @@ impl Backend {
 /// driver.
 #[derive(Clone, PartialEq, Eq)]
 pub struct DatabaseUrl {
+    /// What the driver gets: the URL less the parameters handled here.
     raw: String,
     backend: Backend,
     redacted: String,
+    tls: Tls,
+}
+
+/// Whether and how a connection is encrypted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Tls {
+    pub(crate) mode: TlsMode,
+    pub(crate) files: Files,
+}
+
+/// libpq's `sslmode`, MySQL's `ssl-mode`, in one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TlsMode {
+    /// Plain text.
+    Disable,
+    /// TLS when the server offers it, without checking its certificate.
+    Prefer,
+    /// TLS or no connection, checking this much of the certificate.
+    Require(Verify),
+}
+
+/// PostgreSQL parameters leaderd accepts. The `ssl*` ones are handled here;
+/// the rest go to tokio-postgres, which reads them as libpq does.
+const PG_PARAMS: &[&str] = &[
+    "sslmode",
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
+    "application_name",
+    "connect_timeout",
+    "options",
+    "user",
+    "password",
+    "dbname",
+    "host",
+    "port",
+    "keepalives",
+    "keepalives_idle",
+    "target_session_attrs",
+];
+const PG_HANDLED: &[&str] = &["sslmode", "sslrootcert", "sslcert", "sslkey"];
+const PG_MODES: &str = "disable, prefer, require, verify-ca, verify-full";
+
+/// MySQL parameters leaderd accepts, named as MySQL's own clients name them.
+const MYSQL_PARAMS: &[&str] = &["ssl-mode", "ssl-ca", "ssl-cert", "ssl-key", "prefer_socket"];
+const MYSQL_HANDLED: &[&str] = &["ssl-mode", "ssl-ca", "ssl-cert", "ssl-key"];
+/// Not `VERIFY_CA`: mysql_async (0.36) can skip the name check only by
+/// matching the text of rustls's error, which rustls 0.23 no longer words
+/// that way, so it would refuse every server whose name differs. Refused up
+/// front rather than failing at connect (see the README).
+const MYSQL_MODES: &str = "DISABLED, PREFERRED, REQUIRED, VERIFY_IDENTITY";
+
+/// Reads the parameters: every one known, none twice, each value valid.
+fn parameters(url: &url::Url, backend: Backend) -> Result<Tls, StoreError> {
+    let (known, modes, file_keys) = match backend {
+        Backend::Postgres => (PG_PARAMS, PG_MODES, ["sslrootcert", "sslcert", "sslkey"]),
+        _ => (MYSQL_PARAMS, MYSQL_MODES, ["ssl-ca", "ssl-cert", "ssl-key"]),
+    };
+    let mut seen: Vec<String> = Vec::new();
+    let mut mode = None;
+    let mut files = [None, None, None];
+    for (k, v) in url.query_pairs() {
+        if !known.contains(&&*k) {
+            return Err(StoreError::InvalidUrl(format!(
+                "unknown parameter `{k}` (leaderd knows: {})",
+                known.join(", ")
+            )));
+        }
+        if seen.iter().any(|s| *s == k) {
+            return Err(StoreError::InvalidUrl(format!(
+                "parameter `{k}` given twice"
+            )));
+        }
+        seen.push(k.clone().into_owned());
+        if k == "sslmode" || k == "ssl-mode" {
+            if backend == Backend::Mysql && v.eq_ignore_ascii_case("VERIFY_CA") {
+                return Err(StoreError::InvalidUrl(format!(
+                    "`{k}={v}` is not supported on MySQL/MariaDB: use VERIFY_IDENTITY \
+                     (the server's certificate must name the URL's host) or REQUIRED"
+                )));
+            }
+            mode = Some(parse_mode(backend, &v).ok_or_else(|| {
+                StoreError::InvalidUrl(format!("`{k}={v}`: expected one of {modes}"))
+            })?);
+        } else if let Some(i) = file_keys.iter().position(|f| *f == k) {
+            if v.is_empty() {
+                return Err(StoreError::InvalidUrl(format!("`{k}` names no file")));
+            }
+            files[i] = Some(PathBuf::from(v.into_owned()));
+        } else if k == "connect_timeout" && v.parse::<u32>().is_err() {
+            return Err(StoreError::InvalidUrl(format!(
+                "`connect_timeout={v}`: expected whole seconds"
+            )));
+        } else if k == "prefer_socket" && !matches!(&*v, "true" | "false") {
+            return Err(StoreError::InvalidUrl(format!(
+                "`prefer_socket={v}`: expected true or false"
+            )));
+        }
+    }
+    let [root, cert, key] = files;
+    if cert.is_some() != key.is_some() {
+        return Err(StoreError::InvalidUrl(format!(
+            "`{}` and `{}` go together (a client certificate and its key)",
+            file_keys[1], file_keys[2]
+        )));
+    }
+    if backend == Backend::Mysql && mode.is_none() && root.is_some() {
+        // MySQL's clients verify the server with `--ssl-ca` and no mode;
+        // leaderd's default (PREFERRED) would ignore the file.
+        return Err(StoreError::InvalidUrl(
+            "`ssl-ca` without `ssl-mode`: set ssl-mode=VERIFY_IDENTITY to verify the server \
+             with it (or REQUIRED to encrypt without checking)"
+                .to_owned(),
+        ));
+    }
+    let mode = match mode.unwrap_or(TlsMode::Prefer) {
+        // As libpq: with a CA file, `require` checks the chain as well.
+        TlsMode::Require(Verify::Nothing) if backend == Backend::Postgres && root.is_some() => {
+            TlsMode::Require(Verify::Chain)
+        }
+        m => m,
+    };
+    Ok(Tls {
+        mode,
+        files: Files { root, cert, key },
+    })
+}
+
+fn parse_mode(backend: Backend, v: &str) -> Option<TlsMode> {
+    Some(match backend {
+        // libpq's values are lower case, and so are leaderd's.
+        Backend::Postgres => match v {
+            "disable" => TlsMode::Disable,
+            "prefer" => TlsMode::Prefer,
+            "require" => TlsMode::Require(Verify::Nothing),
+            "verify-ca" => TlsMode::Require(Verify::Chain),
+            "verify-full" => TlsMode::Require(Verify::Full),
+            _ => return None,
+        },
+        // MySQL's clients take any case.
+        _ => match v.to_ascii_uppercase().as_str() {
+            "DISABLED" => TlsMode::Disable,
+            "PREFERRED" => TlsMode::Prefer,
+            "REQUIRED" => TlsMode::Require(Verify::Nothing),
+            "VERIFY_IDENTITY" => TlsMode::Require(Verify::Full),
+            _ => return None,
+        },
+    })
+}
+
+/// The URL less the parameters in `handled`. The others are kept byte for
+/// byte: re-encoding them as a web form would turn `%20` into `+`, which the
+/// drivers read literally.
+fn without(url: &url::Url, handled: &[&str]) -> url::Url {
+    let mut out = url.clone();
+    let kept: Vec<&str> = url
+        .query()
+        .unwrap_or_default()
+        .split('&')
+        .filter(|part| !part.is_empty())
+        .filter(|part| {
+            let key = part.split_once('=').map_or(*part, |(k, _)| k);
+            let key = url::form_urlencoded::parse(key.as_bytes())
+                .next()
+                .map(|(k, _)| k.into_owned())
+                .unwrap_or_default();
+            !handled.contains(&key.as_str())
+        })
+        .collect();
+    out.set_query((!kept.is_empty()).then(|| kept.join("&")).as_deref());
+    out
 }
 
 impl DatabaseUrl {
@@ -62,6 +243,10 @@ impl DatabaseUrl {
                 raw: raw.to_owned(),
                 backend,
                 redacted: raw.to_owned(),
+                tls: Tls {
+                    mode: TlsMode::Disable,
+                    files: Files::default(),
+                },
             });
         }
         let mut parsed = url::Url::parse(raw).map_err(|e| {
@@ -77,26 +262,43 @@ impl DatabaseUrl {
                 "URL names no database (…/DBNAME)".into(),
             ));
         }
-        let mut raw = raw.to_owned();
-        if backend == Backend::Mysql {
-            let mut driver = parsed.clone();
+        let tls = parameters(&parsed, backend)?;
+        let raw = if backend == Backend::Mysql {
+            let mut driver = without(&parsed, MYSQL_HANDLED);
             // The driver only knows `mysql://`.
             let _ = driver.set_scheme("mysql");
             // mysql_async would otherwise switch a loopback TCP connection to
             // the server's Unix socket, bypassing whatever the URL names
-            // (a proxy, a port forward).
+            // (a proxy, a port forward) and TLS with it.
             if !driver.query_pairs().any(|(k, _)| k == "prefer_socket") {
                 driver
                     .query_pairs_mut()
                     .append_pair("prefer_socket", "false");
             }
-            raw = driver.to_string();
-        }
+            driver.to_string()
+        } else {
+            let mut driver = without(&parsed, PG_HANDLED);
+            // Sent in the startup packet: a `SET` would be session state,
+            // which a transaction pooler does not keep.
+            if !driver.query_pairs().any(|(k, _)| k == "application_name") {
+                driver
+                    .query_pairs_mut()
+                    .append_pair("application_name", "leaderd");
+            }
+            let driver = driver.to_string();
+            // tokio-postgres's own reading of the rest (host lists, ports);
+            // its messages name the option, never the password.
+            driver
+                .parse::<tokio_postgres::Config>()
+                .map_err(|e| StoreError::InvalidUrl(e.to_string()))?;
+            driver
+        };
         redact(&mut parsed);
         Ok(Self {
             raw,
             backend,
             redacted: parsed.to_string(),
+            tls,
         })
     }
 
@@ -104,9 +306,14 @@ impl DatabaseUrl {
         self.backend
     }
 
-    /// The URL with its password, for the driver only. Never log this.
+    /// The URL with its password, for the driver only (less the parameters
+    /// leaderd handles itself). Never log this.
     pub fn expose(&self) -> &str {
         &self.raw
+    }
+
+    pub(crate) fn tls(&self) -> &Tls {
+        &self.tls
     }
 
     /// For SQLite: the file path.
@@ -173,15 +380,11 @@ mod tests {
 
     #[test]
     fn redacts_password_parameters() {
-        let u = DatabaseUrl::parse(
-            "postgres://app@db/app?password=s3cr3t&sslmode=require&SSLPassword=k3y",
-        )
-        .unwrap();
+        let u =
+            DatabaseUrl::parse("postgres://app@db/app?password=s3cr3t&sslmode=require&user=k3y")
+                .unwrap();
         let shown = format!("{u} {u:?}");
-        assert!(
-            !shown.contains("s3cr3t") && !shown.contains("k3y"),
-            "{shown}"
-        );
+        assert!(!shown.contains("s3cr3t"), "{shown}");
         assert!(shown.contains("password=REDACTED"), "{shown}");
         assert!(shown.contains("sslmode=require"), "{shown}");
         assert!(u.expose().contains("password=s3cr3t"));
@@ -225,6 +428,107 @@ mod tests {
             assert!(!err.is_empty(), "{bad}");
             assert!(!err.contains(":p@"), "{err}");
         }
+    }
+
+    #[test]
+    fn an_unknown_parameter_is_named() {
+        for (raw, name) in [
+            ("postgres://u:pw@h/d?sslmod=require", "`sslmod`"),
+            ("postgres://u:pw@h/d?ssl-mode=REQUIRED", "`ssl-mode`"),
+            ("mysql://u:pw@h/d?sslmode=require", "`sslmode`"),
+            ("mysql://u:pw@h/d?ssl_ca=/x", "`ssl_ca`"),
+        ] {
+            let err = DatabaseUrl::parse(raw).unwrap_err().to_string();
+            assert!(
+                err.contains("unknown parameter") && err.contains(name),
+                "{err}"
+            );
+            assert!(!err.contains("pw"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_bad_value_is_named() {
+        for (raw, named) in [
+            ("postgres://u:pw@h/d?sslmode=requre", "`sslmode=requre`"),
+            ("postgres://u:pw@h/d?sslmode=REQUIRE", "`sslmode=REQUIRE`"),
+            ("mysql://u:pw@h/d?ssl-mode=VERIFY", "`ssl-mode=VERIFY`"),
+            (
+                "mysql://u:pw@h/d?ssl-mode=VERIFY_CA",
+                "`ssl-mode=VERIFY_CA`",
+            ),
+            (
+                "postgres://u:pw@h/d?connect_timeout=5s",
+                "`connect_timeout=5s`",
+            ),
+            ("postgres://u:pw@h/d?sslcert=/c.pem", "`sslcert`"),
+            ("mysql://u:pw@h/d?ssl-key=/k.pem", "`ssl-key`"),
+            ("postgres://u:pw@h/d?sslrootcert=", "`sslrootcert`"),
+            (
+                "postgres://u:pw@h/d?sslmode=require&sslmode=disable",
+                "`sslmode`",
+            ),
+        ] {
+            let err = DatabaseUrl::parse(raw).unwrap_err().to_string();
+            assert!(err.contains(named), "{raw}: {err}");
+            assert!(!err.contains("pw@"), "{err}");
+        }
+    }
+
+    #[test]
+    fn other_parameters_reach_the_driver_byte_for_byte() {
+        let u = DatabaseUrl::parse(
+            "postgres://u:a%20b@h/d?options=-c%20statement_timeout%3D5000&sslmode=disable",
+        )
+        .unwrap();
+        assert!(
+            u.expose().contains("options=-c%20statement_timeout%3D5000"),
+            "{}",
+            u.expose()
+        );
+        assert!(!u.expose().contains("sslmode"));
+    }
+
+    #[test]
+    fn a_mysql_ca_file_needs_a_mode() {
+        let e = DatabaseUrl::parse("mysql://u@h/d?ssl-ca=/ca.pem").unwrap_err();
+        assert!(e.to_string().contains("ssl-mode=VERIFY_IDENTITY"), "{e}");
+        assert!(DatabaseUrl::parse("mysql://u@h/d?ssl-ca=/ca.pem&ssl-mode=REQUIRED").is_ok());
+    }
+
+    #[test]
+    fn tls_parameters_are_read_and_kept_from_the_driver() {
+        let u = DatabaseUrl::parse(
+            "postgres://u@h/d?sslmode=verify-full&sslrootcert=/ca.pem&connect_timeout=3",
+        )
+        .unwrap();
+        assert_eq!(u.tls().mode, TlsMode::Require(Verify::Full));
+        assert_eq!(u.tls().files.root.as_deref(), Some("/ca.pem".as_ref()));
+        assert_eq!(
+            u.expose(),
+            "postgres://u@h/d?connect_timeout=3&application_name=leaderd"
+        );
+        assert!(u.to_string().contains("sslmode=verify-full"), "{u}");
+        // libpq's default, and `require` with a CA file checks the chain.
+        let d = DatabaseUrl::parse("postgres://u@h/d").unwrap();
+        assert_eq!(d.tls().mode, TlsMode::Prefer);
+        let r = DatabaseUrl::parse("postgres://u@h/d?sslmode=require&sslrootcert=/ca.pem").unwrap();
+        assert_eq!(r.tls().mode, TlsMode::Require(Verify::Chain));
+        // A user's own application_name is kept.
+        let a = DatabaseUrl::parse("postgres://u@h/d?application_name=app").unwrap();
+        assert_eq!(a.expose(), "postgres://u@h/d?application_name=app");
+
+        let m = DatabaseUrl::parse(
+            "mysql://u@h/d?ssl-mode=verify_identity&ssl-ca=/ca.pem&ssl-cert=/c.pem&ssl-key=/k.pem",
+        )
+        .unwrap();
+        assert_eq!(m.tls().mode, TlsMode::Require(Verify::Full));
+        assert_eq!(m.tls().files.key.as_deref(), Some("/k.pem".as_ref()));
+        assert_eq!(m.expose(), "mysql://u@h/d?prefer_socket=false");
+        assert_eq!(
+            DatabaseUrl::parse("mysql://u@h/d").unwrap().tls().mode,
+            TlsMode::Prefer
+        );
     }
 
     proptest::proptest! {

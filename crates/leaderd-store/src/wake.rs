@@ -18,10 +18,6 @@ use crate::{mysql, pg, sqlite, Backend, DatabaseUrl, StoreError};
 
 /// The follower side: waits for releases of one election.
 #[derive(Debug)]
-#[expect(
-    clippy::large_enum_variant,
-    reason = "a daemon holds one waiter; boxing would buy nothing"
-)]
 pub enum Waiter {
     Postgres(pg::Listener),
     Mysql(mysql::LockWaiter),

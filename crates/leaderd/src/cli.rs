@@ -35,6 +35,14 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Run the election as `run` does, and COMMAND only while leading:
+    /// started at each gain of leadership, stopped before the lease ends.
+    /// Exits with the command's status when it exits by itself.
+    Exec {
+        /// The command and its arguments, after `--`.
+        #[arg(last = true, required = true, value_name = "COMMAND")]
+        command: Vec<std::ffi::OsString>,
+    },
     /// Ask the local daemon (at --listen) to step down: exit 0 released,
     /// 3 not leader, 1 no daemon.
     Release {
@@ -90,4 +98,8 @@ pub struct ConfigArgs {
     /// Consecutive failed checks before stepping down [default: 3]
     #[arg(long, global = true, value_name = "N")]
     pub app_health_failures: Option<String>,
+    /// exec only: SIGTERM the command this long before the local deadline
+    /// when renewals fail [default: ttl / 4]
+    #[arg(long, global = true, value_name = "DURATION")]
+    pub stop_grace: Option<String>,
 }

@@ -1,4 +1,5 @@
-//! Converting boot-clock instants to wall-clock time for the flag file.
+//! Converting boot-clock instants: to wall-clock time for the flag file, to
+//! microseconds for the logs.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -17,4 +18,9 @@ pub fn unix_ms(at: BootTime) -> u64 {
         now_wall.saturating_sub(now_boot.saturating_since(at))
     };
     u64::try_from(wall.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `t` in microseconds since boot, as the transition logs carry it.
+pub fn micros(t: BootTime) -> u64 {
+    u64::try_from(t.since_boot().as_micros()).unwrap_or(u64::MAX)
 }

@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::clock::{boot_now, unix_ms};
+use crate::clock::{boot_now, micros, unix_ms};
 use crate::flag_file::FlagFile;
 use crate::metrics::Metrics;
 use crate::settings::{DatabaseSource, Settings};
@@ -37,6 +37,9 @@ const CANCEL_BUDGET: Duration = Duration::from_millis(500);
 /// How long shutdown waits for the presence to be let go. With the HTTP
 /// server's 0.3 s and the runtime's 0.1 s, shutdown stays under 1.8 s.
 const PRESENCE_BUDGET: Duration = Duration::from_millis(100);
+
+/// How long after a command's deadline its reaping may take.
+const CHILD_REAP_BUDGET: Duration = Duration::from_millis(200);
 
 /// A request to the election loop from outside it (HTTP, the app-health
 /// check).
@@ -69,6 +72,29 @@ pub struct Shared {
     /// Requests to the loop; the receiver is taken by [`run`].
     control: mpsc::Sender<Control>,
     control_rx: Mutex<Option<mpsc::Receiver<Control>>>,
+    /// What `/leader/watch` and `exec` react to; see [`Shared::publish`].
+    changes: watch::Sender<Leadership>,
+    /// Whether a command run under `exec` is alive: the row is not released
+    /// on purpose until it is gone, or its successor could overlap it.
+    child_running: watch::Sender<bool>,
+}
+
+/// The part of the `/leader` body whose every change is announced.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Leadership {
+    pub is_leader: bool,
+    pub leader: Option<String>,
+    pub token: Option<i64>,
+}
+
+impl From<&View> for Leadership {
+    fn from(v: &View) -> Self {
+        Self {
+            is_leader: v.is_leader,
+            leader: v.leader.clone(),
+            token: v.token,
+        }
+    }
 }
 
 impl Shared {
@@ -92,7 +118,47 @@ impl Shared {
             metrics: Metrics::new(&settings.election),
             control,
             control_rx: Mutex::new(Some(control_rx)),
+            changes: watch::Sender::new(Leadership::default()),
+            child_running: watch::Sender::new(false),
         }
+    }
+
+    /// Announces a change of leadership to watchers. The loop calls it after
+    /// every event and answer, and it wakes at the local deadline, so a
+    /// deadline passing is announced too. Watchers wake only on a change.
+    pub fn publish(&self) {
+        let now = Leadership::from(&self.view());
+        self.changes
+            .send_if_modified(|was| std::mem::replace(was, now.clone()) != now);
+    }
+
+    /// A receiver woken at every change [`Shared::publish`] announces.
+    pub fn subscribe(&self) -> watch::Receiver<Leadership> {
+        self.changes.subscribe()
+    }
+
+    /// The lease this replica holds at this instant (token and deadline),
+    /// for a supervisor that may start a child on it: the gate is closed in
+    /// the same engine lock, so a step-down either comes first (no lease) or
+    /// finds the gate closed and waits for [`Shared::set_child_running`].
+    pub fn lease_for_child(&self) -> Option<(i64, BootTime)> {
+        let engine = self.engine();
+        let lease = engine.lease(boot_now());
+        if lease.is_some() {
+            self.child_running.send_replace(true);
+        }
+        lease
+    }
+
+    /// Tells the loop whether a command run under `exec` is alive.
+    pub fn set_child_running(&self, running: bool) {
+        self.child_running.send_replace(running);
+    }
+
+    /// Resolves once no command run under `exec` is alive.
+    async fn child_gone(&self) {
+        let mut running = self.child_running.subscribe();
+        let _ = running.wait_for(|r| !r).await;
     }
 
     /// Sends a request to the election loop; `false` when it has stopped.
@@ -243,10 +309,6 @@ struct Report {
     duplicate_seen: Option<Option<String>>,
 }
 
-fn micros(t: BootTime) -> u64 {
-    u64::try_from(t.since_boot().as_micros()).unwrap_or(u64::MAX)
-}
-
 impl Loop {
     async fn elect(
         &mut self,
@@ -312,6 +374,7 @@ impl Loop {
                 };
                 info!(election = %self.shared.election, hold = ?hold, "stepping down on request");
                 self.step_down(step_down).await;
+                self.shared.engine().hold(boot_now(), hold);
                 let _ = reply.send(Ok(self.shared.view()));
             }
             Control::AppHealthy(healthy) => {
@@ -343,11 +406,13 @@ impl Loop {
         self.granted || self.unanswered
     }
 
-    /// Tells the presence (MySQL's named lock) whether this replica leads.
+    /// Tells the presence (MySQL's named lock) and the watchers whether
+    /// this replica leads.
     fn sync_presence(&self) {
         let leading = self.shared.engine().is_leader(boot_now());
         self.leading
             .send_if_modified(|l| std::mem::replace(l, leading) != leading);
+        self.shared.publish();
     }
 
     /// Feeds an attempt's outcome to the engine and reports what follows.
@@ -387,13 +452,16 @@ impl Loop {
 
     fn failed(&mut self, reason: String, now: BootTime) -> Vec<Event> {
         self.shared.metrics.heartbeat_errors.inc();
+        // A deadline this failure ends is announced before the logging.
+        let events = self.shared.engine().on_failure(now).into_iter().collect();
+        self.shared.publish();
         if self.last_error.as_deref() != Some(reason.as_str()) {
             warn!(election = %self.shared.election, error = %reason, "database attempt failed; retrying");
             self.last_error = Some(reason);
         } else {
             debug!(error = %reason, "attempt failed again");
         }
-        self.shared.engine().on_failure(now).into_iter().collect()
+        events
     }
 
     /// After the local step-down: free the row, within [`RELEASE_BUDGET`],
@@ -403,6 +471,27 @@ impl Loop {
         if !self.may_hold() {
             self.sync_presence();
             return;
+        }
+        // Not the presence: it goes only once the row is free (below).
+        self.shared.publish();
+        // Under `exec`, the child was told to stop when leadership ended and
+        // is killed at the deadline: its successor must not start before it
+        // is gone. The bound only guards against a supervisor that is stuck.
+        let child_limit = boot_now() + self.shared.timing.ttl() + CHILD_REAP_BUDGET;
+        let gone = self.shared.child_gone();
+        tokio::pin!(gone);
+        loop {
+            // The loop is not stuck while it waits: keep `/healthz` green.
+            self.shared.progress(boot_now());
+            let left = child_limit.saturating_since(boot_now());
+            if left.is_zero() {
+                error!(election = %self.shared.election, "the command did not stop in time; releasing anyway");
+                break;
+            }
+            let tick = left.min(self.shared.timing.heartbeat());
+            if tokio::time::timeout(tick, &mut gone).await.is_ok() {
+                break;
+            }
         }
         let election = self.shared.election.clone();
         let released =
@@ -527,6 +616,7 @@ impl Report {
         let event = shared.engine().shutdown(boot_now());
         self.handle(shared, event.into_iter().collect());
         self.remove_flag();
+        shared.publish();
     }
 
     /// Logs, counts and updates the flag file for each event.

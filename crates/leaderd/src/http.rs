@@ -1,5 +1,5 @@
-//! The HTTP surface: `/leader`, `/`, `/healthz`, `/readyz`, `/metrics`, and
-//! `POST /release` (loopback peers only).
+//! The HTTP surface: `/leader`, `/`, `/healthz`, `/readyz`, `/metrics`,
+//! `POST /release` (loopback peers only), and `/leader/watch` (see `watch`).
 //!
 //! Every answer is computed from the engine at the moment of the request, so a
 //! process that was paused past its deadline answers 503 on its first request
@@ -26,6 +26,7 @@ use crate::election::{Control, Shared};
 pub fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/leader", get(leader))
+        .route("/leader/watch", crate::watch::route(shared.clone()))
         .route("/release", post(release))
         .route("/", get(compat))
         .route("/healthz", get(healthz))
@@ -53,7 +54,7 @@ async fn refuse_bodies(req: axum::extract::Request, next: axum::middleware::Next
 }
 
 #[derive(Serialize)]
-struct LeaderBody<'a> {
+pub struct LeaderBody<'a> {
     election: &'a str,
     id: &'a str,
     is_leader: bool,
@@ -125,14 +126,19 @@ async fn release(
     }
 }
 
-fn error(status: StatusCode, message: &str) -> Response {
+pub fn error(status: StatusCode, message: &str) -> Response {
     (status, Json(serde_json::json!({ "error": message }))).into_response()
 }
 
 /// The `/leader` body for a view.
 fn leader_body(shared: &Shared, view: leaderd_core::View) -> Json<LeaderBody<'_>> {
+    Json(leader_fields(shared, view))
+}
+
+/// The fields of the `/leader` body for a view.
+pub fn leader_fields(shared: &Shared, view: leaderd_core::View) -> LeaderBody<'_> {
     let timing = shared.timing;
-    Json(LeaderBody {
+    LeaderBody {
         election: &shared.election,
         id: &shared.id,
         is_leader: view.is_leader,
@@ -142,7 +148,7 @@ fn leader_body(shared: &Shared, view: leaderd_core::View) -> Json<LeaderBody<'_>
         ttl_ms: millis(timing.ttl()),
         heartbeat_ms: millis(timing.heartbeat()),
         app_healthy: shared.app_healthy(),
-    })
+    }
 }
 
 /// The Kubernetes `election` sidecar's answer, for drop-in use.

@@ -9,6 +9,7 @@ mod app_health;
 mod cli;
 mod clock;
 mod election;
+mod exec;
 mod flag_file;
 mod http;
 mod http_client;
@@ -18,7 +19,9 @@ mod server;
 mod settings;
 mod signals;
 mod wakeups;
+mod watch;
 
+use std::ffi::OsString;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -72,16 +75,17 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command.unwrap_or(Command::Run) {
-            Command::Run => run(settings).await,
-            Command::Migrate => migrate(settings).await,
-            Command::Status { json } => status(settings, json).await,
+            Command::Run => run(settings, None).await,
+            Command::Exec { command } => run(settings, Some(command)).await,
+            Command::Migrate => migrate(settings).await.map(|()| 0),
+            Command::Status { json } => status(settings, json).await.map(|()| 0),
             Command::Release { .. } => unreachable!("handled before the runtime starts"),
         }
     });
     // Do not wait for stray blocking tasks (a hung connect) at exit.
     runtime.shutdown_timeout(Duration::from_millis(100));
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
         Err(e) => {
             error!("{e:#}");
             ExitCode::FAILURE
@@ -117,7 +121,9 @@ fn raise_open_files_limit() {
     }
 }
 
-async fn run(settings: Settings) -> anyhow::Result<()> {
+/// Runs the daemon; with `command`, as `exec` (see `exec.rs`). Returns the
+/// exit code: 0, or under `exec` the command's.
+async fn run(settings: Settings, command: Option<Vec<OsString>>) -> anyhow::Result<u8> {
     raise_open_files_limit();
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
@@ -147,12 +153,33 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
             shutdown.clone(),
         ));
     }
-    election::run(shared, settings, shutdown).await;
+    let code = match command {
+        None => {
+            election::run(shared, settings, shutdown).await;
+            0
+        }
+        Some(command) => {
+            let stop_grace = settings.stop_grace;
+            let election = {
+                let (shared, shutdown) = (shared.clone(), shutdown.clone());
+                tokio::spawn(async move {
+                    // Should the election fail (a panic), the command must
+                    // not run on: cancel the run on the way out.
+                    let _stop = shutdown.clone().drop_guard();
+                    election::run(shared, settings, shutdown).await;
+                })
+            };
+            // Here, on the main thread: see `exec` on the parent-death signal.
+            let outcome = exec::supervise(shared, command, stop_grace, shutdown).await;
+            election.await.context("the election loop failed")?;
+            outcome.code()
+        }
+    };
     // Leadership is already given up and the row released; stop serving.
     http_stop.cancel();
     let _ = tokio::time::timeout(Duration::from_millis(300), server).await;
-    info!("stopped");
-    Ok(())
+    info!(exit_code = code, "stopped");
+    Ok(code)
 }
 
 async fn connect(settings: &Settings) -> anyhow::Result<Connection> {

@@ -10,8 +10,9 @@ use crate::cli::ConfigArgs;
 use crate::http_client;
 use crate::settings::{listen_only, ProcessEnv};
 
-/// Longer than any release takes (the daemon bounds its own to about 1 s).
-const TIMEOUT: Duration = Duration::from_secs(5);
+/// Longer than any release takes: the daemon bounds its own to about 1 s,
+/// plus, under `exec`, up to a ttl waiting for the command to stop.
+const TIMEOUT: Duration = Duration::from_secs(600 + 5);
 
 pub fn run(config: &ConfigArgs, hold: Option<&str>) -> ExitCode {
     let listen = match listen_only(config, &ProcessEnv) {

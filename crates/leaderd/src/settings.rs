@@ -32,6 +32,7 @@ pub const KEYS: &[&str] = &[
     "log_format",
     "app_health",
     "app_health_failures",
+    "stop_grace",
 ];
 
 /// The configuration could not be used. Each entry names its key.
@@ -107,6 +108,9 @@ pub struct Settings {
     pub app_health: Option<AppHealth>,
     /// Consecutive failed checks before stepping down.
     pub app_health_failures: u32,
+    /// `exec` only: how long before the local deadline a child is told to
+    /// stop when renewals fail.
+    pub stop_grace: Duration,
     /// Things worth a warning once logging is up (unknown variables).
     pub warnings: Vec<String>,
 }
@@ -230,6 +234,7 @@ fn layer(
         ("log_format", args.log_format.clone()),
         ("app_health", args.app_health.clone()),
         ("app_health_failures", args.app_health_failures.clone()),
+        ("stop_grace", args.stop_grace.clone()),
     ];
     for (key, value) in flags {
         if let Some(value) = value {
@@ -448,6 +453,19 @@ fn validate(
             }
         },
     };
+    let stop_grace = match (timing, layers.get("stop_grace")) {
+        (Some(t), None) => Some(t.default_stop_grace()),
+        (Some(t), Some(s)) => duration_key(layers, "stop_grace", Duration::ZERO, problems)
+            .and_then(|d| match t.check_stop_grace(d) {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    problem(problems, "stop_grace", s, &s.value, e);
+                    None
+                }
+            }),
+        // Judged against the timing, which has its own problem.
+        (None, _) => None,
+    };
     Some(Settings {
         database: database?,
         election: election?,
@@ -459,6 +477,7 @@ fn validate(
         log_format: log_format?,
         app_health: app_health?,
         app_health_failures: app_health_failures?,
+        stop_grace: stop_grace?,
         warnings,
     })
 }
@@ -944,6 +963,22 @@ mod tests {
         )
         .unwrap();
         assert!(!s.database.to_string().contains("hunter2"));
+    }
+
+    #[test]
+    fn stop_grace_defaults_to_a_quarter_ttl_and_must_leave_room_for_a_renewal() {
+        let s = load(&[], &env(&[])).unwrap();
+        assert_eq!(s.stop_grace, Duration::from_millis(300));
+        let s = load(&["--ttl", "10s", "--stop-grace", "2s"], &env(&[])).unwrap();
+        assert_eq!(s.stop_grace, Duration::from_secs(2));
+        let msg = problems(&["--stop-grace", "1s"], &env(&[]));
+        assert!(
+            msg.contains("`stop_grace` = \"1s\" (from --stop-grace)")
+                && msg.contains("at most 375ms"),
+            "{msg}"
+        );
+        let msg = problems(&["--stop-grace", "soon"], &env(&[]));
+        assert!(msg.contains("`stop_grace`"), "{msg}");
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::time::Duration;
 use leaderd_store::{Presence, Waiter};
 use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{debug, info};
 
 use crate::settings::DatabaseSource;
 
@@ -42,7 +42,9 @@ pub async fn wait_for_releases(
                     wake.notify_one();
                 }
                 if !probe.delivered {
-                    warn!("release notifications are not delivered (transaction-pooling proxy?); polling only");
+                    // Expected behind a transaction pooler (PgBouncer): not
+                    // a fault, and polling keeps every guarantee.
+                    info!("release notifications are not delivered (transaction-pooling proxy?); polling only");
                     return Ok(());
                 }
                 debug!("release wake-ups work");

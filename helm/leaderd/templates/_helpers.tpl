@@ -74,6 +74,11 @@ Usage: initContainers:
     - name: leaderd-db
       mountPath: /var/run/secrets/leaderd
       readOnly: true
+    {{- if .Values.database.ca.existingSecret }}
+    - name: leaderd-db-ca
+      mountPath: {{ .Values.database.ca.mountPath }}
+      readOnly: true
+    {{- end }}
     {{- if .Values.flagFile.enabled }}
     - name: {{ .Values.flagFile.volumeName }}
       mountPath: {{ dir .Values.flagFile.path }}
@@ -87,6 +92,14 @@ The volumes the sidecar needs, for the pod's volumes list.
 - name: leaderd-db
   secret:
     secretName: {{ include "leaderd.secretName" . }}
+{{- if .Values.database.ca.existingSecret }}
+- name: leaderd-db-ca
+  secret:
+    secretName: {{ .Values.database.ca.existingSecret }}
+    items:
+      - key: {{ .Values.database.ca.secretKey }}
+        path: {{ .Values.database.ca.secretKey }}
+{{- end }}
 {{- if .Values.flagFile.enabled }}
 - name: {{ .Values.flagFile.volumeName }}
   emptyDir:

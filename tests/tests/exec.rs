@@ -1,0 +1,332 @@
+//! `leaderd exec` with real processes: the children of three replicas never
+//! run at once, across SIGTERM and SIGKILL of leaderd, a child exiting by
+//! itself, a blackholed database and a database restart (spec, "Running a
+//! command only while leading").
+//!
+//! Each child (`lease-child`) holds an exclusive `flock` for its whole life,
+//! which the kernel drops the instant it dies, however it dies: a child that
+//! finds the lock taken records an overlap. That checks the promise itself,
+//! not a sample of it.
+
+use std::time::Duration;
+
+use leaderd_tests::pgserver::PgServer;
+use leaderd_tests::proxy::{upstream, Fault, FaultProxy};
+use leaderd_tests::{serial, wait_for, Daemon, Scratch};
+
+const CHILD: &str = env!("CARGO_BIN_EXE_lease-child");
+const TTL: Duration = Duration::from_millis(1200);
+const SLACK: Duration = Duration::from_secs(2);
+
+/// One line of `lives.log`.
+#[derive(Debug, Clone)]
+struct Life {
+    kind: String,
+    id: String,
+    token: i64,
+    pid: i32,
+}
+
+fn lives(dir: &Scratch) -> Vec<Life> {
+    std::fs::read_to_string(dir.path("lives.log"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            Life {
+                kind: f[0].to_owned(),
+                id: f[1].to_owned(),
+                token: f[2].parse().expect("token"),
+                pid: f[3].parse().expect("pid"),
+            }
+        })
+        .collect()
+}
+
+fn starts(dir: &Scratch) -> Vec<Life> {
+    lives(dir)
+        .into_iter()
+        .filter(|l| l.kind == "start")
+        .collect()
+}
+
+/// Waits for the `n`th child (1-based) to start.
+fn nth_start(dir: &Scratch, n: usize, within: Duration) -> Life {
+    wait_for(within, &format!("child number {n} to start"), || {
+        starts(dir).get(n - 1).cloned()
+    })
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie counts as dead: its status line says so.
+    std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| {
+        !s.lines()
+            .any(|l| l.starts_with("State:") && l.contains('Z'))
+    })
+}
+
+struct Replicas<'a> {
+    url: String,
+    dir: &'a Scratch,
+    proxies: Vec<FaultProxy>,
+    daemons: Vec<Daemon>,
+    launched: usize,
+    command: Vec<String>,
+}
+
+impl<'a> Replicas<'a> {
+    fn start(url: &str, dir: &'a Scratch, n: usize, command: Vec<String>) -> Self {
+        let mut r = Replicas {
+            url: url.to_owned(),
+            dir,
+            proxies: Vec::new(),
+            daemons: Vec::new(),
+            launched: 0,
+            command,
+        };
+        for i in 0..n {
+            r.proxies.push(FaultProxy::start(upstream(url)));
+            let d = r.launch(i);
+            r.daemons.push(d);
+        }
+        r
+    }
+
+    /// A new `leaderd exec` process for replica `i` (its log under a new
+    /// name, so the old one stays readable).
+    fn launch(&mut self, i: usize) -> Daemon {
+        self.launched += 1;
+        let url = self.proxies[i].url(&self.url);
+        let command: Vec<&str> = self.command.iter().map(String::as_str).collect();
+        Daemon::launch(
+            &url,
+            &format!("e{i}"),
+            self.dir,
+            &format!("e{i}-{}", self.launched),
+            &[],
+        )
+        .exec(&command)
+        .start()
+    }
+
+    fn restart(&mut self, i: usize) {
+        self.daemons[i] = self.launch(i);
+    }
+
+    fn index(&self, id: &str) -> usize {
+        self.daemons
+            .iter()
+            .position(|d| d.id == id)
+            .expect("a replica")
+    }
+
+    fn token(&self, i: usize) -> Option<i64> {
+        let (status, body) = self.daemons[i].leader()?;
+        (status == 200).then(|| body["token"].as_i64())?
+    }
+}
+
+impl Drop for Replicas<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for d in &self.daemons {
+                eprintln!("----- log of {} -----\n{}", d.id, d.log_text());
+            }
+            eprintln!(
+                "----- lives -----\n{}",
+                std::fs::read_to_string(self.dir.path("lives.log")).unwrap_or_default()
+            );
+        }
+    }
+}
+
+fn child_command(dir: &Scratch) -> Vec<String> {
+    vec![CHILD.to_owned(), dir.0.display().to_string()]
+}
+
+fn assert_no_overlap(dir: &Scratch) {
+    let all = lives(dir);
+    assert!(
+        !all.iter().any(|l| l.kind == "overlap"),
+        "two children ran at once: {all:?}"
+    );
+    let tokens: Vec<i64> = starts(dir).iter().map(|l| l.token).collect();
+    assert!(
+        tokens.windows(2).all(|w| w[0] <= w[1]),
+        "no child runs under an older token: {tokens:?}"
+    );
+}
+
+#[test]
+fn children_never_overlap_and_carry_the_token() {
+    let _s = serial();
+    let server = PgServer::start();
+    let dir = Scratch::new();
+    let mut r = Replicas::start(&server.url(), &dir, 3, child_command(&dir));
+
+    let first = nth_start(&dir, 1, Duration::from_secs(10));
+    let l = r.index(&first.id);
+    assert_eq!(
+        r.token(l),
+        Some(first.token),
+        "the child carries /leader's token"
+    );
+    // Stable leadership: the child runs undisturbed for over 10 s.
+    std::thread::sleep(Duration::from_millis(10_500));
+    assert_eq!(starts(&dir).len(), 1, "{:?}", lives(&dir));
+    assert!(alive(first.pid), "the first child still runs");
+    assert_eq!(r.token(l), Some(first.token));
+
+    // SIGTERM: the child gets SIGTERM, leaderd exits with its status.
+    r.daemons[l].sigterm();
+    let status = r.daemons[l]
+        .wait_exit(Duration::from_secs(3))
+        .expect("exit");
+    assert_eq!(
+        status.code(),
+        Some(128 + 15),
+        "the child's status: killed by SIGTERM"
+    );
+    let second = nth_start(&dir, 2, SLACK);
+    assert_ne!(second.id, first.id);
+    r.restart(l);
+
+    // SIGKILL of leaderd: the child dies with it (parent-death signal).
+    let l = r.index(&second.id);
+    r.daemons[l].sigkill();
+    r.daemons[l]
+        .wait_exit(Duration::from_secs(1))
+        .expect("killed");
+    wait_for(Duration::from_secs(1), "the orphan to die", || {
+        (!alive(second.pid)).then_some(())
+    });
+    let third = nth_start(&dir, 3, TTL + SLACK);
+    assert_ne!(third.id, second.id);
+    r.restart(l);
+
+    // The child exits by itself: leaderd releases and exits with its status.
+    let l = r.index(&third.id);
+    std::fs::write(dir.path("exit-now"), b"").unwrap();
+    let status = r.daemons[l]
+        .wait_exit(Duration::from_secs(3))
+        .expect("exit");
+    assert_eq!(status.code(), Some(3));
+    let fourth = nth_start(&dir, 4, SLACK);
+    r.restart(l);
+
+    // A blackholed database: the child is told to stop before the lease
+    // could pass, and the next starts elsewhere only after.
+    let l = r.index(&fourth.id);
+    r.proxies[l].set(Fault::Blackhole);
+    let fifth = nth_start(&dir, 5, TTL + SLACK);
+    assert_ne!(fifth.id, fourth.id);
+    let events = r.daemons[l].log_events();
+    let term = events
+        .iter()
+        .find(|e| e["message"] == "stopping the command")
+        .expect("the child was stopped");
+    assert_eq!(term["signal"], "SIGTERM", "{term}");
+    r.proxies[l].heal();
+
+    // A release on request: the row is freed only once the child is gone.
+    let l = r.index(&fifth.id);
+    r.daemons[l].release("");
+    assert!(
+        !alive(fifth.pid),
+        "the child is gone when the release answers"
+    );
+    let sixth = nth_start(&dir, 6, SLACK);
+    assert_ne!(sixth.id, fifth.id);
+
+    // A database restart: whoever leads after it runs the one child.
+    server.restart();
+    wait_for(TTL + SLACK * 2, "one leader running its child", || {
+        let leaders: Vec<i64> = (0..3).filter_map(|i| r.token(i)).collect();
+        let last = starts(&dir).last().cloned()?;
+        (leaders.len() == 1 && leaders[0] == last.token && alive(last.pid)).then_some(())
+    });
+    assert_no_overlap(&dir);
+    eprintln!("{} children, none overlapping", starts(&dir).len());
+}
+
+#[test]
+fn a_child_that_ignores_sigterm_is_killed_at_the_deadline() {
+    let _s = serial();
+    let server = PgServer::start();
+    let dir = Scratch::new();
+    let script = format!("trap '' TERM; exec {CHILD} {}", dir.0.display());
+    let command = vec!["/bin/sh".to_owned(), "-c".to_owned(), script];
+    let r = Replicas::start(&server.url(), &dir, 1, command);
+    let first = nth_start(&dir, 1, Duration::from_secs(10));
+    r.proxies[0].set(Fault::Blackhole);
+    wait_for(TTL + SLACK, "the child to be killed", || {
+        (!alive(first.pid)).then_some(())
+    });
+    let events = r.daemons[0].log_events();
+    let signals: Vec<&str> = events
+        .iter()
+        .filter(|e| e["message"] == "stopping the command")
+        .filter_map(|e| e["signal"].as_str())
+        .collect();
+    assert_eq!(signals, ["SIGTERM", "SIGKILL"]);
+    let lost = wait_for(SLACK, "the loss", || {
+        r.daemons[0]
+            .log_events()
+            .into_iter()
+            .find(|e| e["message"] == "lost leadership")
+    });
+    // Dead is not yet reaped (and logged).
+    let exited = wait_for(SLACK, "the reaping", || {
+        r.daemons[0]
+            .log_events()
+            .into_iter()
+            .find(|e| e["message"] == "the command exited")
+    });
+    let deadline = lost["deadline_us"].as_u64().unwrap();
+    let died = exited["at_us"].as_u64().unwrap();
+    eprintln!(
+        "killed {} µs after the deadline",
+        died.saturating_sub(deadline)
+    );
+    assert!(
+        died <= deadline + 50_000,
+        "reaped at {died}, deadline {deadline}"
+    );
+    // Healed: it leads again and starts a new child under a new token.
+    r.proxies[0].heal();
+    let second = nth_start(&dir, 2, TTL + SLACK * 2);
+    // The row stayed this instance's in the database (it expires there a
+    // safety margin after the local deadline), so the token may be the same.
+    assert!(second.token >= first.token);
+    assert_no_overlap(&dir);
+}
+
+#[test]
+fn what_the_command_started_is_stopped_before_the_row_is_released() {
+    let _s = serial();
+    let db = leaderd_tests::TempDb::postgres();
+    let dir = Scratch::new();
+    // The command is a shell that dies at SIGTERM; the worker it started in
+    // the background ignores SIGTERM and lives on in the group.
+    let worker = format!("trap '' TERM; exec {CHILD} {}", dir.0.display());
+    let script = format!("/bin/sh -c \"{worker}\" & exec sleep 3600");
+    let command = vec!["/bin/sh".to_owned(), "-c".to_owned(), script];
+    let mut r = Replicas::start(&db.url, &dir, 2, command);
+    let first = nth_start(&dir, 1, Duration::from_secs(10));
+    let l = r.index(&first.id);
+    r.daemons[l].release("");
+    assert!(
+        !alive(first.pid),
+        "the worker is gone when the release answers"
+    );
+    let second = nth_start(&dir, 2, SLACK);
+    assert_ne!(second.id, first.id);
+    // SIGTERM: leaderd exits only once the worker is gone too.
+    let l = r.index(&second.id);
+    r.daemons[l].sigterm();
+    r.daemons[l]
+        .wait_exit(Duration::from_secs(3))
+        .expect("exit");
+    assert!(!alive(second.pid), "the worker outlived its leaderd");
+    assert_no_overlap(&dir);
+}
