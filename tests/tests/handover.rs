@@ -17,6 +17,21 @@ const ROUNDS: usize = 8;
 /// The releaser's hold in the release rounds.
 const HOLD: Duration = Duration::from_millis(1000);
 
+/// Checks the rounds' handover times: every one within [`HANDOVER`] but at
+/// most one, which must still be within a ttl plus a heartbeat (the bound of
+/// a lost wake-up). A single slow round is a commit stalled on a loaded
+/// machine (seen once in CI at 1.47 s, and at 0.2–0.5 s per round under an
+/// fsync-heavy disk hog); a broken wake-up slows most rounds, and fails.
+fn check_handovers(what: &str, took: &[Duration]) {
+    let slow: Vec<&Duration> = took.iter().filter(|t| **t > HANDOVER).collect();
+    let worst = took.iter().max().expect("rounds ran");
+    assert!(
+        slow.len() <= 1 && *worst <= Duration::from_millis(2200),
+        "{what} handovers took {took:?}"
+    );
+    eprintln!("{what} handovers: {took:?}");
+}
+
 /// Waits for one of `others` to lead; how long that took since `from`.
 fn next_leader(others: &[&Daemon], from: Instant) -> (usize, Duration) {
     let i = wait_for(Duration::from_secs(5), "a new leader", || {
@@ -68,9 +83,7 @@ fn sigterm_hands_over_at_once(db: TempDb) {
         let id = format!("r{round}");
         ds[leader] = start(&db, &dir, &id);
     }
-    let worst = took.iter().max().unwrap();
-    assert!(*worst <= HANDOVER, "SIGTERM handovers took {took:?}");
-    eprintln!("SIGTERM handovers: {took:?}");
+    check_handovers("SIGTERM", &took);
 }
 
 /// Eight releases through `leaderd release`; each time another replica
@@ -99,16 +112,21 @@ fn release_hands_over_at_once(db: TempDb) {
             .filter(|&i| i != leader)
             .map(|i| &ds[i])
             .collect();
-        let (_, t) = next_leader(&others, sent);
+        let (new, t) = next_leader(&others, sent);
         took.push(t);
+        if t > HANDOVER {
+            eprintln!(
+                "release took {t:?}\n--- releaser:\n{}\n--- new leader:\n{}",
+                ds[leader].log_text(),
+                others[new].log_text(),
+            );
+        }
         assert!(!ds[leader].is_leader(), "the releaser took it back");
         // A follower has nothing to release: exit 3.
         let follower = format!("127.0.0.1:{}", ds[leader].port);
         assert_eq!(run_cli(&["release", "--listen", &follower], &[]).0, 3);
     }
-    let worst = took.iter().max().unwrap();
-    assert!(*worst <= HANDOVER, "release handovers took {took:?}");
-    eprintln!("release handovers: {took:?}");
+    check_handovers("release", &took);
 }
 
 /// Alone in its election, a releaser stays out for its hold, then leads
