@@ -19,7 +19,9 @@ use leaderd_tests::proxy::{upstream, Fault, FaultProxy};
 use leaderd_tests::{http_get, http_raw, run_cli, serial, wait_for, Daemon, Kind, Scratch, TempDb};
 
 const TTL: Duration = Duration::from_millis(1200);
-const SLACK: Duration = Duration::from_millis(300);
+/// Room for the machine (a commit stalled on a loaded CI machine), not for
+/// leaderd: see `election.rs`. The soak's figures are the precise ones.
+const SLACK: Duration = Duration::from_millis(1000);
 
 /// Replicas that each talk to the database through their own proxy.
 struct Cluster {
