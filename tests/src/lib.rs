@@ -650,6 +650,22 @@ pub fn wait_single_leader(daemons: &[&Daemon], within: Duration) -> usize {
     })
 }
 
+/// Waits until exactly one of `daemons` leads and every one of them names
+/// it, with its token, in `/leader` (a fresh follower knows the leader only
+/// after its first refusal); returns its index.
+pub fn wait_agreed_leader(daemons: &[&Daemon], within: Duration) -> usize {
+    wait_for(within, "one leader that every replica names", || {
+        let views: Vec<(u16, Value)> = daemons.iter().map(|d| d.leader()).collect::<Option<_>>()?;
+        let leaders: Vec<usize> = (0..views.len()).filter(|&i| views[i].0 == 200).collect();
+        let [leader] = leaders[..] else { return None };
+        let (id, token) = (&views[leader].1["leader"], &views[leader].1["token"]);
+        views
+            .iter()
+            .all(|(_, v)| v["leader"] == *id && v["token"] == *token)
+            .then_some(leader)
+    })
+}
+
 /// Runs `leaderd` with `args` to completion: exit code, stdout, stderr.
 pub fn run_cli(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let mut cmd = Command::new(leaderd_bin());

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use leaderd_tests::proxy::{upstream, Fault, FaultProxy};
 use leaderd_tests::sse::Watcher;
-use leaderd_tests::{serial, wait_for, wait_single_leader, Daemon, Scratch, TempDb, Value};
+use leaderd_tests::{serial, wait_agreed_leader, wait_for, Daemon, Scratch, TempDb, Value};
 
 const TTL: Duration = Duration::from_millis(1200);
 const SLACK: Duration = Duration::from_secs(2);
@@ -41,7 +41,9 @@ fn every_change_is_streamed_as_it_happens() {
         .map(|i| Daemon::start(&db.url, &format!("w{i}"), &dir, &[]))
         .collect();
     let refs: Vec<&Daemon> = daemons.iter().collect();
-    let mut leader = wait_single_leader(&refs, Duration::from_secs(10));
+    // Every replica knows the leader, so that the events at connect and
+    // `/leader` read just after them agree.
+    let mut leader = wait_agreed_leader(&refs, Duration::from_secs(10));
     let watchers: Vec<Watcher> = daemons
         .iter()
         .map(|d| Watcher::open(d.port).expect("watch stream"))
@@ -126,7 +128,7 @@ fn a_resumed_leader_says_it_does_not_lead_before_anything_else() {
         .map(|i| Daemon::start(&db.url, &format!("s{i}"), &dir, &[]))
         .collect();
     let refs: Vec<&Daemon> = daemons.iter().collect();
-    let old = wait_single_leader(&refs, Duration::from_secs(10));
+    let old = wait_agreed_leader(&refs, Duration::from_secs(10));
     let watchers: Vec<Watcher> = daemons
         .iter()
         .map(|d| Watcher::open(d.port).expect("watch stream"))
