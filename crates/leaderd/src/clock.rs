@@ -1,10 +1,124 @@
-//! Converting boot-clock instants: to wall-clock time for the flag file, to
+//! The boot clock at the binary's edge: waiting for a boot-clock instant,
+//! and converting one to wall-clock time for the flag file or to
 //! microseconds for the logs.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::os::fd::OwnedFd;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use leaderd_core::BootTime;
 pub use leaderd_store::boot_now;
+use rustix::time::{
+    timerfd_create, timerfd_settime, Itimerspec, TimerfdClockId, TimerfdFlags, TimerfdTimerFlags,
+    Timespec,
+};
+use tokio::io::unix::AsyncFd;
+
+/// Waits for instants on `CLOCK_BOOTTIME`. tokio's timers run on
+/// `CLOCK_MONOTONIC`, which stops while the host is suspended: a deadline
+/// that passed during a suspend would be acted on only after its remaining
+/// time had passed *again* after resume (a command under `exec` killed late,
+/// the flag file and the watchers told late). A boot-clock timer fires at
+/// once on resume. Where no timerfd can be made (a sandbox refusing the
+/// syscall) it falls back to tokio's timer.
+#[derive(Debug)]
+pub struct BootTimer {
+    fd: Option<AsyncFd<OwnedFd>>,
+}
+
+impl BootTimer {
+    /// Needs a tokio runtime with I/O enabled.
+    pub fn new() -> Self {
+        let fd = timerfd_create(
+            TimerfdClockId::Boottime,
+            TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC,
+        )
+        .ok()
+        .and_then(register);
+        Self { fd }
+    }
+
+    /// Returns once the boot clock reads `at` or later (at once if it does
+    /// already). Cancel-safe: a later call re-arms the timer.
+    pub async fn sleep_until(&mut self, at: BootTime) {
+        loop {
+            let now = boot_now();
+            if now >= at {
+                return;
+            }
+            let Some(fd) = &self.fd else {
+                tokio::time::sleep(at.saturating_since(now)).await;
+                continue;
+            };
+            if arm(fd.get_ref(), at).is_err() {
+                self.fd = None;
+                continue;
+            }
+            // A stale expiry (of an earlier, cancelled wait) may wake this
+            // one early: the clock is read again above.
+            let mut guard = match fd.readable().await {
+                Ok(guard) => guard,
+                Err(_) => {
+                    self.fd = None;
+                    continue;
+                }
+            };
+            let mut expiries = [0u8; 8];
+            match guard.try_io(|fd| {
+                rustix::io::read(fd.get_ref(), &mut expiries).map_err(std::io::Error::from)
+            }) {
+                Ok(Ok(_)) | Err(_) => {}
+                Ok(Err(_)) => self.fd = None,
+            }
+        }
+    }
+
+    /// [`BootTimer::sleep_until`], or never for `None`.
+    pub async fn sleep_until_some(&mut self, at: Option<BootTime>) {
+        match at {
+            Some(at) => self.sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+impl Default for BootTimer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Registers a timerfd with tokio's reactor (read interest only).
+#[allow(unsafe_code)]
+fn register(fd: OwnedFd) -> Option<AsyncFd<OwnedFd>> {
+    // SAFETY: an `OwnedFd` is an open descriptor that stays open, and its
+    // `as_raw_fd` the same, until it is dropped with the `AsyncFd`: the
+    // condition tokio states (its safe constructors are deprecated for
+    // types that could break it; `OwnedFd` cannot).
+    unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }.ok()
+}
+
+/// Arms `fd` to expire once, at `at` on the boot clock (never zero, which
+/// would disarm it: `at` is past the boot).
+fn arm(fd: &OwnedFd, at: BootTime) -> rustix::io::Result<()> {
+    let since_boot = at.since_boot().max(Duration::from_nanos(1));
+    let value = Timespec {
+        tv_sec: i64::try_from(since_boot.as_secs()).unwrap_or(i64::MAX),
+        tv_nsec: i64::from(since_boot.subsec_nanos()),
+    };
+    let zero = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    timerfd_settime(
+        fd,
+        TimerfdTimerFlags::ABSTIME,
+        &Itimerspec {
+            it_interval: zero,
+            it_value: value,
+        },
+    )
+    .map(|_| ())
+}
 
 /// `at` as milliseconds since the Unix epoch, by this host's wall clock.
 pub fn unix_ms(at: BootTime) -> u64 {
@@ -23,4 +137,58 @@ pub fn unix_ms(at: BootTime) -> u64 {
 /// `t` in microseconds since boot, as the transition logs carry it.
 pub fn micros(t: BootTime) -> u64 {
     u64::try_from(t.since_boot().as_micros()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn wakes_at_the_boot_clock_instant_and_not_before() {
+        let mut timer = BootTimer::new();
+        assert!(timer.fd.is_some(), "a boot-clock timerfd");
+        for ms in [1, 30, 120] {
+            let at = boot_now() + Duration::from_millis(ms);
+            timer.sleep_until(at).await;
+            let woke = boot_now();
+            assert!(woke >= at, "woke {:?} early", at.saturating_since(woke));
+            let late = woke.saturating_since(at);
+            assert!(late < Duration::from_millis(500), "woke {late:?} late");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_past_instant_returns_at_once() {
+        let mut timer = BootTimer::new();
+        let past = boot_now();
+        tokio::time::timeout(Duration::from_millis(500), timer.sleep_until(past))
+            .await
+            .expect("returned at once");
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_wait_neither_fires_the_next_one_early_nor_blocks_it() {
+        let mut timer = BootTimer::new();
+        // Armed for 40 ms, cancelled at 10 ms; its expiry is then stale.
+        let far = boot_now() + Duration::from_millis(40);
+        let cut = tokio::time::timeout(Duration::from_millis(10), timer.sleep_until(far)).await;
+        assert!(cut.is_err(), "the first wait was cancelled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let at = boot_now() + Duration::from_millis(60);
+        timer.sleep_until(at).await;
+        assert!(boot_now() >= at, "a stale expiry woke the next wait early");
+        // And a cancelled wait leaves the timer usable at once.
+        let soon = boot_now() + Duration::from_millis(5);
+        tokio::time::timeout(Duration::from_millis(500), timer.sleep_until(soon))
+            .await
+            .expect("the re-armed timer fired");
+    }
+
+    #[tokio::test]
+    async fn without_a_timerfd_it_falls_back_to_tokio() {
+        let mut timer = BootTimer { fd: None };
+        let at = boot_now() + Duration::from_millis(20);
+        timer.sleep_until(at).await;
+        assert!(boot_now() >= at);
+    }
 }

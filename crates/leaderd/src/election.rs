@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::clock::{boot_now, micros, unix_ms};
+use crate::clock::{boot_now, micros, unix_ms, BootTimer};
 use crate::flag_file::FlagFile;
 use crate::metrics::Metrics;
 use crate::settings::{DatabaseSource, Settings};
@@ -260,6 +260,7 @@ pub async fn run(shared: Arc<Shared>, settings: Settings, shutdown: Cancellation
         last_error: None,
         granted: false,
         unanswered: false,
+        timer: BootTimer::new(),
         leading,
     };
     lp.elect(&wake, control, &shutdown).await;
@@ -287,6 +288,9 @@ struct Loop {
     /// lock). Cleared only after a release of the row, so that the wake-up
     /// finds the row free.
     leading: watch::Sender<bool>,
+    /// Waits for the next wake-up on the boot clock, the clock of the
+    /// deadline (see [`BootTimer`]).
+    timer: BootTimer,
 }
 
 /// The connection side of the loop: one attempt at a time on one connection.
@@ -351,13 +355,12 @@ impl Loop {
                 continue;
             }
             let wakeup = self.shared.engine().next_wakeup();
-            let sleep = wakeup.saturating_since(boot_now());
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return,
                 Some(request) = control.recv() => self.on_control(request).await,
                 () = wake.notified() => self.shared.engine().on_release_notice(boot_now()),
-                () = tokio::time::sleep(sleep) => {}
+                () = self.timer.sleep_until(wakeup) => {}
             }
         }
     }

@@ -29,7 +29,7 @@ use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::clock::boot_now;
+use crate::clock::{boot_now, BootTimer};
 use crate::election::Shared;
 
 /// What ended a run of `exec`.
@@ -85,6 +85,7 @@ pub async fn supervise(
         warn!(error = %e, "cannot become a subreaper; processes the command leaves behind are not waited for");
     }
     let mut timer = ChildTimer::new(stop_grace);
+    let mut clock = BootTimer::new();
     let mut changes = shared.subscribe();
     let mut running: Option<Running> = None;
     let mut outcome = Outcome::Idle;
@@ -132,9 +133,10 @@ pub async fn supervise(
             }
             ChildAction::Wait(until) => until,
         };
-        let mut sleep = until.map(|t| t.saturating_since(boot_now()));
+        let mut wake_at = until;
         if running.as_ref().is_some_and(|r| r.child.is_none()) {
-            sleep = Some(sleep.map_or(GROUP_POLL, |s| s.min(GROUP_POLL)));
+            let poll = boot_now() + GROUP_POLL;
+            wake_at = Some(wake_at.map_or(poll, |t| t.min(poll)));
         }
         tokio::select! {
             status = wait(&mut running) => {
@@ -171,7 +173,7 @@ pub async fn supervise(
                 }
             }
             _ = changes.changed() => {}
-            () = sleep_for(sleep) => {}
+            () = clock.sleep_until_some(wake_at) => {}
             () = shutdown.cancelled(), if !shutdown.is_cancelled() => {}
         }
     }
@@ -190,13 +192,6 @@ struct Running {
 async fn wait(running: &mut Option<Running>) -> std::io::Result<ExitStatus> {
     match running.as_mut().and_then(|r| r.child.as_mut()) {
         Some(c) => c.wait().await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn sleep_for(d: Option<Duration>) {
-    match d {
-        Some(d) => tokio::time::sleep(d).await,
         None => std::future::pending().await,
     }
 }
