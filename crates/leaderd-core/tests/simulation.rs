@@ -652,6 +652,80 @@ fn short_sweep_finds_no_second_leader() {
     assert!(steps >= 40 * 20_000, "ran {steps} steps");
 }
 
+/// The safety margin is what keeps two leaders apart at the edge of the
+/// bounds the simulation assumes, and this scripted run puts every bound
+/// against it at once (the random sweep meets them together too rarely to
+/// notice a margin removed): the holder's host clock 500 ppm slow, the
+/// database's 500 ppm fast and stepping forward by the largest step (45 ms)
+/// just after a grant, every later renewal of the holder lost, a follower
+/// polling after the step (so it learns the stepped expiry) on a clock
+/// 500 ppm fast, and messages taking 100 µs. The real engines decide.
+#[test]
+fn the_safety_margin_covers_the_worst_clocks_and_step_assumed() {
+    const NET: Us = 100;
+    let timing = Timing::new(
+        Duration::from_micros(HEARTBEAT as u64),
+        Duration::from_micros(TTL as u64),
+    )
+    .unwrap();
+    let mut db = Db::default();
+    let mut db_clock = Clock {
+        offset: 5_000_000,
+        ppm: 500,
+    };
+    let h_clock = Clock {
+        offset: 7_000_000,
+        ppm: -500,
+    };
+    let f_clock = Clock {
+        offset: 3_000_000,
+        ppm: 500,
+    };
+    let mut h = Engine::new(timing, "h", "h-0", h_clock.boot(0));
+    let mut f = Engine::new(timing, "f", "f-0", f_clock.boot(0));
+    // One exchange sent at true time `t`: executed at `t + NET`, answered
+    // at `t + 2 NET`, when the answer's time is returned.
+    let exchange =
+        |e: &mut Engine, clock: &Clock, db: &mut Db, db_clock: &Clock, t: Us, id: &str| -> Us {
+            let sent = clock.boot(t);
+            let held = e.lease(sent).map(|(token, _)| token);
+            let instance = e.instance().to_owned();
+            let answer = db.acquire_or_renew(db_clock.at(t + NET), id, &instance, held);
+            e.on_attempt(sent, clock.boot(t + 2 * NET), answer);
+            t + 2 * NET
+        };
+    // The holder creates the row, then takes it (the creation blocks the
+    // row for a ttl: wait that out as a replica would, by its answer).
+    let mut t = exchange(&mut h, &h_clock, &mut db, &db_clock, 0, "h");
+    while !h.is_leader(h_clock.boot(t)) {
+        t = h_clock.true_at(local_us(h.next_wakeup())).max(t + 1);
+        t = exchange(&mut h, &h_clock, &mut db, &db_clock, t, "h");
+    }
+    let granted_sent = t - 2 * NET;
+    // The database clock steps forward; the holder's renewals are lost from
+    // now on, so its lease ends at its own deadline.
+    db_clock.offset += 45_000;
+    t += 1_000;
+    while !f.is_leader(f_clock.boot(t)) {
+        assert!(t < granted_sent + 3 * TTL, "the follower never led");
+        t = f_clock.true_at(local_us(f.next_wakeup())).max(t + 1);
+        t = exchange(&mut f, &f_clock, &mut db, &db_clock, t, "f");
+    }
+    // The scenario is tight: without the margin, the holder's deadline
+    // (sent + ttl on its slow clock) would still be ahead.
+    let unmargined = h_clock.true_at(local_us(h_clock.boot(granted_sent)) + TTL);
+    assert!(
+        t < unmargined,
+        "the follower led at {t}, after even an unmargined deadline ({unmargined})"
+    );
+    assert!(
+        !h.is_leader(h_clock.boot(t)),
+        "two leaders at {t}: the holder's deadline is {:?} (true time)",
+        h.lease(h_clock.boot(t))
+            .map(|(_, d)| h_clock.true_at(local_us(d)))
+    );
+}
+
 #[test]
 #[ignore = "long: run with --ignored --nocapture (see the module docs)"]
 fn long_run() {
