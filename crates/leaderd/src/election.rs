@@ -288,8 +288,8 @@ struct Loop {
     /// lock). Cleared only after a release of the row, so that the wake-up
     /// finds the row free.
     leading: watch::Sender<bool>,
-    /// Waits for the next wake-up on the boot clock, the clock of the
-    /// deadline (see [`BootTimer`]).
+    /// Waits for the next wake-up, and bounds each attempt, on the boot
+    /// clock, the clock of the deadline (see [`BootTimer`]).
     timer: BootTimer,
 }
 
@@ -332,7 +332,7 @@ impl Loop {
                 let sent_at = boot_now();
                 let timeout = self.shared.engine().attempt_timeout(sent_at);
                 let (result, stopping) = {
-                    let exchange = self.db.exchange(&self.shared, sent_at, timeout);
+                    let exchange = self.db.exchange(&self.shared, sent_at);
                     tokio::pin!(exchange);
                     tokio::select! {
                     biased;
@@ -346,6 +346,12 @@ impl Loop {
                         (finished.unwrap_or_else(|_| Err("shutdown: attempt abandoned".into())), true)
                     }
                     r = &mut exchange => (r, false),
+                    // On the boot clock, as the lease is: an attempt caught
+                    // in a host's suspend ends at resume, and with it a
+                    // lease that lapsed meanwhile.
+                    () = self.timer.sleep_until(sent_at + timeout) => {
+                        (Err(format!("attempt timed out after {timeout:?}")), false)
+                    }
                     }
                 };
                 self.finish_attempt(sent_at, timeout, result);
@@ -520,26 +526,14 @@ impl Loop {
 }
 
 impl Db {
-    /// One acquire-or-renew, connecting first when needed, bounded by
-    /// `timeout`.
+    /// One acquire-or-renew, connecting first when needed. The caller bounds
+    /// it (see [`Loop::elect`]).
     async fn exchange(
         &mut self,
         shared: &Shared,
         sent_at: BootTime,
-        timeout: Duration,
     ) -> Result<leaderd_core::Attempt, String> {
         self.statement_sent = false;
-        match tokio::time::timeout(timeout, self.try_exchange(shared, sent_at)).await {
-            Ok(r) => r,
-            Err(_) => Err(format!("attempt timed out after {timeout:?}")),
-        }
-    }
-
-    async fn try_exchange(
-        &mut self,
-        shared: &Shared,
-        sent_at: BootTime,
-    ) -> Result<leaderd_core::Attempt, String> {
         self.connect().await?;
         // The token we hold as of the send time, the instant the timeout was
         // computed for.
