@@ -348,6 +348,11 @@ const IDLE_SOON: std::time::Duration = std::time::Duration::from_millis(20);
 const IDLE_SOON_FOR: std::time::Duration = std::time::Duration::from_secs(3);
 const IDLE_LATER: std::time::Duration = std::time::Duration::from_millis(200);
 
+/// How long a leader's lock must have been held for the waiters (looking
+/// every [`IDLE_SOON`]) to be waiting on it: two looks and a round trip.
+pub(crate) const NOTICED_WITHIN: std::time::Duration =
+    std::time::Duration::from_millis(2 * IDLE_SOON.as_millis() as u64 + 10);
+
 /// Gives the election's named lock back (a no-op when this session does not
 /// hold it).
 async fn let_go(conn: &mut AsyncMysqlConnection, election: &str) -> Result<(), StoreError> {

@@ -70,6 +70,11 @@ impl Waiter {
 pub struct Presence(mysql::Presence);
 
 impl Presence {
+    /// How long the lock must have been held before letting it go wakes the
+    /// waiters: a leader that releases sooner (just elected) waits for that
+    /// first, or they miss the release and find out by polling.
+    pub const NOTICED_WITHIN: Duration = mysql::NOTICED_WITHIN;
+
     /// Whether the backend needs a presence at all.
     pub fn needed(url: &DatabaseUrl) -> bool {
         url.backend() == Backend::Mysql

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use leaderd_store::{Presence, Waiter};
 use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
@@ -72,12 +73,14 @@ pub async fn wait_for_releases(
 }
 
 /// Holds the election's named lock while `leading` is true (MySQL/MariaDB;
-/// returns at once on the other backends, which need none). Ends when the
-/// loop drops its end of `leading`, letting the lock go.
+/// returns at once on the other backends, which need none), and says in
+/// `held` since when it holds it. Ends when the loop drops its end of
+/// `leading`, letting the lock go.
 pub async fn keep_presence(
     source: DatabaseSource,
     election: String,
     mut leading: watch::Receiver<bool>,
+    held: watch::Sender<Option<Instant>>,
 ) {
     // The backend cannot change under a running daemon; a URL file that is
     // not readable yet (a Secret mounted late) is waited for.
@@ -93,7 +96,7 @@ pub async fn keep_presence(
         if leading.wait_for(|l| *l).await.is_err() {
             return;
         }
-        let held: Result<(), String> = async {
+        let kept: Result<(), String> = async {
             if presence.is_none() {
                 let url = source.resolve()?;
                 let connected = Presence::connect(&url, &election).await;
@@ -101,14 +104,20 @@ pub async fn keep_presence(
             }
             let p = presence.as_mut().expect("connected above");
             // A follower that just woke holds the lock for an instant.
-            while *leading.borrow() && !p.hold().await.map_err(|e| e.to_string())? {
+            while *leading.borrow() {
+                if p.hold().await.map_err(|e| e.to_string())? {
+                    held.send_replace(Some(Instant::now()));
+                    break;
+                }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             let _ = leading.wait_for(|l| !*l).await;
+            held.send_replace(None);
             p.let_go().await.map_err(|e| e.to_string())
         }
         .await;
-        match held {
+        held.send_replace(None);
+        match kept {
             Ok(()) => {}
             Err(e) => {
                 debug!(error = %e, "leader presence failed; reconnecting");
@@ -116,5 +125,80 @@ pub async fn keep_presence(
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
+    }
+}
+
+/// Waits, at most `budget`, until the leader's presence has been held long
+/// enough for the waiters to be waiting on it ([`Presence::NOTICED_WITHIN`]):
+/// a leader released moments after it was elected would otherwise wake
+/// nobody. At once where no presence is kept (its task has ended) or it has
+/// long been held.
+pub async fn presence_noticed(held: &mut watch::Receiver<Option<Instant>>, budget: Duration) {
+    let noticed = async {
+        loop {
+            let since = *held.borrow_and_update();
+            let change = match since {
+                Some(t) if t.elapsed() >= Presence::NOTICED_WITHIN => return,
+                Some(t) => tokio::select! {
+                    () = tokio::time::sleep_until(t + Presence::NOTICED_WITHIN) => return,
+                    r = held.changed() => r,
+                },
+                None => held.changed().await,
+            };
+            if change.is_err() {
+                return;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(budget, noticed).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BUDGET: Duration = Duration::from_millis(300);
+
+    /// How long `presence_noticed` took with `held` as given.
+    async fn noticed_after(rx: &mut watch::Receiver<Option<Instant>>) -> Duration {
+        let started = Instant::now();
+        presence_noticed(rx, BUDGET).await;
+        started.elapsed()
+    }
+
+    #[tokio::test]
+    async fn no_presence_kept_or_one_long_held_means_no_wait() {
+        let (tx, mut rx) = watch::channel(None);
+        drop(tx);
+        assert!(noticed_after(&mut rx).await < Duration::from_millis(20));
+        let (_tx, mut rx) = watch::channel(Some(Instant::now() - Duration::from_secs(1)));
+        assert!(noticed_after(&mut rx).await < Duration::from_millis(20));
+    }
+
+    #[tokio::test]
+    async fn a_lock_just_taken_is_kept_until_the_waiters_have_seen_it() {
+        let (_tx, mut rx) = watch::channel(Some(Instant::now()));
+        let took = noticed_after(&mut rx).await;
+        assert!(took >= Presence::NOTICED_WITHIN, "{took:?}");
+        assert!(took < BUDGET, "{took:?}");
+    }
+
+    #[tokio::test]
+    async fn a_lock_taken_while_waiting_is_waited_for_and_a_lock_never_taken_is_not_forever() {
+        let (tx, mut rx) = watch::channel(None);
+        let taker = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            tx.send_replace(Some(Instant::now()));
+            tx
+        });
+        let took = noticed_after(&mut rx).await;
+        assert!(
+            took >= Duration::from_millis(30) + Presence::NOTICED_WITHIN,
+            "{took:?}"
+        );
+        let _tx = taker.await.unwrap();
+        let (_tx, mut rx) = watch::channel(None);
+        let took = noticed_after(&mut rx).await;
+        assert!(took >= BUDGET && took < BUDGET * 2, "{took:?}");
     }
 }
