@@ -514,7 +514,10 @@ impl Loop {
                 break;
             }
         }
-        wakeups::presence_noticed(&mut self.presence_held, NOTICE_BUDGET).await;
+        // Only a presence wanted (this replica led up to now) is waited for.
+        if *self.leading.borrow() {
+            wakeups::presence_noticed(&mut self.presence_held, NOTICE_BUDGET).await;
+        }
         let election = self.shared.election.clone();
         let released =
             tokio::time::timeout(RELEASE_BUDGET, self.db.release(&election, instance)).await;
