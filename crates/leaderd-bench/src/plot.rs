@@ -155,6 +155,29 @@ where
     Ok(())
 }
 
+/// The usual grid and axes: both labelled with [`number`].
+fn axes<'a, X, Y>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
+    x_desc: &str,
+    y_desc: &str,
+) -> Result<()>
+where
+    X: Ranged<ValueType = f64> + ValueFormatter<f64>,
+    Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
+{
+    chart
+        .configure_mesh()
+        .max_light_lines(2)
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .x_label_formatter(&|v| number(*v))
+        .y_label_formatter(&|v| number(*v))
+        .label_style((FONT, 12))
+        .axis_desc_style((FONT, 13))
+        .draw()?;
+    Ok(())
+}
+
 fn legend<'a, X, Y>(
     chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
     at: SeriesLabelPosition,
@@ -209,16 +232,7 @@ pub fn heartbeat(path: &Path, rows: &[CostRow]) -> Result<()> {
                 .with_key_points(measured.clone()),
             0.0..top.max(1.0),
         )?;
-    chart
-        .configure_mesh()
-        .max_light_lines(2)
-        .x_desc("electors (log scale)")
-        .y_desc("heartbeats/s")
-        .x_label_formatter(&|v| number(*v))
-        .y_label_formatter(&|v| number(*v))
-        .label_style((FONT, 12))
-        .axis_desc_style((FONT, 13))
-        .draw()?;
+    axes(&mut chart, "electors (log scale)", "heartbeats/s")?;
     for &kind in &kinds {
         let name = short_backend(kind);
         series(
@@ -252,16 +266,7 @@ pub fn heartbeat(path: &Path, rows: &[CostRow]) -> Result<()> {
             electors.log_scale().with_key_points(measured),
             p99.clone().log_scale().with_key_points(ticks(&p99)),
         )?;
-    chart
-        .configure_mesh()
-        .max_light_lines(2)
-        .x_desc("electors (log scale)")
-        .y_desc("ms (log scale)")
-        .x_label_formatter(&|v| number(*v))
-        .y_label_formatter(&|v| number(*v))
-        .label_style((FONT, 12))
-        .axis_desc_style((FONT, 13))
-        .draw()?;
+    axes(&mut chart, "electors (log scale)", "ms (log scale)")?;
     for &kind in &kinds {
         let name = short_backend(kind);
         series(
@@ -318,16 +323,7 @@ pub fn scale(path: &Path, steps: &[ScaleStep]) -> Result<()> {
             0.0..most,
             lat.clone().log_scale().with_key_points(ticks(&lat)),
         )?;
-    chart
-        .configure_mesh()
-        .max_light_lines(2)
-        .x_desc("replicas renewing once a second")
-        .y_desc("ms (log scale)")
-        .x_label_formatter(&|v| number(*v))
-        .y_label_formatter(&|v| number(*v))
-        .label_style((FONT, 12))
-        .axis_desc_style((FONT, 13))
-        .draw()?;
+    axes(&mut chart, "replicas renewing once a second", "ms (log scale)")?;
     series(&mut chart, &pts(&|s| millis(s.lat.max)), GREY, true, "max")?;
     series(
         &mut chart,
@@ -346,16 +342,7 @@ pub fn scale(path: &Path, steps: &[ScaleStep]) -> Result<()> {
         .x_label_area_size(42)
         .y_label_area_size(62)
         .build_cartesian_2d(0.0..most, 0.0..most)?;
-    chart
-        .configure_mesh()
-        .max_light_lines(2)
-        .x_desc("replicas renewing once a second")
-        .y_desc("renewals/s")
-        .x_label_formatter(&|v| number(*v))
-        .y_label_formatter(&|v| number(*v))
-        .label_style((FONT, 12))
-        .axis_desc_style((FONT, 13))
-        .draw()?;
+    axes(&mut chart, "replicas renewing once a second", "renewals/s")?;
     series(
         &mut chart,
         &[(0.0, 0.0), (most, most)],
