@@ -323,7 +323,11 @@ pub fn scale(path: &Path, steps: &[ScaleStep]) -> Result<()> {
             0.0..most,
             lat.clone().log_scale().with_key_points(ticks(&lat)),
         )?;
-    axes(&mut chart, "replicas renewing once a second", "ms (log scale)")?;
+    axes(
+        &mut chart,
+        "replicas renewing once a second",
+        "ms (log scale)",
+    )?;
     series(&mut chart, &pts(&|s| millis(s.lat.max)), GREY, true, "max")?;
     series(
         &mut chart,
