@@ -465,10 +465,10 @@ impl Loop {
             }
         };
         self.report.handle(&self.shared, events);
-        // The presence follows at the loop's next turn, not here: after a
-        // shutdown's last attempt there is none, and the presence must stay
-        // until the row is released (see `release_row`).
-        self.shared.publish();
+        // Watchers and the presence hear of it at the loop's next turn,
+        // straight after (no await between), or, after a shutdown's last
+        // attempt, from the step-down and `release_row`: the presence must
+        // stay until the row is released.
     }
 
     fn failed(&mut self, reason: String, now: BootTime) -> Vec<Event> {
