@@ -490,6 +490,7 @@ impl Daemon {
             cmd,
             args,
             command: Vec::new(),
+            undrained: false,
             id: id.to_owned(),
             port,
             flag,
@@ -505,6 +506,8 @@ pub struct Launch {
     args: Vec<String>,
     /// Under `exec`: the command to run while leading.
     command: Vec<String>,
+    /// stderr on a pipe that nobody reads (see [`Launch::stderr_undrained`]).
+    undrained: bool,
     id: String,
     port: u16,
     flag: PathBuf,
@@ -524,12 +527,21 @@ impl Launch {
         self
     }
 
+    /// Puts stderr on a pipe that nobody reads, as a stalled log collector
+    /// leaves it: once the pipe is full, every write to it blocks. The log
+    /// file stays empty.
+    pub fn stderr_undrained(mut self) -> Self {
+        self.undrained = true;
+        self
+    }
+
     /// Starts it and waits until it serves HTTP.
     pub fn start(self) -> Daemon {
         let Launch {
             mut cmd,
             args,
             command,
+            undrained,
             id,
             port,
             flag,
@@ -541,10 +553,16 @@ impl Launch {
             cmd.arg("exec").args(args).arg("--").args(command);
         }
         let log_file = std::fs::File::create(&log).expect("log file");
+        // The read end of an undrained pipe stays open in `Child::stderr`.
+        let stderr = if undrained {
+            Stdio::piped()
+        } else {
+            log_file.into()
+        };
         let child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(log_file)
+            .stderr(stderr)
             .spawn()
             .expect("spawn leaderd");
         let d = Daemon {
@@ -613,6 +631,15 @@ impl Daemon {
             }
             std::thread::sleep(Duration::from_millis(2));
         }
+    }
+
+    /// Bytes waiting unread in an undrained stderr pipe (0 otherwise).
+    pub fn stderr_unread(&self) -> u64 {
+        self.child
+            .stderr
+            .as_ref()
+            .and_then(|e| rustix::io::ioctl_fionread(e).ok())
+            .unwrap_or(0)
     }
 
     /// Everything the daemon logged so far.

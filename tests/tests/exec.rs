@@ -330,3 +330,94 @@ fn what_the_command_started_is_stopped_before_the_row_is_released() {
     assert!(!alive(second.pid), "the worker outlived its leaderd");
     assert_no_overlap(&dir);
 }
+
+/// The command sees none of leaderd's database URL: not
+/// `LEADERD_DATABASE_URL`, and not a `DATABASE_URL` that leaderd read; an
+/// app's own `DATABASE_URL`, which leaderd did not use, is passed on.
+#[test]
+fn the_command_never_sees_leaderds_database_url() {
+    let dir = Scratch::new();
+    let run = |env: &[(&str, &str)], out: &str| {
+        let port = leaderd_tests::free_port().to_string();
+        let listen = format!("127.0.0.1:{port}");
+        let script = format!("env > {}", dir.path(out).display());
+        let (code, _, err) = leaderd_tests::run_cli(
+            &["exec", "--listen", &listen, "--", "/bin/sh", "-c", &script],
+            env,
+        );
+        assert_eq!(code, 0, "the command's status: {err}");
+        std::fs::read_to_string(dir.path(out)).expect("the command ran")
+    };
+    // Trust authentication takes any password.
+    let db = leaderd_tests::TempDb::postgres();
+    let secret = db.url.replacen("postgres@", "postgres:Sup3rS3cret@", 1);
+    assert!(secret.contains("Sup3rS3cret"), "{secret}");
+    let seen = run(&[("DATABASE_URL", &secret)], "a.env");
+    assert!(!seen.contains("Sup3rS3cret"), "{seen}");
+    assert!(!seen.contains("DATABASE_URL="), "{seen}");
+    assert!(seen.contains("LEADERD_TOKEN="), "{seen}");
+
+    let seen = run(
+        &[
+            ("LEADERD_DATABASE_URL", &secret),
+            ("DATABASE_URL", "app-own"),
+        ],
+        "b.env",
+    );
+    assert!(!seen.contains("Sup3rS3cret"), "{seen}");
+    assert!(seen.lines().any(|l| l == "DATABASE_URL=app-own"), "{seen}");
+}
+
+/// A stderr that nobody drains (a stalled log collector; here the command
+/// itself fills the pipe they share) delays no safety action (spec, Logs):
+/// with the row deleted under the leader, its command, which ignores
+/// SIGTERM, is killed at the deadline, before the other replica's starts;
+/// watchers hear the loss; and SIGTERM still ends leaderd within 2 s.
+#[test]
+fn a_stalled_stderr_delays_no_safety_action() {
+    let _s = serial();
+    let db = leaderd_tests::TempDb::postgres();
+    let dir = Scratch::new();
+    let script = format!(
+        "trap '' TERM; head -c 1000000 /dev/zero >&2 & exec {CHILD} {}",
+        dir.0.display()
+    );
+    let mut stalled = Daemon::launch(&db.url, "stalled", &dir, "stalled", &[])
+        .env("RUST_LOG", "info")
+        .exec(&["/bin/sh", "-c", &script])
+        .stderr_undrained()
+        .start();
+    let first = nth_start(&dir, 1, Duration::from_secs(10));
+    assert_eq!(first.id, "stalled");
+    // The pipe (64 KiB, counted in pages) is full: from now on every write
+    // to it blocks.
+    wait_for(Duration::from_secs(5), "stderr to fill", || {
+        (stalled.stderr_unread() >= 48 * 1024).then_some(())
+    });
+    let watcher = leaderd_tests::sse::Watcher::open(stalled.port).expect("watch");
+    let other = Daemon::launch(&db.url, "other", &dir, "other", &[])
+        .exec(&[CHILD, &dir.0.display().to_string()])
+        .start();
+    assert!(stalled.is_leader(), "still leads with stderr full");
+
+    db.exec(&["DELETE FROM service_leader_lock"]);
+    watcher
+        .until(TTL + SLACK, |e| e["is_leader"] == false)
+        .expect("the watcher hears the loss");
+    wait_for(TTL + SLACK, "the command to be killed", || {
+        (!alive(first.pid)).then_some(())
+    });
+    // Either replica may take the re-created row; the flock proves the
+    // first command was gone before the second started.
+    let second = nth_start(&dir, 2, TTL + SLACK * 2);
+    assert_no_overlap(&dir);
+    let leaders = [&stalled, &other].map(|d| d.is_leader());
+    assert_eq!(leaders, [second.id == "stalled", second.id == "other"]);
+
+    stalled.sigterm();
+    let started = std::time::Instant::now();
+    stalled
+        .wait_exit(Duration::from_secs(2))
+        .expect("SIGTERM ends leaderd within 2 s");
+    eprintln!("exited {:?} after SIGTERM", started.elapsed());
+}

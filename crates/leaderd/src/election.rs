@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::clock::{boot_now, micros, unix_ms, BootTimer};
-use crate::flag_file::FlagFile;
+use crate::flag_file::{FlagFile, FlagWriter};
 use crate::metrics::Metrics;
 use crate::settings::{DatabaseSource, Settings};
 use crate::wakeups;
@@ -37,6 +37,11 @@ const NOTICE_BUDGET: Duration = Duration::from_millis(100);
 
 /// The least time a cancel request gets to reach the server.
 const CANCEL_BUDGET: Duration = Duration::from_millis(500);
+
+/// How long a release waits for the flag file's removal (beside the
+/// [`NOTICE_BUDGET`]) before giving up the release: an fsync-heavy disk was
+/// seen to take 75 ms.
+const FLAG_BUDGET: Duration = Duration::from_millis(100);
 
 /// How long shutdown waits for the presence to be let go. With the HTTP
 /// server's 0.3 s and the runtime's 0.1 s, shutdown stays under 1.8 s.
@@ -224,11 +229,21 @@ impl Shared {
 
 /// Runs the election until `shutdown` fires, then releases the row.
 pub async fn run(shared: Arc<Shared>, settings: Settings, shutdown: CancellationToken) {
-    let flag = settings.flag_file.clone().map(FlagFile::new);
+    let flag =
+        settings
+            .flag_file
+            .clone()
+            .and_then(|path| match FlagWriter::start(FlagFile::new(path)) {
+                Ok(flag) => Some(flag),
+                Err(e) => {
+                    // No file reads as "not leader": the safe side.
+                    error!(error = %e, "cannot start the flag-file writer; no flag file is kept");
+                    None
+                }
+            });
+    // A stale one from an earlier run.
     if let Some(flag) = &flag {
-        if let Err(e) = flag.remove() {
-            error!(path = %flag.path().display(), error = %e, "cannot remove a stale flag file");
-        }
+        flag.remove();
     }
     let wake = Arc::new(Notify::new());
     let instance = shared.engine().instance().to_owned();
@@ -276,8 +291,14 @@ pub async fn run(shared: Arc<Shared>, settings: Settings, shutdown: Cancellation
     lp.release_row(&instance).await;
     waiter.abort();
     // The named lock (MySQL) goes with the process anyway; letting it go
-    // first wakes the others a little sooner.
-    let _ = tokio::time::timeout(PRESENCE_BUDGET, presence).await;
+    // first wakes the others a little sooner. The flag file, if the disk
+    // allows, should not outlive the process.
+    let flag_gone = async {
+        if let Some(flag) = &lp.report.flag {
+            flag.removed(PRESENCE_BUDGET).await;
+        }
+    };
+    let _ = tokio::join!(tokio::time::timeout(PRESENCE_BUDGET, presence), flag_gone);
 }
 
 struct Loop {
@@ -315,7 +336,7 @@ struct Db {
 
 /// The reporting side: logs, metrics and the flag file for each event.
 struct Report {
-    flag: Option<FlagFile>,
+    flag: Option<FlagWriter>,
     /// The local deadline in force, for the transition logs.
     deadline: Option<BootTime>,
     /// The other process last seen holding the lease under our id.
@@ -514,11 +535,26 @@ impl Loop {
                 break;
             }
         }
+        // The file must not say this replica leads once a successor can:
+        // a disk that does not answer in time costs the handover (the lease
+        // expires by itself), never a file naming a leader that is not.
         // Only a presence wanted (this replica led up to now) is waited for.
-        if *self.leading.borrow() {
-            wakeups::presence_noticed(&mut self.presence_held, NOTICE_BUDGET).await;
-        }
+        let wants_presence = *self.leading.borrow();
+        let presence = async {
+            if wants_presence {
+                wakeups::presence_noticed(&mut self.presence_held, NOTICE_BUDGET).await;
+            }
+        };
+        let (flag_gone, ()) = tokio::join!(self.report.flag_removed(FLAG_BUDGET), presence);
         let election = self.shared.election.clone();
+        if !flag_gone {
+            self.sync_presence();
+            error!(
+                election,
+                "the flag file was not removed in time; not releasing, the lease expires by itself"
+            );
+            return;
+        }
         let released =
             tokio::time::timeout(RELEASE_BUDGET, self.db.release(&election, instance)).await;
         if matches!(released, Ok(Ok(_))) {
@@ -641,12 +677,15 @@ impl Report {
         if events.is_empty() {
             return;
         }
+        // Watchers first: a log line may wait in the queue, an event may not.
+        shared.publish();
         let (election, id) = (shared.election.as_str(), shared.id.as_str());
         for event in events {
             let now = boot_now();
             match event {
                 Event::Acquired { token } => {
                     self.deadline = shared.engine().lease(now).map(|(_, d)| d);
+                    self.write_flag(shared);
                     info!(
                         election,
                         id,
@@ -660,17 +699,16 @@ impl Report {
                         .transitions
                         .with_label_values(&["acquired"])
                         .inc();
-                    self.write_flag(shared);
                 }
                 Event::Renewed { token } => {
                     self.deadline = shared.engine().lease(now).map(|(_, d)| d);
+                    self.write_flag(shared);
                     debug!(
                         election,
                         token,
                         deadline_us = self.deadline.map(micros),
                         "renewed"
                     );
-                    self.write_flag(shared);
                 }
                 Event::Lost { token, reason } => {
                     self.remove_flag();
@@ -707,21 +745,27 @@ impl Report {
         }
     }
 
+    /// Asks for the flag file to say this replica leads (never waits).
     fn write_flag(&self, shared: &Shared) {
         let Some(flag) = &self.flag else { return };
         let Some((token, deadline)) = shared.engine().lease(boot_now()) else {
             return;
         };
-        let written = flag.write(&shared.election, &shared.id, token, unix_ms(deadline));
-        if let Err(e) = written {
-            error!(path = %flag.path().display(), error = %e, "cannot write the flag file");
+        flag.write(&shared.election, &shared.id, token, unix_ms(deadline));
+    }
+
+    /// Asks for the flag file to go (never waits; see [`Report::flag_removed`]).
+    fn remove_flag(&self) {
+        if let Some(flag) = &self.flag {
+            flag.remove();
         }
     }
 
-    fn remove_flag(&self) {
-        let Some(flag) = &self.flag else { return };
-        if let Err(e) = flag.remove() {
-            error!(path = %flag.path().display(), error = %e, "cannot remove the flag file");
+    /// Whether the flag file is gone, waiting at most `within` for the disk.
+    async fn flag_removed(&self, within: Duration) -> bool {
+        match &self.flag {
+            Some(flag) => flag.removed(within).await,
+            None => true,
         }
     }
 }

@@ -75,6 +75,7 @@ const GROUP_POLL: Duration = Duration::from_millis(10);
 pub async fn supervise(
     shared: Arc<Shared>,
     command: Vec<OsString>,
+    hidden_env: &[&str],
     stop_grace: Duration,
     shutdown: CancellationToken,
 ) -> Outcome {
@@ -111,7 +112,7 @@ pub async fn supervise(
         shared.set_child_running(starting || running.is_some());
         let until = match action {
             ChildAction::Start { token } => {
-                match spawn(&shared, &command, token) {
+                match spawn(&shared, &command, hidden_env, token) {
                     Ok(r) => running = Some(r),
                     Err(code) => {
                         shared.set_child_running(false);
@@ -225,23 +226,30 @@ fn signal(running: Option<&Running>, sig: Signal, name: &str) {
     }
 }
 
-/// Starts the command for the term with `token`; on failure, the exit code
-/// a shell would give.
-fn spawn(shared: &Shared, command: &[OsString], token: i64) -> Result<Running, u8> {
+/// Starts the command for the term with `token`, without the variables in
+/// `hidden_env`; on failure, the exit code a shell would give.
+fn spawn(
+    shared: &Shared,
+    command: &[OsString],
+    hidden_env: &[&str],
+    token: i64,
+) -> Result<Running, u8> {
     let (program, args) = command.split_first().expect("clap requires a command");
     let mut cmd = Command::new(program);
     cmd.args(args)
         .env("LEADERD_ELECTION", &shared.election)
         .env("LEADERD_ID", &shared.id)
         .env("LEADERD_TOKEN", token.to_string())
-        // The command needs no password of leaderd's.
-        .env_remove("LEADERD_DATABASE_URL")
         // Its own group: signals reach its children too, and a Ctrl-C in a
         // terminal reaches leaderd only, which stops the child in order.
         .process_group(0)
         // In its own group it must not read the terminal (SIGTTIN).
         .stdin(Stdio::null())
         .kill_on_drop(true);
+    // The command needs no password of leaderd's.
+    for name in hidden_env {
+        cmd.env_remove(name);
+    }
     die_with_parent(&mut cmd);
     match cmd.spawn() {
         Ok(child) => {

@@ -4,11 +4,20 @@
 //! grant and renewal, removed on step-down and shutdown, and a stale one is
 //! removed at start. Readers must still check `expires_at_unix_ms`: after
 //! SIGKILL or SIGSTOP the file can outlive the lease.
+//!
+//! The file system is touched only by a thread of its own ([`FlagWriter`]):
+//! a stalled or fsync-heavy disk delays the file, never the election loop.
+//! Only a release waits for the file's removal (bounded): the row is freed
+//! for a successor only once no file says this replica leads.
 
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use serde::Serialize;
+use tokio::sync::watch;
+use tracing::{error, info};
 
 #[derive(Debug, Clone)]
 pub struct FlagFile {
@@ -39,30 +48,17 @@ impl FlagFile {
         &self.path
     }
 
-    /// Atomically replaces the file with the current lease.
-    pub fn write(
-        &self,
-        election: &str,
-        id: &str,
-        token: i64,
-        expires_at_unix_ms: u64,
-    ) -> io::Result<()> {
-        let body = serde_json::to_vec(&Content {
-            election,
-            id,
-            token,
-            expires_at_unix_ms,
-        })
-        .map_err(io::Error::other)?;
+    /// Atomically replaces the file with `body` (one JSON line).
+    fn write_body(&self, body: &[u8]) -> io::Result<()> {
         let mut f = std::fs::File::create(&self.tmp)?;
-        f.write_all(&body)?;
+        f.write_all(body)?;
         f.write_all(b"\n")?;
         drop(f);
         std::fs::rename(&self.tmp, &self.path)
     }
 
     /// Removes the file; a missing file is fine.
-    pub fn remove(&self) -> io::Result<()> {
+    fn remove(&self) -> io::Result<()> {
         let _ = std::fs::remove_file(&self.tmp);
         match std::fs::remove_file(&self.path) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
@@ -71,19 +67,142 @@ impl FlagFile {
     }
 }
 
+/// Keeps the flag file in the state last asked for, on a thread of its own.
+/// Requests never wait: a newer one replaces one not yet carried out.
+#[derive(Debug, Clone)]
+pub struct FlagWriter {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    wanted: Mutex<Wanted>,
+    changed: Condvar,
+    /// The generation last carried out.
+    done: watch::Sender<u64>,
+}
+
+#[derive(Debug, Default)]
+struct Wanted {
+    /// The file's content, or `None` for no file.
+    body: Option<Vec<u8>>,
+    /// Counts requests; the thread carries out the latest.
+    generation: u64,
+}
+
+impl FlagWriter {
+    /// Starts the thread for `file`.
+    pub fn start(file: FlagFile) -> io::Result<Self> {
+        let inner = Arc::new(Inner {
+            wanted: Mutex::new(Wanted::default()),
+            changed: Condvar::new(),
+            done: watch::Sender::new(0),
+        });
+        let worker = inner.clone();
+        std::thread::Builder::new()
+            .name("leaderd-flag".into())
+            .spawn(move || worker.apply_forever(&file))?;
+        Ok(Self { inner })
+    }
+
+    /// Asks for the file to say this replica leads with `token` until
+    /// `expires_at_unix_ms`.
+    pub fn write(&self, election: &str, id: &str, token: i64, expires_at_unix_ms: u64) {
+        let body = serde_json::to_vec(&Content {
+            election,
+            id,
+            token,
+            expires_at_unix_ms,
+        })
+        .expect("serialising plain fields cannot fail");
+        self.want(Some(body));
+    }
+
+    /// Asks for the file to be gone.
+    pub fn remove(&self) {
+        self.want(None);
+    }
+
+    /// Asks for the file to be gone and waits, for at most `within`, until
+    /// it is. `false` when the disk did not answer in time.
+    pub async fn removed(&self, within: Duration) -> bool {
+        let generation = self.want(None);
+        let mut done = self.inner.done.subscribe();
+        tokio::time::timeout(within, done.wait_for(|d| *d >= generation))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
+    fn want(&self, body: Option<Vec<u8>>) -> u64 {
+        let mut wanted = self.inner.wanted.lock().unwrap_or_else(|e| e.into_inner());
+        wanted.body = body;
+        wanted.generation += 1;
+        self.inner.changed.notify_one();
+        wanted.generation
+    }
+}
+
+impl Inner {
+    fn apply_forever(&self, file: &FlagFile) {
+        let mut applied = 0;
+        let mut failing = false;
+        loop {
+            let (body, generation) = {
+                let mut wanted = self.wanted.lock().unwrap_or_else(|e| e.into_inner());
+                while wanted.generation == applied {
+                    wanted = self.changed.wait(wanted).unwrap_or_else(|e| e.into_inner());
+                }
+                (wanted.body.clone(), wanted.generation)
+            };
+            let result = match &body {
+                Some(body) => file.write_body(body),
+                None => file.remove(),
+            };
+            match result {
+                // Once per change, not at every renewal.
+                Err(e) if !failing => {
+                    failing = true;
+                    error!(path = %file.path().display(), error = %e, "cannot update the flag file");
+                }
+                Ok(()) if failing => {
+                    failing = false;
+                    info!(path = %file.path().display(), "the flag file is updated again");
+                }
+                _ => {}
+            }
+            applied = generation;
+            self.done.send_replace(generation);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn write_replaces_and_remove_is_idempotent() {
+    #[tokio::test]
+    async fn write_replaces_and_remove_is_idempotent() {
         let dir = std::env::temp_dir().join(format!("leaderd-flag-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).unwrap();
-        let flag = FlagFile::new(dir.join("leader"));
-        flag.write("default", "pod-a", 7, 1_000).unwrap();
-        flag.write("default", "pod-a", 8, 2_000).unwrap();
-        let v: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(flag.path()).unwrap()).unwrap();
+        let path = dir.join("leader");
+        let flag = FlagWriter::start(FlagFile::new(path.clone())).unwrap();
+        flag.write("default", "pod-a", 7, 1_000);
+        flag.write("default", "pod-a", 8, 2_000);
+        let read = || {
+            let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).ok()?).ok()?;
+            (v["token"] == 8).then_some(v)
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let v = loop {
+            if let Some(v) = read() {
+                break v;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the file was not written"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        };
         assert_eq!(v["token"], 8);
         assert_eq!(v["expires_at_unix_ms"], 2_000);
         assert_eq!(v["id"], "pod-a");
@@ -92,9 +211,9 @@ mod tests {
             1,
             "no temp file left"
         );
-        flag.remove().unwrap();
-        flag.remove().unwrap();
-        assert!(!flag.path().exists());
+        assert!(flag.removed(Duration::from_secs(5)).await);
+        assert!(flag.removed(Duration::from_secs(5)).await);
+        assert!(!path.exists());
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

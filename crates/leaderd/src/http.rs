@@ -345,6 +345,7 @@ mod tests {
             "leaderd_lease_remaining_seconds",
             "leaderd_db_up",
             "leaderd_duplicate_id_total",
+            "leaderd_log_lines_dropped_total",
         ] {
             assert!(body.contains(name), "{name} missing");
         }

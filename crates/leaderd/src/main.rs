@@ -13,6 +13,7 @@ mod exec;
 mod flag_file;
 mod http;
 mod http_client;
+mod logging;
 mod metrics;
 mod release;
 mod server;
@@ -33,7 +34,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::cli::{Cli, Command};
-use crate::settings::{LogFormat, ProcessEnv, Settings};
+use crate::settings::{ProcessEnv, Settings};
+
+/// How long the exit waits for the log writer (see `logging`); with the
+/// shutdown's own budgets, a SIGTERM still ends the process within 2 s.
+const EXIT_FLUSH: Duration = Duration::from_millis(100);
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -58,7 +63,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    init_logging(settings.log_format);
+    logging::init(settings.log_format);
     for w in &settings.warnings {
         warn!("{w}");
     }
@@ -84,27 +89,16 @@ fn main() -> ExitCode {
     });
     // Do not wait for stray blocking tasks (a hung connect) at exit.
     runtime.shutdown_timeout(Duration::from_millis(100));
-    match result {
+    let code = match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             error!("{e:#}");
             ExitCode::FAILURE
         }
-    }
-}
-
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
-    }
+    };
+    // The last lines, unless stderr is stalled: the exit is not held up.
+    logging::flush(EXIT_FLUSH);
+    code
 }
 
 /// Raises the soft limit on open files to the hard one: every HTTP
@@ -160,6 +154,7 @@ async fn run(settings: Settings, command: Option<Vec<OsString>>) -> anyhow::Resu
         }
         Some(command) => {
             let stop_grace = settings.stop_grace;
+            let hidden_env = settings.secret_env.clone();
             let election = {
                 let (shared, shutdown) = (shared.clone(), shutdown.clone());
                 tokio::spawn(async move {
@@ -170,7 +165,7 @@ async fn run(settings: Settings, command: Option<Vec<OsString>>) -> anyhow::Resu
                 })
             };
             // Here, on the main thread: see `exec` on the parent-death signal.
-            let outcome = exec::supervise(shared, command, stop_grace, shutdown).await;
+            let outcome = exec::supervise(shared, command, &hidden_env, stop_grace, shutdown).await;
             election.await.context("the election loop failed")?;
             outcome.code()
         }

@@ -24,6 +24,8 @@ pub struct Metrics {
     pub duplicate_id: IntCounter,
     /// 1 while the app passes its health check (always 1 without one).
     pub app_healthy: IntGauge,
+    /// Follows `logging::dropped_lines` at scrape time.
+    log_lines_dropped: IntCounter,
 }
 
 impl Metrics {
@@ -83,6 +85,11 @@ impl Metrics {
         )
         .unwrap();
         app_healthy.set(1);
+        let log_lines_dropped = IntCounter::new(
+            "leaderd_log_lines_dropped_total",
+            "Log lines dropped because stderr did not drain (logging never blocks the daemon)",
+        )
+        .unwrap();
         for c in [
             Box::new(is_leader.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(fencing_token.clone()),
@@ -93,6 +100,7 @@ impl Metrics {
             Box::new(heartbeat_errors.clone()),
             Box::new(duplicate_id.clone()),
             Box::new(app_healthy.clone()),
+            Box::new(log_lines_dropped.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
@@ -110,6 +118,7 @@ impl Metrics {
             heartbeat_errors,
             duplicate_id,
             app_healthy,
+            log_lines_dropped,
         }
     }
 
@@ -120,6 +129,9 @@ impl Metrics {
         self.lease_remaining
             .set(view.lease_remaining.map_or(0.0, |d| d.as_secs_f64()));
         self.db_up.set(i64::from(db_up));
+        let dropped = crate::logging::dropped_lines();
+        self.log_lines_dropped
+            .inc_by(dropped.saturating_sub(self.log_lines_dropped.get()));
         let mut out = Vec::new();
         TextEncoder::new()
             .encode(&self.registry.gather(), &mut out)

@@ -111,6 +111,9 @@ pub struct Settings {
     /// `exec` only: how long before the local deadline a child is told to
     /// stop when renewals fail.
     pub stop_grace: Duration,
+    /// Environment variables that carried leaderd's database URL: `exec`
+    /// keeps them from the command (they may hold a password).
+    pub secret_env: Vec<&'static str>,
     /// Things worth a warning once logging is up (unknown variables).
     pub warnings: Vec<String>,
 }
@@ -466,6 +469,16 @@ fn validate(
         // Judged against the timing, which has its own problem.
         (None, _) => None,
     };
+    // The app's own `DATABASE_URL` is passed on when leaderd did not use it.
+    let mut secret_env = vec!["LEADERD_DATABASE_URL"];
+    let from_url = matches!(database, Some(DatabaseSource::Url(_)));
+    if from_url
+        && layers
+            .get("database_url")
+            .is_some_and(|u| u.from == "DATABASE_URL")
+    {
+        secret_env.push("DATABASE_URL");
+    }
     Some(Settings {
         database: database?,
         election: election?,
@@ -478,6 +491,7 @@ fn validate(
         app_health: app_health?,
         app_health_failures: app_health_failures?,
         stop_grace: stop_grace?,
+        secret_env,
         warnings,
     })
 }

@@ -13,8 +13,9 @@ pub fn spawn_handler(token: CancellationToken) -> std::io::Result<()> {
             _ = term.recv() => "SIGTERM",
             _ = int.recv() => "SIGINT",
         };
-        info!(signal = name, "shutting down");
+        // Cancel first: nothing on the way out waits for a log line.
         token.cancel();
+        info!(signal = name, "shutting down");
     });
     Ok(())
 }
