@@ -527,6 +527,18 @@ impl Launch {
         self
     }
 
+    /// Listens on every address (`0.0.0.0`, as in Kubernetes) rather than on
+    /// loopback; the port stays the same.
+    pub fn listen_everywhere(mut self) -> Self {
+        let loopback = format!("127.0.0.1:{}", self.port);
+        for a in &mut self.args {
+            if *a == loopback {
+                *a = format!("0.0.0.0:{}", self.port);
+            }
+        }
+        self
+    }
+
     /// Puts stderr on a pipe that nobody reads, as a stalled log collector
     /// leaves it: once the pipe is full, every write to it blocks. The log
     /// file stays empty.
@@ -596,7 +608,7 @@ impl Daemon {
     /// 200.
     pub fn release(&self, query: &str) {
         let request =
-            format!("POST /release{query} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+            format!("POST /release{query} HTTP/1.1\r\nHost: x\r\nLeaderd-Release: 1\r\nConnection: close\r\n\r\n");
         let reply = http_raw(self.port, request.as_bytes());
         assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
     }

@@ -3,8 +3,10 @@
 //! It forwards bytes both ways and can, at any moment: cut every connection
 //! (and refuse new ones), blackhole (accept and hold bytes, deliver nothing),
 //! add latency both ways, delay replies only (the statement commits, the
-//! daemon hears it late), or forward the next request and cut before its
-//! reply. `heal` returns to plain forwarding.
+//! daemon hears it late), forward the next request and cut before its
+//! reply, or stand for a database far away (a one-way delay on every byte,
+//! pipelined as on a real link, and a round trip to connect). `heal`
+//! returns to plain forwarding.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -13,6 +15,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 /// What the proxy does to traffic now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,6 +32,11 @@ pub enum Fault {
     DelayReplies(Duration),
     /// Forward the next request, then cut before the reply arrives.
     CutBeforeReply,
+    /// A database this far away one way: every chunk arrives this much after
+    /// it was sent, chunks in flight do not wait for each other, and a new
+    /// connection takes a round trip before its first byte (TCP's
+    /// handshake).
+    Distance(Duration),
 }
 
 /// The `host:port` a database URL (`scheme://[user[:pass]@]host:port/db`)
@@ -127,6 +135,9 @@ async fn accept_loop(
         let epoch = epoch.clone();
         tokio::spawn(async move {
             let born = *epoch.lock().expect("epoch");
+            if let Fault::Distance(d) = now {
+                tokio::time::sleep(d * 2).await;
+            }
             let Ok(server) = TcpStream::connect(upstream).await else {
                 return;
             };
@@ -158,42 +169,78 @@ enum Direction {
     Reply,
 }
 
+/// Forwards `from` to `to` under the faults; chunks are written by a task of
+/// their own at the time they are due, so that a [`Fault::Distance`] delays
+/// each without holding up the next.
 async fn pump(
-    mut from: tokio::net::tcp::OwnedReadHalf,
+    from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    mut fault: watch::Receiver<Fault>,
+    fault: watch::Receiver<Fault>,
     epoch: Arc<Mutex<u64>>,
     born: u64,
     dir: Direction,
 ) {
+    let (chunks, mut due) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let writer = async move {
+        while let Some((at, chunk)) = due.recv().await {
+            tokio::time::sleep_until(at).await;
+            if to.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
+    };
+    let reader = read_faulty(from, chunks, fault, epoch, born, dir);
+    tokio::pin!(writer, reader);
+    tokio::select! {
+        // An end of stream: what is in flight still arrives.
+        drain = &mut reader => if drain { writer.await },
+        () = &mut writer => {}
+    }
+}
+
+/// Reads chunks and queues each for when it is due; returns whether what
+/// is queued is still to be delivered (an end of stream) or not (a cut).
+async fn read_faulty(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    chunks: tokio::sync::mpsc::UnboundedSender<(Instant, Vec<u8>)>,
+    mut fault: watch::Receiver<Fault>,
+    epoch: Arc<Mutex<u64>>,
+    born: u64,
+    dir: Direction,
+) -> bool {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let n = tokio::select! {
             r = from.read(&mut buf) => match r {
-                Ok(0) | Err(_) => return,
+                Ok(0) | Err(_) => return true,
                 Ok(n) => n,
             },
             // Wake on fault changes too, to notice a cut while idle.
             _ = fault.changed() => {
                 if *epoch.lock().expect("epoch") != born {
-                    return;
+                    return false;
                 }
                 continue;
             }
         };
+        let mut at = Instant::now();
         loop {
             if *epoch.lock().expect("epoch") != born {
-                return;
+                return false;
             }
             let current = *fault.borrow();
             match current {
                 Fault::None => break,
-                Fault::Cut => return,
+                Fault::Cut => return false,
                 Fault::Blackhole => {
                     // Hold the bytes until the fault changes.
                     if fault.changed().await.is_err() {
-                        return;
+                        return false;
                     }
+                }
+                Fault::Distance(d) => {
+                    at += d;
+                    break;
                 }
                 Fault::Latency(d) => {
                     tokio::time::sleep(d).await;
@@ -208,14 +255,14 @@ async fn pump(
                 Fault::CutBeforeReply => {
                     if dir == Direction::Reply {
                         *epoch.lock().expect("epoch") += 1;
-                        return;
+                        return false;
                     }
                     break;
                 }
             }
         }
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
+        if chunks.send((at, buf[..n].to_vec())).is_err() {
+            return false;
         }
     }
 }

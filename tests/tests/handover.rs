@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use leaderd_tests::{run_cli, serial, wait_for, wait_single_leader, Daemon, Scratch, TempDb};
+use leaderd_tests::{
+    http_raw, run_cli, serial, wait_for, wait_single_leader, Daemon, Scratch, TempDb,
+};
 
 /// What the spec promises for a graceful handover, on every backend.
 const HANDOVER: Duration = Duration::from_millis(150);
@@ -191,6 +193,49 @@ fn release_without_a_daemon_exits_one() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("no daemon"), "{err}");
     assert_eq!(run_cli(&["release", "--hold", "2h"], &[]).0, 2);
+}
+
+/// `POST /release` steps a leader down, so only this pod may send it: with
+/// `listen` on every address (as in Kubernetes) it is served on a loopback
+/// listener of its own (the next port), and there only with leaderd's
+/// request header and without an `Origin` (a mesh forwards outside traffic
+/// from loopback; a browser page can POST to localhost). `leaderd release`,
+/// given the daemon's own `listen`, finds it.
+#[test]
+fn release_is_served_on_loopback_only_and_needs_its_header() {
+    let _s = serial();
+    let db = TempDb::sqlite();
+    let dir = Scratch::new();
+    let d = Daemon::launch(&db.url, "a", &dir, "a", &[])
+        .listen_everywhere()
+        .start();
+    wait_for(Duration::from_secs(10), "a to lead", || {
+        d.is_leader().then_some(())
+    });
+    let post = |port: u16, headers: &str| {
+        let request = format!(
+            "POST /release?hold=1s HTTP/1.1\r\nHost: x\r\n{headers}Connection: close\r\n\r\n"
+        );
+        http_raw(port, request.as_bytes())
+    };
+    let refused = [
+        (d.port, "Leaderd-Release: 1\r\n", "the public listener"),
+        (d.port + 1, "", "no header"),
+        (
+            d.port + 1,
+            "Leaderd-Release: 1\r\nOrigin: http://localhost:3000\r\n",
+            "a web page",
+        ),
+    ];
+    for (port, headers, what) in refused {
+        let reply = post(port, headers);
+        assert!(reply.starts_with("HTTP/1.1 403"), "{what}: {reply}");
+        assert!(d.is_leader(), "{what} stepped the leader down");
+    }
+    let listen = format!("0.0.0.0:{}", d.port);
+    let (code, out, err) = run_cli(&["release", "--listen", &listen, "--hold", "1s"], &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(!d.is_leader(), "released");
 }
 
 /// A tiny app whose health endpoint answers 200 or 500 as told.

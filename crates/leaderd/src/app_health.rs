@@ -27,8 +27,15 @@ pub async fn watch(
     let mut healthy = false;
     let mut failures = failures_allowed;
     loop {
-        let reply =
-            http_client::request(&check.host, check.port, "GET", &check.target, heartbeat).await;
+        let reply = http_client::request(
+            &check.host,
+            check.port,
+            "GET",
+            &check.target,
+            &[],
+            heartbeat,
+        )
+        .await;
         let passed = matches!(&reply, Ok(r) if (200..300).contains(&r.status));
         if !passed {
             debug!(url = %check.url, outcome = ?reply.map(|r| r.status), "app health check failed");

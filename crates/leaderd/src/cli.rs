@@ -43,7 +43,7 @@ pub enum Command {
         #[arg(last = true, required = true, value_name = "COMMAND")]
         command: Vec<std::ffi::OsString>,
     },
-    /// Ask the local daemon (at --listen) to step down: exit 0 released,
+    /// Ask the local daemon (at its release address) to step down: exit 0 released,
     /// 3 not leader, 1 no daemon.
     Release {
         /// Do not attempt again for this long [default: 2 × heartbeat; at most 1h]
@@ -79,6 +79,10 @@ pub struct ConfigArgs {
     /// HTTP listen address [default: 127.0.0.1:4040]
     #[arg(long, global = true, value_name = "ADDR")]
     pub listen: Option<String>,
+    /// Loopback address that serves POST /release [default: --listen when it
+    /// is loopback, else 127.0.0.1 on the next port]
+    #[arg(long, global = true, value_name = "ADDR")]
+    pub release_listen: Option<String>,
     /// Path of the leader flag file [default: none]
     #[arg(long, global = true, value_name = "PATH")]
     pub flag_file: Option<String>,

@@ -20,9 +20,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::clock::{boot_now, micros, unix_ms, BootTimer};
+use crate::connector::Connector;
 use crate::flag_file::{FlagFile, FlagWriter};
 use crate::metrics::Metrics;
-use crate::settings::{DatabaseSource, Settings};
+use crate::settings::Settings;
 use crate::wakeups;
 
 /// How long shutdown waits for a statement already in flight, then how long
@@ -266,9 +267,7 @@ pub async fn run(shared: Arc<Shared>, settings: Settings, shutdown: Cancellation
     let control = shared.take_control();
     let mut lp = Loop {
         db: Db {
-            source: settings.database,
-            migrate: settings.migrate,
-            migrated: false,
+            connector: Connector::new(settings.database, settings.migrate, settings.timing),
             conn: None,
             statement_sent: false,
         },
@@ -323,11 +322,10 @@ struct Loop {
     timer: BootTimer,
 }
 
-/// The connection side of the loop: one attempt at a time on one connection.
+/// The connection side of the loop: one attempt at a time on one connection,
+/// opened outside the attempts (see [`Connector`]).
 struct Db {
-    source: DatabaseSource,
-    migrate: bool,
-    migrated: bool,
+    connector: Connector,
     conn: Option<Connection>,
     /// The current attempt got as far as sending its statement: its fate is
     /// unknown if no answer comes.
@@ -356,9 +354,12 @@ impl Loop {
             let events: Vec<Event> = self.shared.engine().poll(now).into_iter().collect();
             self.report.handle(&self.shared, events);
             self.sync_presence();
-            if self.shared.engine().attempt_due(now) {
-                // Read the clock before taking (or opening) the connection:
-                // the lease is measured from here.
+            let due = self.shared.engine().attempt_due(now);
+            if due && self.db.conn.is_none() {
+                self.db.connector.start();
+            } else if due {
+                // Read the clock before taking the connection: the lease is
+                // measured from here.
                 let sent_at = boot_now();
                 let timeout = self.shared.engine().attempt_timeout(sent_at);
                 let (result, stopping) = {
@@ -390,14 +391,46 @@ impl Loop {
                 }
                 continue;
             }
-            let wakeup = self.shared.engine().next_wakeup();
+            let wakeup = self.wakeup(now, due);
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return,
                 Some(request) = control.recv() => self.on_control(request).await,
                 () = wake.notified() => self.shared.engine().on_release_notice(boot_now()),
+                opened = self.db.connector.finished() => self.on_opened(opened),
                 () = self.timer.sleep_until(wakeup) => {}
             }
+        }
+    }
+
+    /// When the loop wakes next. While an attempt waits for a connection:
+    /// at the local deadline, or to start another connect beside a slow one.
+    fn wakeup(&self, now: BootTime, due: bool) -> BootTime {
+        let engine = self.shared.engine();
+        if !due {
+            return engine.next_wakeup();
+        }
+        let another = self.db.connector.next_start().unwrap_or(now);
+        engine
+            .lease(now)
+            .map_or(another, |(_, deadline)| another.min(deadline))
+    }
+
+    /// A connect finished: the next turn attempts on it, or it failed as an
+    /// attempt would.
+    fn on_opened(&mut self, opened: Result<Connection, String>) {
+        match opened {
+            // One beside it may have been quicker; keep that one.
+            Ok(conn) => {
+                if self.db.conn.is_none() {
+                    self.db.conn = Some(conn);
+                }
+            }
+            Err(reason) if self.db.conn.is_none() => {
+                let events = self.failed(reason, boot_now());
+                self.report.handle(&self.shared, events);
+            }
+            Err(_) => {}
         }
     }
 
@@ -586,7 +619,10 @@ impl Db {
         sent_at: BootTime,
     ) -> Result<leaderd_core::Attempt, String> {
         self.statement_sent = false;
-        self.connect().await?;
+        // The loop attempts only on an open connection.
+        let Some(conn) = self.conn.as_mut() else {
+            return Err("no connection".into());
+        };
         // The token we hold as of the send time, the instant the timeout was
         // computed for.
         let (held_token, instance) = {
@@ -602,33 +638,9 @@ impl Db {
             held_token,
         };
         self.statement_sent = true;
-        let conn = self.conn.as_mut().expect("connected above");
         conn.acquire_or_renew(&req)
             .await
             .map_err(|e: StoreError| e.to_string())
-    }
-
-    /// Opens the connection unless open (migrating once per process first,
-    /// when configured).
-    async fn connect(&mut self) -> Result<(), String> {
-        if self.conn.is_none() {
-            let url = self.source.resolve()?;
-            if self.migrate && !self.migrated {
-                let conn = Connection::connect(&url).await.map_err(|e| e.to_string())?;
-                // Once per process, even if this attempt's timeout cuts it
-                // short (e.g. waiting for another replica's migration lock):
-                // `leaderd migrate` is the tool for anything more.
-                self.migrated = true;
-                match conn.migrate().await {
-                    Ok(m) => info!(result = ?m, "lock table checked"),
-                    // Keep electing: the table may exist and this user may
-                    // lack DDL rights; a real absence shows in the attempts.
-                    Err(e) => warn!(error = %e, "could not migrate the lock table"),
-                }
-            }
-            self.conn = Some(Connection::connect(&url).await.map_err(|e| e.to_string())?);
-        }
-        Ok(())
     }
 
     /// An attempt failed or timed out: its connection may be mid-exchange,
@@ -650,7 +662,9 @@ impl Db {
     /// Releases the row if `instance` holds it.
     async fn release(&mut self, election: &str, instance: &str) -> Result<bool, String> {
         self.statement_sent = false;
-        self.connect().await?;
+        if self.conn.is_none() {
+            self.conn = Some(self.connector.connect_now().await?);
+        }
         self.statement_sent = true;
         let conn = self.conn.as_mut().expect("connected above");
         conn.release(election, instance)

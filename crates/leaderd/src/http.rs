@@ -1,5 +1,14 @@
 //! The HTTP surface: `/leader`, `/`, `/healthz`, `/readyz`, `/metrics`,
-//! `POST /release` (loopback peers only), and `/leader/watch` (see `watch`).
+//! `POST /release`, and `/leader/watch` (see `watch`).
+//!
+//! `POST /release` steps the leader down, so it must come from this pod, and
+//! a loopback peer does not prove that: a service mesh forwards outside
+//! traffic from loopback (Istio's inbound passthrough uses 127.0.0.6) and a
+//! browser page can send a simple cross-origin POST to localhost. So it is
+//! served on a loopback listener only (a second one, `release_listen`, when
+//! `listen` is not loopback), and refused unless the request carries
+//! [`RELEASE_HEADER`] and no `Origin` (a browser cannot add the one without
+//! a preflight, which is refused, and always sends the other).
 //!
 //! Every answer is computed from the engine at the moment of the request, so a
 //! process that was paused past its deadline answers 503 on its first request
@@ -22,16 +31,47 @@ use axum::http::Uri;
 
 use crate::election::{Control, Shared};
 
+/// The request header `POST /release` needs (`leaderd release` sends it).
+pub const RELEASE_HEADER: &str = "leaderd-release";
+
+/// Where `POST /release` is served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseAt {
+    /// On this router's listener (it is on loopback).
+    Here,
+    /// On a loopback listener of its own, at this address.
+    Elsewhere(SocketAddr),
+}
+
 /// Builds the router; tests drive it with `oneshot`, no socket needed.
-pub fn router(shared: Arc<Shared>) -> Router {
+pub fn router(shared: Arc<Shared>, release_at: ReleaseAt) -> Router {
+    let release_route = match release_at {
+        ReleaseAt::Here => post(release),
+        ReleaseAt::Elsewhere(addr) => post(move || async move {
+            error(
+                StatusCode::FORBIDDEN,
+                &format!("POST /release is served on the loopback listener {addr} only"),
+            )
+        }),
+    };
     Router::new()
         .route("/leader", get(leader))
         .route("/leader/watch", crate::watch::route(shared.clone()))
-        .route("/release", post(release))
+        .route("/release", release_route)
         .route("/", get(compat))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .layer(axum::middleware::from_fn(refuse_bodies))
+        .with_state(shared)
+}
+
+/// The loopback listener's router when `listen` is not loopback: `/release`
+/// alone.
+pub fn release_router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/release", post(release))
         .fallback(not_found)
         .layer(axum::middleware::from_fn(refuse_bodies))
         .with_state(shared)
@@ -84,17 +124,31 @@ async fn leader(State(shared): State<Arc<Shared>>) -> Response {
 /// Largest `hold` a release may ask for.
 const MAX_HOLD: Duration = Duration::from_secs(3600);
 
-/// Steps down on request: 403 unless from a loopback peer, 400 for a bad
-/// `hold`, 409 when not leading, else 200 once the row is released.
+/// Steps down on request: 403 unless from this pod (see the module docs),
+/// 400 for a bad `hold`, 409 when not leading, else 200 once the row is
+/// released.
 async fn release(
     State(shared): State<Arc<Shared>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: axum::http::HeaderMap,
     uri: Uri,
 ) -> Response {
     if !peer.ip().to_canonical().is_loopback() {
         return error(
             StatusCode::FORBIDDEN,
             "release is only accepted from loopback",
+        );
+    }
+    if headers.contains_key(header::ORIGIN) {
+        return error(
+            StatusCode::FORBIDDEN,
+            "release is not accepted from a web page (the request has an Origin)",
+        );
+    }
+    if !headers.contains_key(RELEASE_HEADER) {
+        return error(
+            StatusCode::FORBIDDEN,
+            "release needs the request header `Leaderd-Release: 1` (`leaderd release` sends it)",
         );
     }
     let mut hold = shared.timing.heartbeat() * 2;
@@ -215,6 +269,16 @@ mod tests {
     }
 
     async fn call_from(method: Method, uri: &str, peer: SocketAddr) -> (StatusCode, String) {
+        call_with(method, uri, peer, &[(RELEASE_HEADER, "1")], ReleaseAt::Here).await
+    }
+
+    async fn call_with(
+        method: Method,
+        uri: &str,
+        peer: SocketAddr,
+        headers: &[(&str, &str)],
+        release_at: ReleaseAt,
+    ) -> (StatusCode, String) {
         let shared = shared();
         // A stand-in for the election loop: it answers release requests as
         // a follower does.
@@ -232,12 +296,13 @@ mod tests {
                 }
             }
         });
-        let req = Request::builder()
-            .method(method)
-            .uri(uri)
-            .body(Body::empty())
-            .unwrap();
-        let app = router(shared).layer(axum::extract::connect_info::MockConnectInfo(peer));
+        let mut req = Request::builder().method(method).uri(uri);
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        let req = req.body(Body::empty()).unwrap();
+        let app =
+            router(shared, release_at).layer(axum::extract::connect_info::MockConnectInfo(peer));
         let res = app.oneshot(req).await.unwrap();
         let status = res.status();
         let body = res.into_body().collect().await.unwrap().to_bytes();
@@ -305,6 +370,27 @@ mod tests {
         );
     }
 
+    /// A mesh forwards from loopback and a browser page can POST to
+    /// localhost: neither gets a release (spec, Handover).
+    #[tokio::test]
+    async fn release_needs_its_header_no_origin_and_the_loopback_listener() {
+        let local = SocketAddr::from(([127, 0, 0, 6], 50000));
+        let here = ReleaseAt::Here;
+        let (status, body) = call_with(Method::POST, "/release", local, &[], here).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+        assert!(body.contains("Leaderd-Release"), "{body}");
+        let browser = [(RELEASE_HEADER, "1"), ("origin", "https://evil.example")];
+        let (status, body) = call_with(Method::POST, "/release", local, &browser, here).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+        let ok = [(RELEASE_HEADER, "1")];
+        let (status, body) = call_with(Method::POST, "/release", local, &ok, here).await;
+        assert_eq!(status, StatusCode::CONFLICT, "not leading: {body}");
+        let elsewhere = ReleaseAt::Elsewhere(SocketAddr::from(([127, 0, 0, 1], 4041)));
+        let (status, body) = call_with(Method::POST, "/release", local, &ok, elsewhere).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+        assert!(body.contains("127.0.0.1:4041"), "{body}");
+    }
+
     #[tokio::test]
     async fn request_bodies_are_refused() {
         let req = Request::builder()
@@ -313,7 +399,7 @@ mod tests {
             .header("content-length", "5")
             .body(Body::from("hello"))
             .unwrap();
-        let res = router(shared())
+        let res = router(shared(), ReleaseAt::Here)
             .layer(axum::extract::connect_info::MockConnectInfo(
                 SocketAddr::from(([127, 0, 0, 1], 1)),
             ))

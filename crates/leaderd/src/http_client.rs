@@ -32,21 +32,28 @@ pub enum ClientError {
     Malformed,
 }
 
-/// Sends `method target` to `host:port` (with `Connection: close`) and reads
-/// the whole reply, within `timeout`.
+/// Sends `method target` to `host:port` (with `Connection: close` and
+/// `headers`) and reads the whole reply, within `timeout`.
 pub async fn request(
     host: &str,
     port: u16,
     method: &str,
     target: &str,
+    headers: &[(&str, &str)],
     timeout: Duration,
 ) -> Result<Reply, ClientError> {
-    tokio::time::timeout(timeout, exchange(host, port, method, target))
+    tokio::time::timeout(timeout, exchange(host, port, method, target, headers))
         .await
         .map_err(|_| ClientError::Timeout(timeout))?
 }
 
-async fn exchange(host: &str, port: u16, method: &str, target: &str) -> Result<Reply, ClientError> {
+async fn exchange(
+    host: &str,
+    port: u16,
+    method: &str,
+    target: &str,
+    headers: &[(&str, &str)],
+) -> Result<Reply, ClientError> {
     let mut stream =
         TcpStream::connect((host, port))
             .await
@@ -59,9 +66,13 @@ async fn exchange(host: &str, port: u16, method: &str, target: &str) -> Result<R
     } else {
         format!("{host}:{port}")
     };
+    let extra: String = headers
+        .iter()
+        .map(|(name, value)| format!("{name}: {value}\r\n"))
+        .collect();
     let head = format!(
         "{method} {target} HTTP/1.1\r\nHost: {host_header}\r\nUser-Agent: leaderd\r\n\
-         Content-Length: 0\r\nConnection: close\r\n\r\n"
+         {extra}Content-Length: 0\r\nConnection: close\r\n\r\n"
     );
     stream.write_all(head.as_bytes()).await?;
     let mut raw = Vec::new();

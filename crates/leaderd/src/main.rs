@@ -8,6 +8,7 @@
 mod app_health;
 mod cli;
 mod clock;
+mod connector;
 mod election;
 mod exec;
 mod flag_file;
@@ -122,6 +123,16 @@ async fn run(settings: Settings, command: Option<Vec<OsString>>) -> anyhow::Resu
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
+    // `POST /release` only on loopback (see `http`).
+    let release_listener = if settings.release_listen == settings.listen {
+        None
+    } else {
+        let addr = settings.release_listen;
+        let l = tokio::net::TcpListener::bind(addr).await.with_context(|| {
+            format!("cannot listen on {addr} for POST /release (set release_listen)")
+        })?;
+        Some(l)
+    };
     let shutdown = CancellationToken::new();
     signals::spawn_handler(shutdown.clone()).context("cannot install signal handlers")?;
     let shared = Arc::new(election::Shared::new(&settings));
@@ -130,15 +141,24 @@ async fn run(settings: Settings, command: Option<Vec<OsString>>) -> anyhow::Resu
         id = %settings.id,
         database = %settings.database,
         listen = %listener.local_addr().map_or_else(|_| settings.listen.to_string(), |a| a.to_string()),
+        release_listen = %settings.release_listen,
         timing = %settings.timing,
         "leaderd starting"
     );
     let http_stop = CancellationToken::new();
     let server = {
         let stop = http_stop.clone();
-        let app = http::router(shared.clone());
+        let release_at = match &release_listener {
+            None => http::ReleaseAt::Here,
+            Some(_) => http::ReleaseAt::Elsewhere(settings.release_listen),
+        };
+        let app = http::router(shared.clone(), release_at);
         tokio::spawn(server::serve(listener, app, stop))
     };
+    if let Some(l) = release_listener {
+        let app = http::release_router(shared.clone());
+        tokio::spawn(server::serve(l, app, http_stop.clone()));
+    }
     if let Some(check) = settings.app_health.clone() {
         tokio::spawn(app_health::watch(
             shared.clone(),

@@ -2,20 +2,20 @@
 //! down, for a `preStop` hook in an image without curl. Exit 0 released, 3
 //! not leader, 1 no daemon (or any other failure), 2 bad input.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use crate::cli::ConfigArgs;
 use crate::http_client;
-use crate::settings::{listen_only, ProcessEnv};
+use crate::settings::{release_target, ProcessEnv};
 
 /// Longer than any release takes: the daemon bounds its own to about 1 s,
 /// plus, under `exec`, up to a ttl waiting for the command to stop.
 const TIMEOUT: Duration = Duration::from_secs(600 + 5);
 
 pub fn run(config: &ConfigArgs, hold: Option<&str>) -> ExitCode {
-    let listen = match listen_only(config, &ProcessEnv) {
+    // `release_listen`, as the daemon derives it: loopback always.
+    let listen = match release_target(config, &ProcessEnv) {
         Ok(l) => l,
         Err(e) => {
             eprintln!("leaderd: {e}");
@@ -34,13 +34,6 @@ pub fn run(config: &ConfigArgs, hold: Option<&str>) -> ExitCode {
             }
         }
     }
-    // A daemon listening on every address is reached on loopback, which is
-    // also the only peer it accepts a release from.
-    let host = match listen.ip() {
-        IpAddr::V4(a) if a.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
-        IpAddr::V6(a) if a.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
-        ip => ip,
-    };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -52,10 +45,11 @@ pub fn run(config: &ConfigArgs, hold: Option<&str>) -> ExitCode {
         }
     };
     let reply = runtime.block_on(http_client::request(
-        &host.to_string(),
+        &listen.ip().to_string(),
         listen.port(),
         "POST",
         &target,
+        &[(crate::http::RELEASE_HEADER, "1")],
         TIMEOUT,
     ));
     match reply {

@@ -27,6 +27,7 @@ pub const KEYS: &[&str] = &[
     "heartbeat",
     "ttl",
     "listen",
+    "release_listen",
     "flag_file",
     "migrate",
     "log_format",
@@ -101,6 +102,9 @@ pub struct Settings {
     pub id: String,
     pub timing: Timing,
     pub listen: SocketAddr,
+    /// Where `POST /release` is served: `listen` when that is loopback, else
+    /// a loopback listener of its own (see `http`).
+    pub release_listen: SocketAddr,
     pub flag_file: Option<PathBuf>,
     pub migrate: bool,
     pub log_format: LogFormat,
@@ -225,6 +229,7 @@ fn layer(
         ("heartbeat", args.heartbeat.clone()),
         ("ttl", args.ttl.clone()),
         ("listen", args.listen.clone()),
+        ("release_listen", args.release_listen.clone()),
         ("flag_file", args.flag_file.clone()),
         (
             "migrate",
@@ -379,10 +384,8 @@ fn validate(
         },
         _ => None,
     };
-    let listen = match layers.get("listen") {
-        None => Some(SocketAddr::from(([127, 0, 0, 1], 4040))),
-        Some(s) => listen_addr(s, problems),
-    };
+    let listen = listen_key(&layers, problems);
+    let release_listen = listen.and_then(|l| release_key(&layers, l, problems));
     let flag_file = match layers.get("flag_file") {
         Some(s) if s.value.is_empty() => {
             problem(problems, "flag_file", s, &s.value, "must not be empty");
@@ -485,6 +488,7 @@ fn validate(
         id: id?,
         timing: timing?,
         listen: listen?,
+        release_listen: release_listen?,
         flag_file,
         migrate: migrate?,
         log_format: log_format?,
@@ -587,29 +591,67 @@ fn parse_health_url(raw: &str) -> Result<AppHealth, String> {
     })
 }
 
-/// Only the `listen` address, for `leaderd release`, which talks to the
+/// Where the daemon serves `POST /release`, for `leaderd release`, which talks to the
 /// local daemon and needs nothing else (a pod's app container may have no
 /// database configuration at all).
-pub fn listen_only(args: &ConfigArgs, env: &dyn Env) -> Result<SocketAddr, ConfigError> {
+pub fn release_target(args: &ConfigArgs, env: &dyn Env) -> Result<SocketAddr, ConfigError> {
     let mut problems = Vec::new();
     let layers = layer(args, env, &mut problems, &mut Vec::new());
-    let listen = match layers.get("listen") {
-        None => Some(SocketAddr::from(([127, 0, 0, 1], 4040))),
-        Some(s) => listen_addr(s, &mut problems),
-    };
-    match listen {
-        Some(l) if problems.is_empty() => Ok(l),
+    let release =
+        listen_key(&layers, &mut problems).and_then(|l| release_key(&layers, l, &mut problems));
+    match release {
+        Some(r) if problems.is_empty() => Ok(r),
         _ => Err(ConfigError { problems }),
     }
 }
 
-fn listen_addr(s: &Sourced, problems: &mut Vec<String>) -> Option<SocketAddr> {
+fn listen_key(layers: &Layers, problems: &mut Vec<String>) -> Option<SocketAddr> {
+    match layers.get("listen") {
+        None => Some(SocketAddr::from(([127, 0, 0, 1], 4040))),
+        Some(s) => socket_addr("listen", s, problems),
+    }
+}
+
+/// `release_listen`: a loopback address; by default `listen` when that is
+/// loopback, else 127.0.0.1 on the port after `listen`'s.
+fn release_key(
+    layers: &Layers,
+    listen: SocketAddr,
+    problems: &mut Vec<String>,
+) -> Option<SocketAddr> {
+    let Some(s) = layers.get("release_listen") else {
+        if listen.ip().is_loopback() {
+            return Some(listen);
+        }
+        let Some(port) = listen.port().checked_add(1) else {
+            problems.push(format!(
+                "`release_listen` must be set: `listen` ({listen}) is not loopback and has no next port"
+            ));
+            return None;
+        };
+        return Some(SocketAddr::from(([127, 0, 0, 1], port)));
+    };
+    let addr = socket_addr("release_listen", s, problems)?;
+    if !addr.ip().is_loopback() {
+        problem(
+            problems,
+            "release_listen",
+            s,
+            &s.value,
+            "must be a loopback address (127.0.0.1:PORT or [::1]:PORT): only this pod may ask for a release",
+        );
+        return None;
+    }
+    Some(addr)
+}
+
+fn socket_addr(key: &str, s: &Sourced, problems: &mut Vec<String>) -> Option<SocketAddr> {
     match s.value.parse::<SocketAddr>() {
         Ok(a) => Some(a),
         Err(e) => {
             problem(
                 problems,
-                "listen",
+                key,
                 s,
                 &s.value,
                 format!("{e} (expected HOST:PORT, e.g. 0.0.0.0:4040)"),
@@ -1022,14 +1064,46 @@ mod tests {
     }
 
     #[test]
-    fn release_reads_only_the_listen_address() {
+    fn release_reads_only_the_listen_addresses() {
         let cli = crate::cli::Cli::try_parse_from(["leaderd", "release"]).unwrap();
         // No database in a Kubernetes pod would stop `run`, not `release`.
         let e = env(&[
             ("KUBERNETES_SERVICE_HOST", "10.0.0.1"),
-            ("LEADERD_LISTEN", "0.0.0.0:4041"),
+            ("LEADERD_LISTEN", "127.0.0.1:4041"),
         ]);
-        assert_eq!(listen_only(&cli.config, &e).unwrap().port(), 4041);
+        assert_eq!(
+            release_target(&cli.config, &e).unwrap().to_string(),
+            "127.0.0.1:4041"
+        );
+        // Not loopback: the next port, on loopback.
+        let e = env(&[("LEADERD_LISTEN", "0.0.0.0:4040")]);
+        assert_eq!(
+            release_target(&cli.config, &e).unwrap().to_string(),
+            "127.0.0.1:4041"
+        );
+        let e = env(&[
+            ("LEADERD_LISTEN", "0.0.0.0:4040"),
+            ("LEADERD_RELEASE_LISTEN", "[::1]:9000"),
+        ]);
+        assert_eq!(
+            release_target(&cli.config, &e).unwrap().to_string(),
+            "[::1]:9000"
+        );
+    }
+
+    #[test]
+    fn release_listen_must_be_loopback() {
+        let err = load(&["--release-listen", "0.0.0.0:4041"], &env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("`release_listen`") && err.contains("loopback"),
+            "{err}"
+        );
+        let err = load(&["--listen", "0.0.0.0:65535"], &env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`release_listen` must be set"), "{err}");
     }
 
     #[test]

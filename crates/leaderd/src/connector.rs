@@ -1,0 +1,194 @@
+//! Opens the election's database connection outside any attempt's budget.
+//!
+//! A database far away (150 ms a round trip, another region) takes a second
+//! or more to connect: TCP, TLS, authentication and, the first time, the
+//! migration. Squeezed into one attempt's budget (a heartbeat) and started
+//! over at every timeout, that never finishes. So connections are opened by
+//! background tasks with a budget of their own ([`CONNECT_BUDGET`]), and the
+//! election loop attempts as soon as one is ready; its lease is measured from
+//! then, never from the start of a connect.
+//!
+//! A connect still under way after a heartbeat (a link that went dead, a
+//! blackholed address) is not cut: another starts beside it, at most
+//! [`IN_FLIGHT`] at once, and the first to finish is used. So a slow link is
+//! not starved and a healed one is used at once.
+//!
+//! The migration (when configured) runs before a connection is handed out,
+//! at every connect until it has succeeded once: one cut short by a slow
+//! link is tried again.
+//!
+//! The first connection's round trip is measured (one read of the table)
+//! and held against the renew interval: where the timing cannot work at
+//! all, that is said at start, with the figures.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use leaderd_core::{BootTime, Timing};
+use leaderd_store::Connection;
+use tokio::task::JoinSet;
+use tracing::{error, info, warn};
+
+use crate::clock::boot_now;
+use crate::settings::DatabaseSource;
+
+/// How long one connect (and the migration before it) may take.
+pub const CONNECT_BUDGET: Duration = Duration::from_secs(10);
+
+/// Connects under way at most.
+const IN_FLIGHT: usize = 2;
+
+/// Opens connections in the background; see the module docs.
+#[derive(Debug)]
+pub struct Connector {
+    source: DatabaseSource,
+    timing: Timing,
+    migration: Arc<Mutex<Migration>>,
+    /// The round trip still wants measuring (see the module docs).
+    measure: Arc<AtomicBool>,
+    tasks: JoinSet<Result<Connection, String>>,
+    /// When the latest connect started.
+    started: Option<BootTime>,
+}
+
+/// Whether the lock table was migrated by this process.
+#[derive(Debug)]
+enum Migration {
+    NotWanted,
+    /// Not yet; the last failure, so that each is logged once.
+    Pending(Option<String>),
+    Done,
+}
+
+impl Connector {
+    pub fn new(source: DatabaseSource, migrate: bool, timing: Timing) -> Self {
+        let migration = if migrate {
+            Migration::Pending(None)
+        } else {
+            Migration::NotWanted
+        };
+        Self {
+            source,
+            timing,
+            migration: Arc::new(Mutex::new(migration)),
+            measure: Arc::new(AtomicBool::new(true)),
+            tasks: JoinSet::new(),
+            started: None,
+        }
+    }
+
+    /// Starts a connect, unless one under way is younger than a heartbeat
+    /// or [`IN_FLIGHT`] are.
+    pub fn start(&mut self) {
+        let now = boot_now();
+        if self.next_start().is_some_and(|at| now < at) {
+            return;
+        }
+        self.started = Some(now);
+        let (source, migration) = (self.source.clone(), self.migration.clone());
+        let (measure, timing) = (self.measure.clone(), self.timing);
+        self.tasks.spawn(async move {
+            let open = async {
+                let mut conn = open(source, migration).await?;
+                if measure.swap(false, Ordering::Relaxed) {
+                    check_round_trip(&mut conn, timing).await;
+                }
+                Ok(conn)
+            };
+            tokio::time::timeout(CONNECT_BUDGET, open)
+                .await
+                .unwrap_or_else(|_| Err(format!("connecting timed out after {CONNECT_BUDGET:?}")))
+        });
+    }
+
+    /// When [`Connector::start`] would start another connect beside those
+    /// under way (`None`: now); the time never comes while [`IN_FLIGHT`]
+    /// are under way.
+    pub fn next_start(&self) -> Option<BootTime> {
+        if self.tasks.is_empty() {
+            return None;
+        }
+        let started = self.started?;
+        if self.tasks.len() >= IN_FLIGHT {
+            // Woken by one of them finishing; a heartbeat keeps the caller's
+            // timer finite.
+            return Some(boot_now() + self.timing.heartbeat());
+        }
+        Some(started + self.timing.heartbeat())
+    }
+
+    /// The next connect to finish; never resolves while none is under way.
+    pub async fn finished(&mut self) -> Result<Connection, String> {
+        match self.tasks.join_next().await {
+            Some(Ok(result)) => result,
+            Some(Err(e)) => Err(format!("the connect task failed: {e}")),
+            None => std::future::pending().await,
+        }
+    }
+
+    /// A connection for a one-off statement (a release): one ready soon, or
+    /// the first error.
+    pub async fn connect_now(&mut self) -> Result<Connection, String> {
+        self.start();
+        self.finished().await
+    }
+}
+
+/// Migrates if still wanted, then opens the connection to hand out.
+async fn open(
+    source: DatabaseSource,
+    migration: Arc<Mutex<Migration>>,
+) -> Result<Connection, String> {
+    let url = source.resolve()?;
+    let pending = matches!(
+        *migration.lock().unwrap_or_else(|e| e.into_inner()),
+        Migration::Pending(_)
+    );
+    if pending {
+        let conn = Connection::connect(&url).await.map_err(|e| e.to_string())?;
+        let result = conn.migrate().await;
+        let mut state = migration.lock().unwrap_or_else(|e| e.into_inner());
+        match result {
+            Ok(m) => {
+                if !matches!(*state, Migration::Done) {
+                    info!(result = ?m, "lock table checked");
+                }
+                *state = Migration::Done;
+            }
+            Err(e) => {
+                // Keep electing: the table may exist and this user may lack
+                // DDL rights; a real absence shows in the attempts.
+                let e = e.to_string();
+                if let Migration::Pending(last) = &mut *state {
+                    if last.as_deref() != Some(e.as_str()) {
+                        warn!(error = %e, "could not migrate the lock table; trying again at the next connect");
+                        *last = Some(e);
+                    }
+                }
+            }
+        }
+    }
+    Connection::connect(&url).await.map_err(|e| e.to_string())
+}
+
+/// Says so when one round trip to the database takes longer than the renew
+/// interval: a lease cannot be kept with this timing (spec, Distance).
+async fn check_round_trip(conn: &mut Connection, timing: Timing) {
+    let sent = boot_now();
+    // Any answer, an error included (no table yet), is a round trip.
+    let _ = conn.elections().await;
+    let took = boot_now().saturating_since(sent);
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    if took > timing.renew_every() {
+        error!(
+            round_trip_ms = ms(took),
+            renew_every_ms = ms(timing.renew_every()),
+            local_lease_ms = ms(timing.local_lease()),
+            "a round trip to the database takes longer than the renew interval: \
+             leases will be lost; raise heartbeat and ttl"
+        );
+    } else {
+        info!(round_trip_ms = ms(took), "database round trip measured");
+    }
+}

@@ -1,0 +1,123 @@
+//! A database far away (spec, Database connections, Distance): connecting,
+//! the TLS handshake and the first migration are not squeezed into one
+//! attempt's budget, so replicas behind a slow link still elect a leader
+//! and keep it; where the timing cannot work at all, leaderd says so.
+//!
+//! The link is the fault proxy's `Distance`: a one-way delay on every byte,
+//! pipelined as on a real link, and a round trip to connect. The database
+//! starts empty (the first replica migrates it over that link) and the URL
+//! has no `sslmode`, so TLS is used as the local server offers it.
+
+use std::time::{Duration, Instant};
+
+use leaderd_tests::proxy::{upstream, Fault, FaultProxy};
+use leaderd_tests::{serial, wait_for, wait_single_leader, Daemon, Scratch, TempDb};
+
+/// Replicas behind slow links; their logs are printed when a test fails.
+struct Far {
+    daemons: Vec<Daemon>,
+    _proxies: Vec<FaultProxy>,
+}
+
+impl Drop for Far {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for d in &self.daemons {
+                eprintln!("----- log of {} -----\n{}", d.id, d.log_text());
+            }
+        }
+    }
+}
+
+/// Starts `n` replicas, each behind its own link of `one_way`.
+fn far_replicas(db: &TempDb, dir: &Scratch, n: usize, one_way: Duration, extra: &[&str]) -> Far {
+    let mut proxies = Vec::new();
+    let mut daemons = Vec::new();
+    for i in 0..n {
+        let proxy = FaultProxy::start(upstream(&db.url));
+        proxy.set(Fault::Distance(one_way));
+        daemons.push(Daemon::start(
+            &proxy.url(&db.url),
+            &format!("far{i}"),
+            dir,
+            extra,
+        ));
+        proxies.push(proxy);
+    }
+    Far {
+        daemons,
+        _proxies: proxies,
+    }
+}
+
+/// Holds that `daemons[leader]` leads throughout `period` with one token.
+fn assert_held(daemons: &[Daemon], leader: usize, period: Duration) {
+    let token = daemons[leader].leader().expect("answers").1["token"].clone();
+    let until = Instant::now() + period;
+    while Instant::now() < until {
+        let (status, body) = daemons[leader].leader().expect("answers");
+        assert_eq!(status, 200, "the leader lost its lease: {body}");
+        assert_eq!(body["token"], token, "{body}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_leader_is_elected_and_held_120ms_away_with_tls_and_default_timing() {
+    let _s = serial();
+    let db = TempDb::postgres();
+    let dir = Scratch::new();
+    let started = Instant::now();
+    let far = far_replicas(&db, &dir, 2, Duration::from_millis(60), &[]);
+    let refs: Vec<&Daemon> = far.daemons.iter().collect();
+    let leader = wait_single_leader(&refs, Duration::from_secs(20));
+    eprintln!("a leader after {:?}", started.elapsed());
+    assert!(
+        db.has_table("service_leader_lock"),
+        "migrated over the link"
+    );
+    assert_held(&far.daemons, leader, Duration::from_secs(5));
+}
+
+#[test]
+fn a_leader_is_elected_40ms_away_with_a_300ms_heartbeat() {
+    let _s = serial();
+    let db = TempDb::postgres();
+    let dir = Scratch::new();
+    let started = Instant::now();
+    let far = far_replicas(
+        &db,
+        &dir,
+        2,
+        Duration::from_millis(20),
+        &["--heartbeat", "300ms"],
+    );
+    let refs: Vec<&Daemon> = far.daemons.iter().collect();
+    let leader = wait_single_leader(&refs, Duration::from_secs(10));
+    eprintln!("a leader after {:?}", started.elapsed());
+    assert_held(&far.daemons, leader, Duration::from_secs(3));
+}
+
+#[test]
+fn a_round_trip_longer_than_the_renew_interval_is_reported_with_the_figures() {
+    let _s = serial();
+    let db = TempDb::postgres();
+    let dir = Scratch::new();
+    // 500 ms a round trip against a 300 ms renew interval.
+    let far = far_replicas(
+        &db,
+        &dir,
+        1,
+        Duration::from_millis(250),
+        &["--heartbeat", "300ms"],
+    );
+    let event = wait_for(Duration::from_secs(30), "the report", || {
+        far.daemons[0]
+            .log_events()
+            .into_iter()
+            .find(|e| e["round_trip_ms"].is_u64())
+    });
+    assert!(event["round_trip_ms"].as_u64().unwrap() >= 500, "{event}");
+    assert_eq!(event["renew_every_ms"], 300, "{event}");
+    assert_eq!(event["level"], "ERROR", "{event}");
+}
