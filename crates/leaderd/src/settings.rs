@@ -384,8 +384,8 @@ fn validate(
         },
         _ => None,
     };
-    let listen = listen_key(&layers, problems);
-    let release_listen = listen.and_then(|l| release_key(&layers, l, problems));
+    let listen = listen_key(layers, problems);
+    let release_listen = listen.and_then(|l| release_key(layers, l, problems));
     let flag_file = match layers.get("flag_file") {
         Some(s) if s.value.is_empty() => {
             problem(problems, "flag_file", s, &s.value, "must not be empty");
