@@ -115,11 +115,13 @@ leads, so a Service routes to the leader alone.
 {{/*
 The app container's lifecycle: hand leadership over before the app drains.
 Needs the leaderd binary in the app image (COPY --from the leaderd image).
+Given the sidecar's listen address, `leaderd release` finds its loopback-only
+release listener (127.0.0.1:4041 beside 0.0.0.0:4040).
 */}}
 {{- define "leaderd.releaseOnStop" -}}
 preStop:
   exec:
-    command: ["/usr/local/bin/leaderd", "release", "--listen", "127.0.0.1:{{ .Values.port }}", "--hold", "60s"]
+    command: ["/usr/local/bin/leaderd", "release", "--listen", {{ .Values.listen | quote }}, "--hold", "60s"]
 {{- end -}}
 
 {{- define "leaderd.leaderReadinessProbe" -}}
