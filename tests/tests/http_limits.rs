@@ -208,3 +208,50 @@ fn a_thousand_idle_watchers_cost_nothing_and_all_hear_a_change() {
         assert_eq!(v["leader"], serde_json::Value::Null);
     }
 }
+
+/// Probes always get in (spec, HTTP limits): with 1,024 connections open of
+/// any mix — 1,000 watchers, idle keep-alives, slow heads — `/healthz`,
+/// `/readyz` and `/leader` still answer within 100 ms, so nobody who can
+/// reach the port can fail the kubelet's liveness probe.
+#[test]
+fn probes_get_in_whatever_holds_the_1024_connections() {
+    use leaderd_tests::sse::Watcher;
+    let _s = serial();
+    let (_db, _dir, d) = lone_leader();
+    let watchers: Vec<Watcher> = (0..1000)
+        .map(|i| Watcher::open(d.port).unwrap_or_else(|| panic!("watcher {i} refused")))
+        .collect();
+    for w in &watchers {
+        w.next(Duration::from_secs(5)).expect("an event at connect");
+    }
+    let idle: Vec<TcpStream> = (0..12).map(|_| idle_connection(d.port)).collect();
+    let slow: Vec<TcpStream> = (0..12)
+        .map(|_| {
+            let mut s = connect(d.port);
+            s.write_all(b"GET /leader HTTP/1.1\r\n").unwrap();
+            s
+        })
+        .collect();
+    let mut worst = Duration::ZERO;
+    for round in 0..20 {
+        for path in ["/healthz", "/readyz", "/leader"] {
+            let t = Instant::now();
+            let (status, _) =
+                http_get(d.port, path).unwrap_or_else(|| panic!("{path} got no answer ({round})"));
+            let took = t.elapsed();
+            assert!(status == 200, "{path}: {status}");
+            assert!(
+                took < Duration::from_millis(100),
+                "{path} took {took:?} ({round})"
+            );
+            worst = worst.max(took);
+        }
+    }
+    // A stream cannot take a probe's slot.
+    assert!(
+        Watcher::open(d.port).is_none(),
+        "a watcher got a probe slot"
+    );
+    eprintln!("with 1,000 watchers, 12 idle and 12 slow connections: slowest probe {worst:?}");
+    drop((idle, slow));
+}

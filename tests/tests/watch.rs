@@ -111,7 +111,9 @@ fn a_deadline_passing_with_no_answer_is_announced() {
         .into_iter()
         .find(|e| e["message"] == "lost leadership")
         .expect("a logged loss");
-    assert_eq!(event["reason"], "renew_failed", "{event}");
+    // The renewal sent into the blackhole is still in flight at the
+    // deadline (it is not cut there: see `Engine::attempt_timeout`).
+    assert_eq!(event["reason"], "deadline", "{event}");
     let deadline = event["deadline_us"].as_u64().unwrap();
     let lag = at.saturating_sub(deadline);
     eprintln!("watch lag after a deadline passed: {lag} µs; {lost}");

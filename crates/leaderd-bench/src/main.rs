@@ -2,7 +2,7 @@
 //! by side with the approach of the articles leaderd grew from, in one run.
 //!
 //! ```text
-//! cargo run --release -p leaderd-bench -- [--smoke] [--plots DIR] [heartbeat|scale|failover|exec|serve|footprint]...
+//! cargo run --release -p leaderd-bench -- [--smoke] [--plots DIR] [heartbeat|scale|failover|busy|exec|serve|footprint]...
 //! ```
 //!
 //! With no part named, all run. `--smoke` shrinks every part to seconds so
@@ -13,6 +13,7 @@
 //! MariaDB (see the test harness for the URLs) and the `leaderd` binary built
 //! beside it.
 
+mod busy;
 mod exec;
 mod failover;
 mod heartbeat;
@@ -47,6 +48,7 @@ const PARTS: &[&str] = &[
     "heartbeat",
     "scale",
     "failover",
+    "busy",
     "exec",
     "serve",
     "footprint",
@@ -127,6 +129,7 @@ fn main() -> Result<()> {
                     &|p| plot::failover(p, &cases, failover::DAEMON_TTL),
                 )?;
             }
+            "busy" => busy::run(size)?,
             "exec" => exec::run(size)?,
             "serve" => {
                 let served = rt.block_on(serve::leader_endpoint(size))?;

@@ -335,11 +335,18 @@ impl Engine {
         self.release(now, Duration::ZERO, fresh_instance)
     }
 
-    /// Client-side timeout for an attempt sent at `now`: what is left of the
-    /// lease when leading, else one heartbeat.
+    /// Client-side timeout for an attempt sent at `now`: for a leader's
+    /// renewal, the local lease it would grant (counted from `now`, so an
+    /// answer later than that could not be used anyway), else one heartbeat.
+    ///
+    /// A renewal is not cut when the lease in force runs out meanwhile (the
+    /// caller steps down then, by [`Engine::poll`]): on a busy database, a
+    /// statement cut early loses its place in the queue and is sent again
+    /// behind everyone, and the lease is lost for good. Safety does not
+    /// change: a grant's deadline still counts from before its send.
     pub fn attempt_timeout(&self, now: BootTime) -> Duration {
         match self.lease(now) {
-            Some((_, deadline)) => deadline.saturating_since(now),
+            Some(_) => self.timing.local_lease(),
             None => self.timing.heartbeat(),
         }
     }
@@ -550,7 +557,34 @@ mod tests {
         // Renewal is due every min(heartbeat, ttl / 3) from the send time.
         assert!(!e.attempt_due(at(399)));
         assert!(e.attempt_due(at(400)));
-        assert_eq!(e.attempt_timeout(at(400)), ms(750));
+        // A renewal may run until the lease it would grant is of no use.
+        assert_eq!(e.attempt_timeout(at(400)), ms(1150));
+        assert_eq!(e.attempt_timeout(at(1149)), ms(1150));
+        // A follower's attempt: one heartbeat.
+        assert_eq!(e.attempt_timeout(at(1150)), ms(1000));
+    }
+
+    /// A renewal still in flight when the lease in force runs out: the
+    /// replica steps down at the deadline, and the late grant (within its
+    /// own lease) makes it leader again under the same token.
+    #[test]
+    fn a_renewal_slower_than_the_lease_left_steps_down_then_renews() {
+        let mut e = engine();
+        e.on_attempt(at(0), at(5), Attempt::Granted { token: 7 });
+        assert_eq!(e.attempt_timeout(at(400)), ms(1150));
+        // Sent at 400; the deadline at 1150 passes before the answer.
+        assert_eq!(
+            e.poll(at(1150)),
+            Some(Event::Lost {
+                token: 7,
+                reason: LossReason::Deadline
+            })
+        );
+        assert!(!e.is_leader(at(1150)));
+        let ev = e.on_attempt(at(400), at(1200), Attempt::Granted { token: 7 });
+        assert_eq!(ev, vec![Event::Acquired { token: 7 }]);
+        assert!(e.is_leader(at(1549)));
+        assert!(!e.is_leader(at(1550)));
     }
 
     #[test]

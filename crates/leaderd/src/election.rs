@@ -281,6 +281,7 @@ pub async fn run(shared: Arc<Shared>, settings: Settings, shutdown: Cancellation
         granted: false,
         unanswered: false,
         timer: BootTimer::new(),
+        lease_timer: BootTimer::new(),
         leading,
         presence_held,
     };
@@ -320,6 +321,8 @@ struct Loop {
     /// Waits for the next wake-up, and bounds each attempt, on the boot
     /// clock, the clock of the deadline (see [`BootTimer`]).
     timer: BootTimer,
+    /// Wakes at the local deadline while a renewal is in flight.
+    lease_timer: BootTimer,
 }
 
 /// The connection side of the loop: one attempt at a time on one connection,
@@ -365,24 +368,38 @@ impl Loop {
                 let (result, stopping) = {
                     let exchange = self.db.exchange(&self.shared, sent_at);
                     tokio::pin!(exchange);
-                    tokio::select! {
-                    biased;
-                    () = shutdown.cancelled() => {
-                        // Stop claiming leadership first; then let the
-                        // statement in flight finish (it may be a take that
-                        // would otherwise land after our release) so the
-                        // release follows it on the same connection.
-                        self.report.step_down(&self.shared);
-                        let finished = tokio::time::timeout(IN_FLIGHT_BUDGET, &mut exchange).await;
-                        (finished.unwrap_or_else(|_| Err("shutdown: attempt abandoned".into())), true)
-                    }
-                    r = &mut exchange => (r, false),
-                    // On the boot clock, as the lease is: an attempt caught
-                    // in a host's suspend ends at resume, and with it a
-                    // lease that lapsed meanwhile.
-                    () = self.timer.sleep_until(sent_at + timeout) => {
-                        (Err(format!("attempt timed out after {timeout:?}")), false)
-                    }
+                    // The lease in force, which may run out before its
+                    // renewal is answered (see `Engine::attempt_timeout`).
+                    let mut deadline = self.shared.engine().lease(sent_at).map(|(_, d)| d);
+                    loop {
+                        tokio::select! {
+                        biased;
+                        () = shutdown.cancelled() => {
+                            // Stop claiming leadership first; then let the
+                            // statement in flight finish (it may be a take
+                            // that would otherwise land after our release)
+                            // so the release follows it on the same
+                            // connection.
+                            self.report.step_down(&self.shared);
+                            let finished = tokio::time::timeout(IN_FLIGHT_BUDGET, &mut exchange).await;
+                            break (finished.unwrap_or_else(|_| Err("shutdown: attempt abandoned".into())), true);
+                        }
+                        r = &mut exchange => break (r, false),
+                        // On the boot clock, as the lease is: an attempt
+                        // caught in a host's suspend ends at resume, and
+                        // with it a lease that lapsed meanwhile.
+                        () = self.timer.sleep_until(sent_at + timeout) => {
+                            break (Err(format!("attempt timed out after {timeout:?}")), false);
+                        }
+                        // Step down on time (watchers, flag file, the
+                        // presence); the renewal may still renew the lease.
+                        () = self.lease_timer.sleep_until_some(deadline) => {
+                            deadline = None;
+                            let events = self.shared.engine().poll(boot_now());
+                            self.report.handle(&self.shared, events.into_iter().collect());
+                            self.leading.send_if_modified(|l| std::mem::replace(l, false));
+                        }
+                        }
                     }
                 };
                 self.finish_attempt(sent_at, timeout, result);

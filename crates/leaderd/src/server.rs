@@ -5,8 +5,12 @@
 //!   of a request (or of the connection), else the connection is closed;
 //! - a connection idle after a response closes after [`IDLE_TIMEOUT`]; a
 //!   response that keeps writing (a stream) is not idle;
-//! - at most [`MAX_CONNECTIONS`] are served at once; more wait in the
-//!   kernel's accept queue;
+//! - at most [`MAX_CONNECTIONS`] are served at once; past that, up to
+//!   [`PROBE_SLOTS`] more are served one request each, with a short header
+//!   timeout and no stream (see [`ProbeSlot`]): whatever mix of connections
+//!   holds the others (watchers, idle keep-alives, slow heads), the kubelet's
+//!   probes get in, so nobody who can reach the port can fail the liveness
+//!   probe and churn leadership. More wait in the kernel's accept queue;
 //! - a connection buffers at most [`MAX_BUFFER`] of request, so memory per
 //!   connection is bounded; request bodies are refused (see `http`).
 //!
@@ -37,14 +41,26 @@ pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 pub const MAX_CONNECTIONS: usize = 1024;
 pub const MAX_BUFFER: usize = 8 * 1024;
+/// Connections served past [`MAX_CONNECTIONS`], one request each.
+pub const PROBE_SLOTS: usize = 64;
+/// The header timeout on a probe slot: a probe sends its request at once.
+pub const PROBE_HEADER_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Marks a request that came on a probe slot: it gets its answer and the
+/// connection closes; a stream (`/leader/watch`) is refused there.
+#[derive(Debug, Clone, Copy)]
+pub struct ProbeSlot;
 
 /// Serves `app` on `listener` until `stop`; then closes every connection.
 pub async fn serve(listener: TcpListener, app: Router, stop: CancellationToken) {
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let probe_slots = Arc::new(Semaphore::new(PROBE_SLOTS));
     loop {
-        let permit = tokio::select! {
+        let (permit, probe) = tokio::select! {
+            biased;
             () = stop.cancelled() => break,
-            p = permits.clone().acquire_owned() => p.expect("the semaphore is never closed"),
+            p = permits.clone().acquire_owned() => (p.expect("the semaphore is never closed"), false),
+            p = probe_slots.clone().acquire_owned() => (p.expect("the semaphore is never closed"), true),
         };
         let (stream, peer) = tokio::select! {
             () = stop.cancelled() => break,
@@ -62,15 +78,26 @@ pub async fn serve(listener: TcpListener, app: Router, stop: CancellationToken) 
         let app = app.clone();
         let stop = stop.clone();
         tokio::spawn(async move {
-            connection(stream, peer, app, stop).await;
+            connection(stream, peer, app, stop, probe).await;
             drop(permit);
         });
     }
 }
 
-async fn connection(stream: TcpStream, peer: SocketAddr, app: Router, stop: CancellationToken) {
+async fn connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    app: Router,
+    stop: CancellationToken,
+    probe: bool,
+) {
     let _ = stream.set_nodelay(true);
-    let activity = Arc::new(Activity::new());
+    let header_timeout = if probe {
+        PROBE_HEADER_TIMEOUT
+    } else {
+        HEADER_TIMEOUT
+    };
+    let activity = Arc::new(Activity::new(header_timeout));
     let io = TokioIo::new(Watched {
         inner: stream,
         activity: activity.clone(),
@@ -82,10 +109,14 @@ async fn connection(stream: TcpStream, peer: SocketAddr, app: Router, stop: Canc
             // (`/release` may take a while), until the response is written.
             busy.busy();
             req.extensions_mut().insert(ConnectInfo(peer));
+            if probe {
+                req.extensions_mut().insert(ProbeSlot);
+            }
             app.clone().oneshot(req)
         });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
+        .keep_alive(!probe)
         // Kept by the watchdog below, which tells idle from slow.
         .header_read_timeout(None)
         .max_buf_size(MAX_BUFFER)
@@ -104,6 +135,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, app: Router, stop: Canc
 #[derive(Debug)]
 struct Activity {
     start: Instant,
+    header_timeout: Duration,
     /// `IDLE` or `READING` in the top bit, the time below it.
     state: AtomicU64,
 }
@@ -112,9 +144,10 @@ const READING: u64 = 1 << 63;
 
 impl Activity {
     /// A new connection is waiting for its first request's headers.
-    fn new() -> Self {
+    fn new(header_timeout: Duration) -> Self {
         Self {
             start: Instant::now(),
+            header_timeout,
             state: AtomicU64::new(READING),
         }
     }
@@ -144,7 +177,7 @@ impl Activity {
     fn deadline(&self) -> Instant {
         let s = self.state.load(Ordering::Relaxed);
         let (since, limit) = if s & READING != 0 {
-            (s & !READING, HEADER_TIMEOUT)
+            (s & !READING, self.header_timeout)
         } else {
             (s, IDLE_TIMEOUT)
         };
@@ -228,7 +261,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_new_connection_has_the_header_timeout_then_idle_after_a_write() {
-        let a = Activity::new();
+        let a = Activity::new(HEADER_TIMEOUT);
         assert_eq!(a.deadline(), a.start + HEADER_TIMEOUT);
         tokio::time::advance(Duration::from_secs(2)).await;
         a.wrote();

@@ -18,12 +18,13 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, MethodRouter};
+use axum::Extension;
 use futures_util::stream::{self, Stream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::election::{Leadership, Shared};
 use crate::http::{error, leader_fields};
-use crate::server::MAX_CONNECTIONS;
+use crate::server::{ProbeSlot, MAX_CONNECTIONS};
 
 /// Most streams open at once: the server's connection limit less a few
 /// slots for `/leader`, `/metrics` and the kubelet's probes.
@@ -46,7 +47,13 @@ pub fn route<S>(shared: Arc<Shared>) -> MethodRouter<S> {
     })
 }
 
-async fn watch(State(w): State<Watchers>) -> Response {
+async fn watch(State(w): State<Watchers>, probe: Option<Extension<ProbeSlot>>) -> Response {
+    if probe.is_some() {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "every connection slot is taken; poll /leader instead",
+        );
+    }
     let Ok(permit) = w.permits.clone().try_acquire_owned() else {
         return error(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -1,0 +1,142 @@
+//! A short lease beside a busy database: three daemons with `--ttl 100ms
+//! --heartbeat 33ms` on a PostgreSQL that `pgbench` saturates with writes
+//! (32 clients, TPC-B). A renewal that waits its turn in the database's
+//! queue must not cost the lease: counted are the changes of holder (new
+//! tokens) and the leader's step-downs while the load runs, which should
+//! both be 0; then the leader is SIGKILLed again and again under the same
+//! load, timed until another daemon answers 200.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use leaderd_tests::{Daemon, Scratch, TempDb};
+
+use crate::stats::{ms, Summary};
+use crate::Size;
+
+const TIMING: [&str; 4] = ["--ttl", "100ms", "--heartbeat", "33ms"];
+
+/// `pgbench` on `url`, for `secs`: 32 clients, the default TPC-B writes.
+fn pgbench(url: &str, secs: u64) -> Result<Child> {
+    Command::new("pgbench")
+        .args(["-n", "-c", "32", "-j", "2", "-T", &secs.to_string(), url])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("pgbench (Debian's postgresql-client)")
+}
+
+/// The daemons' transitions in their logs: (acquired tokens, losses).
+fn transitions(daemons: &[Daemon]) -> (Vec<i64>, usize) {
+    let mut tokens = Vec::new();
+    let mut lost = 0;
+    for d in daemons {
+        for e in d.log_events() {
+            match e["message"].as_str() {
+                Some("acquired leadership") => tokens.extend(e["token"].as_i64()),
+                Some("lost leadership") if e["reason"] != "shutdown" => lost += 1,
+                _ => {}
+            }
+        }
+    }
+    tokens.sort_unstable();
+    tokens.dedup();
+    (tokens, lost)
+}
+
+fn leader_of(daemons: &[Daemon]) -> Option<usize> {
+    let leaders: Vec<usize> = (0..daemons.len())
+        .filter(|&i| daemons[i].is_leader())
+        .collect();
+    (leaders.len() == 1).then(|| leaders[0])
+}
+
+/// Prints the part's table.
+pub fn run(size: Size) -> Result<()> {
+    let load = size.pick(600, 3);
+    let rounds = size.pick(50, 2);
+    let db = TempDb::postgres();
+    let init = Command::new("pgbench")
+        .args(["-i", "-q", "-s", "10", &db.url])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .context("pgbench -i")?;
+    if !init.success() {
+        bail!("pgbench -i failed: {init}");
+    }
+    let dir = Scratch::new();
+    let mut daemons: Vec<Daemon> = ["a", "b", "c"]
+        .iter()
+        .map(|id| Daemon::start(&db.url, id, &dir, &TIMING))
+        .collect();
+    leaderd_tests::wait_single_leader(&daemons.iter().collect::<Vec<_>>(), Duration::from_secs(10));
+    let (before, lost_before) = transitions(&daemons);
+
+    // Steady leadership under the load.
+    let bench = pgbench(&db.url, load)?;
+    let out = bench.wait_with_output().context("pgbench")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let tps = text
+        .lines()
+        .find(|l| l.starts_with("tps ="))
+        .and_then(|l| l.split_whitespace().nth(2))
+        .unwrap_or("?")
+        .to_owned();
+    let latency = text
+        .lines()
+        .find(|l| l.starts_with("latency average"))
+        .and_then(|l| l.split_whitespace().nth(3))
+        .unwrap_or("?")
+        .to_owned();
+    let (after, lost_after) = transitions(&daemons);
+    let new_terms = after.len() - before.len();
+    let step_downs = lost_after - lost_before;
+
+    // SIGKILL failovers under the same load.
+    let mut bench = pgbench(&db.url, 3600)?;
+    let mut times = Vec::new();
+    for round in 0..rounds {
+        let leader =
+            leaderd_tests::wait_for(Duration::from_secs(10), "a leader", || leader_of(&daemons));
+        // Past the restarted daemon's start, and anywhere in the renew cycle.
+        std::thread::sleep(Duration::from_millis(300 + (round as u64 * 37) % 100));
+        let t0 = Instant::now();
+        daemons[leader].sigkill();
+        loop {
+            let others = (0..daemons.len()).filter(|&i| i != leader);
+            if others.into_iter().any(|i| daemons[i].is_leader()) {
+                times.push(t0.elapsed());
+                break;
+            }
+            if t0.elapsed() > Duration::from_secs(10) {
+                bail!("no failover within 10 s");
+            }
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        daemons[leader].wait_exit(Duration::from_secs(3));
+        let id = format!("{}{round}", &daemons[leader].id[..1]);
+        daemons[leader] = Daemon::start(&db.url, &id, &dir, &TIMING);
+    }
+    let _ = bench.kill();
+    let _ = bench.wait();
+    let s = Summary::of(times);
+
+    println!("## A short lease on a busy database\n");
+    println!(
+        "Three daemons (`--ttl 100ms --heartbeat 33ms`) on one PostgreSQL that `pgbench -c 32 -j 2` \
+         (TPC-B) saturates with writes: {tps} tps at {latency} ms average latency over {load} s."
+    );
+    println!("Then the leader SIGKILLed {rounds} times under the same load.\n");
+    println!("| what | value |");
+    println!("|---|---:|");
+    println!("| changes of holder (new tokens) during the load | {new_terms} |");
+    println!("| leader step-downs during the load | {step_downs} |");
+    println!("| SIGKILL failover p50 ms | {} |", ms(s.p50));
+    println!("| SIGKILL failover p99 ms | {} |", ms(s.p99));
+    println!("| SIGKILL failover max ms | {} |", ms(s.max));
+    println!();
+    Ok(())
+}
