@@ -65,6 +65,58 @@ impl PgServer {
         server
     }
 
+    /// A streaming standby of `primary` (`pg_basebackup -R`) on a free port:
+    /// read-only until [`PgServer::promote`].
+    pub fn standby_of(primary: &PgServer) -> PgServer {
+        let dir = Scratch::new();
+        let data = dir.path("data");
+        dir.chown_if_root("postgres:postgres");
+        let out = as_postgres(&primary.bin.join("pg_basebackup"))
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "postgres",
+                "-X",
+                "stream",
+                "-R",
+                "-p",
+            ])
+            .arg(primary.port.to_string())
+            .arg("-D")
+            .arg(&data)
+            .output()
+            .expect("pg_basebackup");
+        assert!(
+            out.status.success(),
+            "pg_basebackup: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let server = PgServer {
+            port: free_port(),
+            data,
+            bin: primary.bin.clone(),
+            _dir: dir,
+        };
+        server.run_ctl("start");
+        server
+    }
+
+    /// Promotes a standby to primary, waiting until it accepts writes.
+    pub fn promote(&self) {
+        let out = as_postgres(&self.bin.join("pg_ctl"))
+            .args(["-w", "-D"])
+            .arg(&self.data)
+            .arg("promote")
+            .output()
+            .expect("pg_ctl promote");
+        assert!(
+            out.status.success(),
+            "pg_ctl promote: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     pub fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }

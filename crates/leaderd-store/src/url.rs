@@ -249,12 +249,19 @@ impl DatabaseUrl {
                 },
             });
         }
-        let mut parsed = url::Url::parse(raw).map_err(|e| {
+        let (for_url, host_list) = match backend {
+            Backend::Postgres => hide_host_list(raw),
+            _ => (raw.to_owned(), None),
+        };
+        let mut parsed = url::Url::parse(&for_url).map_err(|e| {
             // The url crate's messages never echo the input, so the password
             // cannot leak through them.
             StoreError::InvalidUrl(e.to_string())
         })?;
-        if parsed.host_str().is_none_or(str::is_empty) {
+        // libpq also takes the host (a socket directory, say) as `host=`.
+        let host_param =
+            backend == Backend::Postgres && parsed.query_pairs().any(|(k, _)| k == "host");
+        if parsed.host_str().is_none_or(str::is_empty) && !host_param {
             return Err(StoreError::InvalidUrl("URL has no host".into()));
         }
         if parsed.path().trim_start_matches('/').is_empty() {
@@ -285,7 +292,7 @@ impl DatabaseUrl {
                     .query_pairs_mut()
                     .append_pair("application_name", "leaderd");
             }
-            let driver = driver.to_string();
+            let driver = restore_host_list(driver.to_string(), host_list.as_deref());
             // tokio-postgres's own reading of the rest (host lists, ports);
             // its messages name the option, never the password.
             driver
@@ -297,7 +304,7 @@ impl DatabaseUrl {
         Ok(Self {
             raw,
             backend,
-            redacted: parsed.to_string(),
+            redacted: restore_host_list(parsed.to_string(), host_list.as_deref()),
             tls,
         })
     }
@@ -319,6 +326,36 @@ impl DatabaseUrl {
     /// For SQLite: the file path.
     pub fn sqlite_path(&self) -> Option<&str> {
         (self.backend == Backend::Sqlite).then(|| sqlite_path(&self.raw))
+    }
+}
+
+/// Stands for a libpq host list while the url crate reads the rest.
+const HOST_LIST: &str = "host-list.leaderd.invalid";
+
+/// libpq's host lists (`h1:5432,h2:5433`, tried in order) are not URL
+/// syntax: the url crate would refuse the port. The list is swapped for
+/// [`HOST_LIST`] and put back by [`restore_host_list`].
+fn hide_host_list(raw: &str) -> (String, Option<String>) {
+    let Some((scheme, rest)) = raw.split_once("://") else {
+        return (raw.to_owned(), None);
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..end];
+    let (user, hosts) = match authority.rfind('@') {
+        Some(at) => authority.split_at(at + 1),
+        None => ("", authority),
+    };
+    if !hosts.contains(',') {
+        return (raw.to_owned(), None);
+    }
+    let hidden = format!("{scheme}://{user}{HOST_LIST}{}", &rest[end..]);
+    (hidden, Some(hosts.to_owned()))
+}
+
+fn restore_host_list(text: String, hosts: Option<&str>) -> String {
+    match hosts {
+        Some(hosts) => text.replacen(HOST_LIST, hosts, 1),
+        None => text,
     }
 }
 
@@ -427,6 +464,50 @@ mod tests {
             let err = DatabaseUrl::parse(bad).unwrap_err().to_string();
             assert!(!err.is_empty(), "{bad}");
             assert!(!err.contains(":p@"), "{err}");
+        }
+    }
+
+    /// libpq's forms for HA clusters and sockets (spec, HA PostgreSQL).
+    #[test]
+    fn host_lists_and_a_host_parameter_reach_the_driver() {
+        let u = DatabaseUrl::parse(
+            "postgres://u:s3cr3t@10.0.0.1:5432,10.0.0.2:5433/db?target_session_attrs=read-write",
+        )
+        .unwrap();
+        assert_eq!(
+            u.expose(),
+            "postgres://u:s3cr3t@10.0.0.1:5432,10.0.0.2:5433/db?target_session_attrs=read-write&application_name=leaderd"
+        );
+        assert_eq!(
+            u.to_string(),
+            "postgres://u:REDACTED@10.0.0.1:5432,10.0.0.2:5433/db?target_session_attrs=read-write"
+        );
+        let config: tokio_postgres::Config = u.expose().parse().unwrap();
+        assert_eq!(config.get_hosts().len(), 2);
+        assert_eq!(config.get_ports(), [5432, 5433]);
+        assert_eq!(
+            config.get_target_session_attrs(),
+            tokio_postgres::config::TargetSessionAttrs::ReadWrite
+        );
+        let u = DatabaseUrl::parse("postgres://h1,h2/db?target_session_attrs=any").unwrap();
+        assert_eq!(
+            u.to_string(),
+            "postgres://h1,h2/db?target_session_attrs=any"
+        );
+
+        let u = DatabaseUrl::parse("postgres:///db?host=/var/run/postgresql").unwrap();
+        let config: tokio_postgres::Config = u.expose().parse().unwrap();
+        assert!(matches!(
+            config.get_hosts(),
+            [tokio_postgres::config::Host::Unix(p)] if p == std::path::Path::new("/var/run/postgresql")
+        ));
+        // Still refused: no host at all, a bad attribute, a bad list.
+        for bad in [
+            "postgres:///db",
+            "postgres://h1,h2/db?target_session_attrs=sometimes",
+            "postgres://h1:5432,h2:x/db",
+        ] {
+            assert!(DatabaseUrl::parse(bad).is_err(), "{bad}");
         }
     }
 
