@@ -30,12 +30,14 @@ fn a_host_that_is_down_is_skipped() {
     wait_single_leader(&[&d], Duration::from_secs(10));
 }
 
+/// When, and the leader's index and token, if any.
+type Sample = (Instant, Option<(usize, i64)>);
+
 /// Samples every daemon's `/leader` until stopped: at no sample do two
 /// answer 200, and the tokens of 200s never go back.
 struct Sampler {
     stop: Arc<AtomicBool>,
-    /// Every sample: when, and the leader's index and token, if any.
-    seen: Arc<Mutex<Vec<(Instant, Option<(usize, i64)>)>>>,
+    seen: Arc<Mutex<Vec<Sample>>>,
     thread: Option<std::thread::JoinHandle<Result<usize, String>>>,
 }
 
