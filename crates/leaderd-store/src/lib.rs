@@ -90,6 +90,27 @@ pub enum StoreError {
     Local(String),
 }
 
+impl StoreError {
+    /// Whether the database answered with this error (a refused statement,
+    /// a missing right), as opposed to not answering (a connection that
+    /// failed or was cut): trying again changes nothing until someone acts.
+    pub fn answered(&self) -> bool {
+        match self {
+            StoreError::Postgres(e) => e.as_db_error().is_some(),
+            StoreError::Query(diesel::result::Error::DatabaseError(..)) => true,
+            StoreError::Query(_) => false,
+            StoreError::Migration(_)
+            | StoreError::Busy
+            | StoreError::Unsupported(_)
+            | StoreError::UnsafeFile(_) => true,
+            StoreError::InvalidUrl(_)
+            | StoreError::Connect(_)
+            | StoreError::Tls(_)
+            | StoreError::Local(_) => false,
+        }
+    }
+}
+
 /// One acquire-or-renew request.
 #[derive(Debug, Clone, Copy)]
 pub struct LeaseRequest<'a> {

@@ -102,9 +102,16 @@ macro_rules! migrate_with {
             if !flag(conn, plan.current).await? {
                 conn.batch_execute(plan.lock).await?;
                 if !flag(conn, plan.current).await? {
+                    // A refusal is the migration's failure; a lost
+                    // connection stays one (it is worth another try).
                     conn.batch_execute(&plan.steps.concat())
                         .await
-                        .map_err(|e| StoreError::Migration(e.to_string()))?;
+                        .map_err(|e| match e {
+                            diesel::result::Error::DatabaseError(..) => {
+                                StoreError::Migration(e.to_string())
+                            }
+                            other => StoreError::Query(other),
+                        })?;
                     result = Migrated::Applied;
                 }
                 conn.batch_execute(plan.unlock).await?;

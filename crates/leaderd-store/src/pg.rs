@@ -539,10 +539,15 @@ impl PgStore {
         if !flag(plan.current).await? {
             client.batch_execute(plan.lock).await?;
             if !flag(plan.current).await? {
+                // A refusal is the migration's failure; a lost connection
+                // stays one (it is worth another try).
                 client
                     .batch_execute(&plan.steps.concat())
                     .await
-                    .map_err(|e| StoreError::Migration(e.to_string()))?;
+                    .map_err(|e| match e.as_db_error() {
+                        Some(_) => StoreError::Migration(e.to_string()),
+                        None => StoreError::Postgres(e),
+                    })?;
                 result = Migrated::Applied;
             }
             client.batch_execute(plan.unlock).await?;

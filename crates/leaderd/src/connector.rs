@@ -14,8 +14,9 @@
 //! not starved and a healed one is used at once.
 //!
 //! The migration (when configured) runs before a connection is handed out,
-//! at every connect until it has succeeded once: one cut short by a slow
-//! link is tried again.
+//! at every connect until the database has answered it once: one cut short
+//! by a slow link is tried again, one refused (no DDL rights, say) is not:
+//! `leaderd migrate` is the tool for that.
 //!
 //! The first connection's round trip is measured (one read of the table)
 //! and held against the renew interval: where the timing cannot work at
@@ -52,12 +53,13 @@ pub struct Connector {
     started: Option<BootTime>,
 }
 
-/// Whether the lock table was migrated by this process.
+/// Whether the lock table still wants migrating by this process.
 #[derive(Debug)]
 enum Migration {
     NotWanted,
-    /// Not yet; the last failure, so that each is logged once.
+    /// Not yet answered; the last failure, so that each is logged once.
     Pending(Option<String>),
+    /// Done, or refused by the database.
     Done,
 }
 
@@ -82,10 +84,14 @@ impl Connector {
     /// or [`IN_FLIGHT`] are.
     pub fn start(&mut self) {
         let now = boot_now();
-        if self.next_start().is_some_and(|at| now < at) {
-            return;
+        if self.next_start().is_none_or(|at| now >= at) {
+            self.spawn();
         }
-        self.started = Some(now);
+    }
+
+    /// Starts a connect now.
+    fn spawn(&mut self) {
+        self.started = Some(boot_now());
         let (source, migration) = (self.source.clone(), self.migration.clone());
         let (measure, timing) = (self.measure.clone(), self.timing);
         self.tasks.spawn(async move {
@@ -127,11 +133,29 @@ impl Connector {
         }
     }
 
-    /// A connection for a one-off statement (a release): one ready soon, or
-    /// the first error.
+    /// A connection for a one-off statement (a release): one already made,
+    /// else the first of those under way and a fresh one beside them (an
+    /// older one may hang on a dead link); an error only when all failed.
     pub async fn connect_now(&mut self) -> Result<Connection, String> {
-        self.start();
-        self.finished().await
+        let mut last = None;
+        while let Some(done) = self.tasks.try_join_next() {
+            match done {
+                Ok(Ok(conn)) => return Ok(conn),
+                Ok(Err(e)) => last = Some(e),
+                Err(e) => last = Some(format!("the connect task failed: {e}")),
+            }
+        }
+        if self.tasks.len() < IN_FLIGHT {
+            self.spawn();
+        }
+        loop {
+            match self.tasks.join_next().await {
+                Some(Ok(Ok(conn))) => return Ok(conn),
+                Some(Ok(Err(e))) => last = Some(e),
+                Some(Err(e)) => last = Some(format!("the connect task failed: {e}")),
+                None => return Err(last.unwrap_or_else(|| "no connection".into())),
+            }
+        }
     }
 }
 
@@ -156,9 +180,15 @@ async fn open(
                 }
                 *state = Migration::Done;
             }
+            // Keep electing: the table may exist and this user may lack
+            // DDL rights; a real absence shows in the attempts.
+            Err(e) if e.answered() => {
+                if !matches!(*state, Migration::Done) {
+                    warn!(error = %e, "could not migrate the lock table (run `leaderd migrate` with DDL rights)");
+                }
+                *state = Migration::Done;
+            }
             Err(e) => {
-                // Keep electing: the table may exist and this user may lack
-                // DDL rights; a real absence shows in the attempts.
                 let e = e.to_string();
                 if let Migration::Pending(last) = &mut *state {
                     if last.as_deref() != Some(e.as_str()) {

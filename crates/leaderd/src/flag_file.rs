@@ -78,8 +78,9 @@ pub struct FlagWriter {
 struct Inner {
     wanted: Mutex<Wanted>,
     changed: Condvar,
-    /// The generation last carried out.
-    done: watch::Sender<u64>,
+    /// The generation last carried out, and whether the file is as it
+    /// asked (a failed removal leaves a file naming this replica).
+    done: watch::Sender<(u64, bool)>,
 }
 
 #[derive(Debug, Default)]
@@ -96,7 +97,7 @@ impl FlagWriter {
         let inner = Arc::new(Inner {
             wanted: Mutex::new(Wanted::default()),
             changed: Condvar::new(),
-            done: watch::Sender::new(0),
+            done: watch::Sender::new((0, true)),
         });
         let worker = inner.clone();
         std::thread::Builder::new()
@@ -124,13 +125,13 @@ impl FlagWriter {
     }
 
     /// Asks for the file to be gone and waits, for at most `within`, until
-    /// it is. `false` when the disk did not answer in time.
+    /// it is. `false` when the disk did not answer in time or the removal
+    /// failed (a read-only remount, a lost permission).
     pub async fn removed(&self, within: Duration) -> bool {
         let generation = self.want(None);
         let mut done = self.inner.done.subscribe();
-        tokio::time::timeout(within, done.wait_for(|d| *d >= generation))
-            .await
-            .is_ok_and(|r| r.is_ok())
+        let waited = tokio::time::timeout(within, done.wait_for(|(g, _)| *g >= generation)).await;
+        matches!(waited, Ok(Ok(state)) if state.1)
     }
 
     fn want(&self, body: Option<Vec<u8>>) -> u64 {
@@ -158,6 +159,7 @@ impl Inner {
                 Some(body) => file.write_body(body),
                 None => file.remove(),
             };
+            let ok = result.is_ok();
             match result {
                 // Once per change, not at every renewal.
                 Err(e) if !failing => {
@@ -171,7 +173,7 @@ impl Inner {
                 _ => {}
             }
             applied = generation;
-            self.done.send_replace(generation);
+            self.done.send_replace((generation, ok));
         }
     }
 }
@@ -214,6 +216,22 @@ mod tests {
         assert!(flag.removed(Duration::from_secs(5)).await);
         assert!(flag.removed(Duration::from_secs(5)).await);
         assert!(!path.exists());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// A removal that fails (a read-only remount, say; here the path is a
+    /// directory) is not acknowledged: the caller must not release the row
+    /// while a file may still name this replica.
+    #[tokio::test]
+    async fn a_failed_removal_is_not_acknowledged() {
+        let dir = std::env::temp_dir().join(format!("leaderd-flag-{}", uuid::Uuid::new_v4()));
+        let path = dir.join("leader");
+        std::fs::create_dir_all(path.join("in-the-way")).unwrap();
+        let flag = FlagWriter::start(FlagFile::new(path.clone())).unwrap();
+        assert!(!flag.removed(Duration::from_secs(5)).await);
+        std::fs::remove_dir_all(path.join("in-the-way")).unwrap();
+        std::fs::remove_dir(&path).unwrap();
+        assert!(flag.removed(Duration::from_secs(5)).await);
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -43,8 +43,9 @@ pub const MAX_CONNECTIONS: usize = 1024;
 pub const MAX_BUFFER: usize = 8 * 1024;
 /// Connections served past [`MAX_CONNECTIONS`], one request each.
 pub const PROBE_SLOTS: usize = 64;
-/// The header timeout on a probe slot: a probe sends its request at once.
-pub const PROBE_HEADER_TIMEOUT: Duration = Duration::from_secs(1);
+/// The header timeout on a probe slot: a probe sends its request at once,
+/// and a slow head must not keep a slot from the next probe for long.
+pub const PROBE_HEADER_TIMEOUT: Duration = Duration::from_millis(250);
 
 /// Marks a request that came on a probe slot: it gets its answer and the
 /// connection closes; a stream (`/leader/watch`) is refused there.
