@@ -603,6 +603,50 @@ mod sqlite_safety {
         assert_eq!(t, 8);
     }
 
+    /// A re-created row's token is seeded from the host's wall clock, which
+    /// may have stepped back since the deleted row's token was drawn (here
+    /// the row carries a token a day ahead of the clock): the new token is
+    /// still above it (spec: tokens never decrease, even across a deleted
+    /// row).
+    #[tokio::test]
+    async fn tokens_never_decrease_when_the_wall_clock_stepped_back() {
+        let db = TempDb::sqlite();
+        let mut a = migrated(&db.url).await;
+        let t1 = acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(3)).await;
+        let ahead = t1 + 86_400 * 1_000_000;
+        db.exec(&[&format!("UPDATE service_leader_lock SET token = {ahead}")]);
+        db.exec(&["DELETE FROM service_leader_lock"]);
+        assert_eq!(
+            a.acquire_or_renew(&req("e", "a", "ia")).await.unwrap(),
+            Attempt::Created
+        );
+        let t2 = acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(3)).await;
+        assert!(t2 > ahead, "token went from {ahead} to {t2}");
+        // And again: the kept token only grows.
+        db.exec(&["DELETE FROM service_leader_lock"]);
+        a.acquire_or_renew(&req("e", "a", "ia")).await.unwrap();
+        let t3 = acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(3)).await;
+        assert!(t3 > t2, "token went from {t2} to {t3}");
+    }
+
+    /// A database made by an earlier leaderd (no kept tokens yet) is
+    /// brought up to date by the migration at start.
+    #[tokio::test]
+    async fn an_older_schema_gets_the_kept_tokens() {
+        let db = TempDb::sqlite();
+        let mut a = migrated(&db.url).await;
+        acquire(&mut a, &req("e", "a", "ia"), Duration::from_secs(3)).await;
+        db.exec(&[
+            "DROP TRIGGER service_leader_keep_token",
+            "DROP TABLE service_leader_token",
+        ]);
+        drop(a);
+        let mut a = migrated(&db.url).await;
+        db.exec(&["DELETE FROM service_leader_lock"]);
+        assert_eq!(db.scalar("SELECT COUNT(*) FROM service_leader_token"), "1");
+        a.acquire_or_renew(&req("e", "a", "ia")).await.unwrap();
+    }
+
     #[tokio::test]
     async fn a_local_file_passes_the_file_system_check() {
         // The check itself is unit-tested by file system type; here: a local

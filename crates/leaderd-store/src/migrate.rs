@@ -29,9 +29,10 @@ pub(crate) const MYSQL: &[&str] = &[
 ];
 
 /// SQLite steps, in order.
-pub(crate) const SQLITE: &[&str] = &[include_str!(
-    "../../../migrations/sqlite/2026-11-22-000000_create_service_leader_lock/up.sql"
-)];
+pub(crate) const SQLITE: &[&str] = &[
+    include_str!("../../../migrations/sqlite/2026-11-22-000000_create_service_leader_lock/up.sql"),
+    include_str!("../../../migrations/sqlite/2026-11-24-000000_token_floor/up.sql"),
+];
 
 /// Removes leaderd's legacy row (bind: [`LEGACY_VERSION`]).
 pub(crate) const LEGACY_DELETE: &str = "DELETE FROM __diesel_schema_migrations WHERE version = ?";

@@ -43,8 +43,9 @@ const SETUP_BUSY: &str = "PRAGMA busy_timeout = 5000;";
 /// `BEGIN IMMEDIATE` takes the write lock first, so concurrent migrations run
 /// one after another and the later ones find the work done.
 const MIGRATION: migrate::Plan = migrate::Plan {
-    current: "SELECT EXISTS (SELECT 1 FROM sqlite_master \
-        WHERE type = 'table' AND name = 'service_leader_lock')",
+    current: "SELECT (SELECT COUNT(*) FROM sqlite_master \
+        WHERE (type = 'table' AND name IN ('service_leader_lock', 'service_leader_token')) \
+           OR (type = 'trigger' AND name = 'service_leader_keep_token')) = 3",
     lock: "PRAGMA busy_timeout = 5000; BEGIN IMMEDIATE",
     unlock: "COMMIT",
     steps: migrate::SQLITE,
@@ -73,8 +74,13 @@ const TAKE: &str = "UPDATE service_leader_lock \
     WHERE name = ? AND token = ? AND boot_id = ? AND expires_at = ? \
       AND COALESCE(renewed_at, -1) = ?";
 
+/// Creates a missing row, its token above the wall clock's seed and above
+/// any token a deleted row of the election carried (`WHERE true` tells
+/// SQLite's parser the `ON CONFLICT` is the upsert's). Binds: name, seed,
+/// name, boot id, expiry.
 const CREATE: &str = "INSERT INTO service_leader_lock (name, token, boot_id, expires_at) \
-    VALUES (?, ?, ?, ?) ON CONFLICT (name) DO NOTHING";
+    SELECT ?, MAX(?, COALESCE((SELECT token + 1 FROM service_leader_token WHERE name = ?), 0)), ?, ? \
+    WHERE true ON CONFLICT (name) DO NOTHING";
 
 const RELEASE: &str =
     "UPDATE service_leader_lock SET holder = NULL, instance = NULL, expires_at = ? \
@@ -479,7 +485,9 @@ impl CasOps for SqliteStore {
 
     async fn create(&mut self, req: &LeaseRequest<'_>) -> Result<(), StoreError> {
         // The boot clock restarts at every boot, so a re-created row seeds its
-        // token from the wall clock instead: tokens must never go backwards.
+        // token from the wall clock instead, and above what a deleted row
+        // carried (the wall clock may have stepped back): tokens must never
+        // go backwards.
         let seed = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
@@ -488,6 +496,7 @@ impl CasOps for SqliteStore {
             [
                 Bind::Text(req.election),
                 Bind::BigInt(seed),
+                Bind::Text(req.election),
                 Bind::Text(&self.boot_id),
                 Bind::BigInt(now_us().saturating_add(req.ttl_us())),
             ],
