@@ -18,14 +18,18 @@
 pub(crate) const LEGACY_VERSION: &str = "20261122000000";
 
 /// PostgreSQL steps, in order.
-pub(crate) const POSTGRES: &[&str] = &[include_str!(
-    "../../../migrations/postgres/2026-11-22-000000_create_service_leader_lock/up.sql"
-)];
+pub(crate) const POSTGRES: &[&str] = &[
+    include_str!(
+        "../../../migrations/postgres/2026-11-22-000000_create_service_leader_lock/up.sql"
+    ),
+    include_str!("../../../migrations/postgres/2026-11-24-000000_token_floor/up.sql"),
+];
 
 /// MySQL/MariaDB steps, in order.
 pub(crate) const MYSQL: &[&str] = &[
     include_str!("../../../migrations/mysql/2026-11-22-000000_create_service_leader_lock/up.sql"),
     include_str!("../../../migrations/mysql/2026-11-23-000000_exact_names/up.sql"),
+    include_str!("../../../migrations/mysql/2026-11-24-000000_token_floor/up.sql"),
 ];
 
 /// SQLite steps, in order.

@@ -78,8 +78,9 @@ const TAKE: Sql = bounded!(
 const CREATE: Sql = bounded!(
     "INSERT",
     " INTO service_leader_lock (name, token, expires_at) \
-    VALUES (?, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)), \
-            UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+    SELECT ?, GREATEST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)), \
+                       COALESCE((SELECT token + 1 FROM service_leader_token WHERE name = ?), 0)), \
+           UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
     ON DUPLICATE KEY UPDATE id = id"
 );
 
@@ -98,11 +99,16 @@ const ELECTIONS: &str = "SELECT CAST(name AS CHAR), holder, token, \
 const SESSION: &str = "SELECT @@autocommit, VERSION()";
 
 /// DDL is not transactional in MySQL: concurrent migrations are serialised
-/// with a named lock (freed with the session if this one dies).
+/// with a named lock (freed with the session if this one dies). Current once
+/// the kept-tokens table is there, made before its trigger: a server that
+/// refuses the trigger (see its step) is not asked again at every start,
+/// which would also repeat the `ALTER TABLE` of the step before.
 const MIGRATION: migrate::Plan = migrate::Plan {
     current: "SELECT EXISTS (SELECT 1 FROM information_schema.columns \
         WHERE table_schema = DATABASE() AND table_name = 'service_leader_lock' \
-        AND column_name = 'name' AND data_type = 'varbinary')",
+        AND column_name = 'name' AND data_type = 'varbinary') \
+        AND EXISTS (SELECT 1 FROM information_schema.tables \
+        WHERE table_schema = DATABASE() AND table_name = 'service_leader_token')",
     lock: "DO GET_LOCK('leaderd_migrate', 30)",
     unlock: "DO RELEASE_LOCK('leaderd_migrate')",
     steps: migrate::MYSQL,
@@ -314,7 +320,11 @@ impl CasOps for MysqlStore {
     async fn create(&mut self, req: &LeaseRequest<'_>) -> Result<(), StoreError> {
         Stmt::<()>::new(
             self.sql(&CREATE),
-            [Bind::Text(req.election), Bind::BigInt(req.ttl_us())],
+            [
+                Bind::Text(req.election),
+                Bind::Text(req.election),
+                Bind::BigInt(req.ttl_us()),
+            ],
         )
         .execute(&mut self.conn)
         .await?;

@@ -41,9 +41,13 @@ pub const CHANNEL: &str = "leaderd";
 /// snapshot: `to_regclass` goes through the catalog cache, which taking an
 /// advisory lock does not refresh, so a waiter would miss the table its
 /// predecessor just created.
+/// The last step makes the trigger that keeps deleted rows' tokens, so the
+/// schema is current when it is there.
 const MIGRATION: migrate::Plan = migrate::Plan {
-    current: "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class \
-        WHERE relname = 'service_leader_lock' AND relnamespace = \
+    current: "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t \
+        JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid \
+        WHERE t.tgname = 'service_leader_keep_token' AND c.relname = 'service_leader_lock' \
+        AND c.relnamespace = \
         (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = current_schema()))",
     lock: "BEGIN; SELECT pg_advisory_xact_lock(30510766455353956)",
     unlock: "COMMIT",
@@ -104,9 +108,12 @@ const RENEW_TYPES: &[Type] = &[Type::VARCHAR, Type::VARCHAR, Type::INT8, Type::I
 
 /// Creates a missing row: free, blocked until `now + ttl` so that a holder
 /// whose row was deleted steps down before anyone takes over, and with a token
-/// from the clock in microseconds so tokens never go backwards.
+/// from the clock in microseconds, above any a deleted row of the election
+/// carried, so tokens never go backwards.
 const CREATE: &str = "INSERT INTO service_leader_lock (name, token, expires_at) \
-    SELECT $1, (EXTRACT(EPOCH FROM now()) * 1000000)::bigint, now() + $2 * INTERVAL '1 microsecond' \
+    SELECT $1, GREATEST((EXTRACT(EPOCH FROM now()) * 1000000)::bigint, \
+                        COALESCE(service_leader_token_floor($1) + 1, 0)), \
+           now() + $2 * INTERVAL '1 microsecond' \
     ON CONFLICT (name) DO NOTHING";
 const CREATE_TYPES: &[Type] = &[Type::VARCHAR, Type::INT8];
 
