@@ -38,6 +38,16 @@ fn as_postgres(cmd: &PathBuf) -> Command {
     }
 }
 
+/// Runs `cmd` to completion; panics with its stderr unless it succeeds.
+fn run_ok(cmd: &mut Command, what: &str) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 impl PgServer {
     /// initdb and start a server with trust auth on a free port.
     pub fn start() -> PgServer {
@@ -45,15 +55,11 @@ impl PgServer {
         let data = dir.path("data");
         let bin = pg_bin();
         dir.chown_if_root("postgres:postgres");
-        let out = as_postgres(&bin.join("initdb"))
-            .args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"])
-            .arg(&data)
-            .output()
-            .expect("initdb");
-        assert!(
-            out.status.success(),
-            "initdb: {}",
-            String::from_utf8_lossy(&out.stderr)
+        run_ok(
+            as_postgres(&bin.join("initdb"))
+                .args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"])
+                .arg(&data),
+            "initdb",
         );
         let server = PgServer {
             port: free_port(),
@@ -71,27 +77,13 @@ impl PgServer {
         let dir = Scratch::new();
         let data = dir.path("data");
         dir.chown_if_root("postgres:postgres");
-        let out = as_postgres(&primary.bin.join("pg_basebackup"))
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-U",
-                "postgres",
-                "-X",
-                "stream",
-                "-R",
-                "-p",
-            ])
-            .arg(primary.port.to_string())
+        let mut backup = as_postgres(&primary.bin.join("pg_basebackup"));
+        backup
+            .args(["-h", "127.0.0.1", "-U", "postgres", "-X", "stream", "-R"])
+            .arg(format!("--port={}", primary.port))
             .arg("-D")
-            .arg(&data)
-            .output()
-            .expect("pg_basebackup");
-        assert!(
-            out.status.success(),
-            "pg_basebackup: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+            .arg(&data);
+        run_ok(&mut backup, "pg_basebackup");
         let server = PgServer {
             port: free_port(),
             data,
@@ -104,16 +96,12 @@ impl PgServer {
 
     /// Promotes a standby to primary, waiting until it accepts writes.
     pub fn promote(&self) {
-        let out = as_postgres(&self.bin.join("pg_ctl"))
-            .args(["-w", "-D"])
-            .arg(&self.data)
-            .arg("promote")
-            .output()
-            .expect("pg_ctl promote");
-        assert!(
-            out.status.success(),
-            "pg_ctl promote: {}",
-            String::from_utf8_lossy(&out.stderr)
+        run_ok(
+            as_postgres(&self.bin.join("pg_ctl"))
+                .args(["-w", "-D"])
+                .arg(&self.data)
+                .arg("promote"),
+            "pg_ctl promote",
         );
     }
 
@@ -132,12 +120,7 @@ impl PgServer {
             .arg(&self.data)
             .args(["-o", &opts, "-w", "-m", "fast"]);
         cmd.arg("-l").arg(self.data.join("server.log")).arg(action);
-        let out = cmd.output().expect("pg_ctl");
-        assert!(
-            out.status.success(),
-            "pg_ctl {action}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        run_ok(&mut cmd, &format!("pg_ctl {action}"));
         if action != "stop" {
             let port = self.port;
             wait_for_port(port, Duration::from_secs(10), "PostgreSQL");

@@ -5,6 +5,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+use leaderd_tests::sse::Watcher;
 use leaderd_tests::{http_get, serial, wait_for, Daemon, Scratch, TempDb};
 
 /// The chart's memory limit for the sidecar.
@@ -175,18 +176,23 @@ fn slow_and_idle_clients_cannot_exhaust_the_daemon() {
     assert!(d.is_leader(), "the leader kept its lease throughout");
 }
 
-#[test]
-fn a_thousand_idle_watchers_cost_nothing_and_all_hear_a_change() {
-    use leaderd_tests::sse::Watcher;
-    let _s = serial();
-    let (_db, _dir, d) = lone_leader();
+/// 1,000 watchers of the leader on `port`, each past its first event.
+fn thousand_watchers(port: u16) -> Vec<Watcher> {
     let watchers: Vec<Watcher> = (0..1000)
-        .map(|i| Watcher::open(d.port).unwrap_or_else(|| panic!("watcher {i} refused")))
+        .map(|i| Watcher::open(port).unwrap_or_else(|| panic!("watcher {i} refused")))
         .collect();
     for w in &watchers {
         let first = w.next(Duration::from_secs(5)).expect("an event at connect");
         assert_eq!(first["is_leader"], true);
     }
+    watchers
+}
+
+#[test]
+fn a_thousand_idle_watchers_cost_nothing_and_all_hear_a_change() {
+    let _s = serial();
+    let (_db, _dir, d) = lone_leader();
+    let watchers = thousand_watchers(d.port);
     // The cap keeps slots for probes.
     assert!(
         Watcher::open(d.port).is_none(),
@@ -215,15 +221,9 @@ fn a_thousand_idle_watchers_cost_nothing_and_all_hear_a_change() {
 /// reach the port can fail the kubelet's liveness probe.
 #[test]
 fn probes_get_in_whatever_holds_the_1024_connections() {
-    use leaderd_tests::sse::Watcher;
     let _s = serial();
     let (_db, _dir, d) = lone_leader();
-    let watchers: Vec<Watcher> = (0..1000)
-        .map(|i| Watcher::open(d.port).unwrap_or_else(|| panic!("watcher {i} refused")))
-        .collect();
-    for w in &watchers {
-        w.next(Duration::from_secs(5)).expect("an event at connect");
-    }
+    let _watchers = thousand_watchers(d.port);
     let idle: Vec<TcpStream> = (0..12).map(|_| idle_connection(d.port)).collect();
     let slow: Vec<TcpStream> = (0..12)
         .map(|_| {
