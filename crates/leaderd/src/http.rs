@@ -22,13 +22,13 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::Serialize;
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::http::Uri;
 
+use crate::body::{error, leader_fields, LeaderBody};
 use crate::election::{Control, Shared};
 
 /// The request header `POST /release` needs (`leaderd release` sends it).
@@ -91,24 +91,6 @@ async fn refuse_bodies(req: axum::extract::Request, next: axum::middleware::Next
         );
     }
     next.run(req).await
-}
-
-#[derive(Serialize)]
-pub struct LeaderBody<'a> {
-    election: &'a str,
-    id: &'a str,
-    is_leader: bool,
-    leader: Option<String>,
-    token: Option<i64>,
-    lease_remaining_ms: Option<u64>,
-    ttl_ms: u64,
-    heartbeat_ms: u64,
-    /// False while the app fails its health check (`app_health`).
-    app_healthy: bool,
-}
-
-fn millis(d: std::time::Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 async fn leader(State(shared): State<Arc<Shared>>) -> Response {
@@ -180,29 +162,9 @@ async fn release(
     }
 }
 
-pub fn error(status: StatusCode, message: &str) -> Response {
-    (status, Json(serde_json::json!({ "error": message }))).into_response()
-}
-
 /// The `/leader` body for a view.
 fn leader_body(shared: &Shared, view: leaderd_core::View) -> Json<LeaderBody<'_>> {
     Json(leader_fields(shared, view))
-}
-
-/// The fields of the `/leader` body for a view.
-pub fn leader_fields(shared: &Shared, view: leaderd_core::View) -> LeaderBody<'_> {
-    let timing = shared.timing;
-    LeaderBody {
-        election: &shared.election,
-        id: &shared.id,
-        is_leader: view.is_leader,
-        leader: view.leader,
-        token: view.token,
-        lease_remaining_ms: view.lease_remaining.map(millis),
-        ttl_ms: millis(timing.ttl()),
-        heartbeat_ms: millis(timing.heartbeat()),
-        app_healthy: shared.app_healthy(),
-    }
 }
 
 /// The Kubernetes `election` sidecar's answer, for drop-in use.

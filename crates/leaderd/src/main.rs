@@ -6,6 +6,7 @@
 //! configuration.
 
 mod app_health;
+mod body;
 mod cli;
 mod clock;
 mod connector;

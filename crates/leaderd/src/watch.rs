@@ -22,8 +22,8 @@ use axum::Extension;
 use futures_util::stream::{self, Stream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::body::{error, leader_fields};
 use crate::election::{Leadership, Shared};
-use crate::http::{error, leader_fields};
 use crate::server::{ProbeSlot, MAX_CONNECTIONS};
 
 /// Most streams open at once: the server's connection limit less a few
