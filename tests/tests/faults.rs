@@ -590,20 +590,33 @@ fn sigterm_with_a_blackholed_database_still_exits_within_two_seconds() {
 fn a_locked_row_does_not_pile_up_connections(db: &TempDb, count: &str) {
     let c = Cluster::start(&db.url, 3);
     c.leader(Duration::from_secs(10));
-    let baseline: usize = db.scalar(count).parse().unwrap();
+    // Settled: every replica's wake-up connection (a waiter, the leader's
+    // presence) is there too, which on a loaded machine takes a moment
+    // after the election.
+    let count_now = || db.scalar(count).parse::<usize>().unwrap();
+    let settle = Instant::now() + Duration::from_secs(2);
+    let mut baseline = 0;
+    while Instant::now() < settle {
+        baseline = baseline.max(count_now());
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let lock = db.lock_row("default");
     let until = Instant::now() + Duration::from_secs(10);
-    let mut most = 0;
+    let mut samples = Vec::new();
     while Instant::now() < until {
-        most = most.max(db.scalar(count).parse::<usize>().unwrap());
+        samples.push(count_now());
         std::thread::sleep(Duration::from_millis(100));
     }
     drop(lock);
-    // Three replicas, each with its lease connection and (PostgreSQL) its
-    // listener, the locking session and the counting one.
+    // The locking session is one more. A connection dropped after a refused
+    // statement may still be counted for a moment beside its replacement
+    // (seen once in 90 samples on a loaded machine): a pile-up is a count
+    // above that which lasts, so two samples in a row.
+    let over = baseline + 1;
+    let lasting = samples.windows(2).any(|w| w[0] > over && w[1] > over);
     assert!(
-        most <= baseline + 1,
-        "connections grew from {baseline} to {most} while the row was locked"
+        !lasting && samples.iter().all(|&n| n <= over + 1),
+        "connections grew from {baseline} while the row was locked: {samples:?}"
     );
     c.leader(Duration::from_secs(5));
     c.check();
