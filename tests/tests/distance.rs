@@ -62,40 +62,42 @@ fn assert_held(daemons: &[Daemon], leader: usize, period: Duration) {
     }
 }
 
-#[test]
-fn a_leader_is_elected_and_held_120ms_away_with_tls_and_default_timing() {
+/// Two replicas `one_way` from an empty database elect a leader within
+/// `within`, which keeps its lease for `held`.
+fn elected_and_held(one_way: Duration, extra: &[&str], within: Duration, held: Duration) {
     let _s = serial();
     let db = TempDb::postgres();
     let dir = Scratch::new();
     let started = Instant::now();
-    let far = far_replicas(&db, &dir, 2, Duration::from_millis(60), &[]);
+    let far = far_replicas(&db, &dir, 2, one_way, extra);
     let refs: Vec<&Daemon> = far.daemons.iter().collect();
-    let leader = wait_single_leader(&refs, Duration::from_secs(20));
+    let leader = wait_single_leader(&refs, within);
     eprintln!("a leader after {:?}", started.elapsed());
     assert!(
         db.has_table("service_leader_lock"),
         "migrated over the link"
     );
-    assert_held(&far.daemons, leader, Duration::from_secs(5));
+    assert_held(&far.daemons, leader, held);
+}
+
+#[test]
+fn a_leader_is_elected_and_held_120ms_away_with_tls_and_default_timing() {
+    elected_and_held(
+        Duration::from_millis(60),
+        &[],
+        Duration::from_secs(20),
+        Duration::from_secs(5),
+    );
 }
 
 #[test]
 fn a_leader_is_elected_40ms_away_with_a_300ms_heartbeat() {
-    let _s = serial();
-    let db = TempDb::postgres();
-    let dir = Scratch::new();
-    let started = Instant::now();
-    let far = far_replicas(
-        &db,
-        &dir,
-        2,
+    elected_and_held(
         Duration::from_millis(20),
         &["--heartbeat", "300ms"],
+        Duration::from_secs(10),
+        Duration::from_secs(3),
     );
-    let refs: Vec<&Daemon> = far.daemons.iter().collect();
-    let leader = wait_single_leader(&refs, Duration::from_secs(10));
-    eprintln!("a leader after {:?}", started.elapsed());
-    assert_held(&far.daemons, leader, Duration::from_secs(3));
 }
 
 #[test]

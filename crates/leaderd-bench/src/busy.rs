@@ -79,18 +79,16 @@ pub fn run(size: Size) -> Result<()> {
     let bench = pgbench(&db.url, load)?;
     let out = bench.wait_with_output().context("pgbench")?;
     let text = String::from_utf8_lossy(&out.stdout);
-    let tps = text
-        .lines()
-        .find(|l| l.starts_with("tps ="))
-        .and_then(|l| l.split_whitespace().nth(2))
-        .unwrap_or("?")
-        .to_owned();
-    let latency = text
-        .lines()
-        .find(|l| l.starts_with("latency average"))
-        .and_then(|l| l.split_whitespace().nth(3))
-        .unwrap_or("?")
-        .to_owned();
+    // `tps = 1438.6 (…)`, `latency average = 22.2 ms`.
+    let figure = |line: &str, word: usize| {
+        text.lines()
+            .find(|l| l.starts_with(line))
+            .and_then(|l| l.split_whitespace().nth(word))
+            .unwrap_or("?")
+            .to_owned()
+    };
+    let tps = figure("tps =", 2);
+    let latency = figure("latency average", 3);
     let (after, lost_after) = transitions(&daemons);
     let new_terms = after.len() - before.len();
     let step_downs = lost_after - lost_before;

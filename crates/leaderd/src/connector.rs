@@ -128,7 +128,7 @@ impl Connector {
     pub async fn finished(&mut self) -> Result<Connection, String> {
         match self.tasks.join_next().await {
             Some(Ok(result)) => result,
-            Some(Err(e)) => Err(format!("the connect task failed: {e}")),
+            Some(Err(e)) => Err(task_failed(&e)),
             None => std::future::pending().await,
         }
     }
@@ -142,7 +142,7 @@ impl Connector {
             match done {
                 Ok(Ok(conn)) => return Ok(conn),
                 Ok(Err(e)) => last = Some(e),
-                Err(e) => last = Some(format!("the connect task failed: {e}")),
+                Err(e) => last = Some(task_failed(&e)),
             }
         }
         if self.tasks.len() < IN_FLIGHT {
@@ -152,11 +152,16 @@ impl Connector {
             match self.tasks.join_next().await {
                 Some(Ok(Ok(conn))) => return Ok(conn),
                 Some(Ok(Err(e))) => last = Some(e),
-                Some(Err(e)) => last = Some(format!("the connect task failed: {e}")),
+                Some(Err(e)) => last = Some(task_failed(&e)),
                 None => return Err(last.unwrap_or_else(|| "no connection".into())),
             }
         }
     }
+}
+
+/// A connect task that panicked or was cancelled, as an attempt's error.
+fn task_failed(e: &tokio::task::JoinError) -> String {
+    format!("the connect task failed: {e}")
 }
 
 /// Migrates if still wanted, then opens the connection to hand out.

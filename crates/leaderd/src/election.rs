@@ -297,12 +297,10 @@ pub async fn run(shared: Arc<Shared>, settings: Settings, shutdown: Cancellation
     // The named lock (MySQL) goes with the process anyway; letting it go
     // first wakes the others a little sooner. The flag file, if the disk
     // allows, should not outlive the process.
-    let flag_gone = async {
-        if let Some(flag) = &lp.report.flag {
-            flag.removed(PRESENCE_BUDGET).await;
-        }
-    };
-    let _ = tokio::join!(tokio::time::timeout(PRESENCE_BUDGET, presence), flag_gone);
+    let _ = tokio::join!(
+        tokio::time::timeout(PRESENCE_BUDGET, presence),
+        lp.report.flag_removed(PRESENCE_BUDGET)
+    );
 }
 
 struct Loop {
