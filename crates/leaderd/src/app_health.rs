@@ -10,19 +10,20 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use crate::election::{Control, Shared};
+use crate::daemon::Daemon;
+use crate::election::Control;
 use crate::http_client;
 use crate::settings::AppHealth;
 
 /// Checks until `shutdown`. A check is a GET with a timeout of one
 /// heartbeat; any 2xx passes.
 pub async fn watch(
-    shared: Arc<Shared>,
+    daemon: Arc<Daemon>,
     check: AppHealth,
     failures_allowed: u32,
     shutdown: CancellationToken,
 ) {
-    let heartbeat = shared.timing.heartbeat();
+    let heartbeat = daemon.first().timing.heartbeat();
     // The engine starts out not competing: until the first check passes.
     let mut healthy = false;
     let mut failures = failures_allowed;
@@ -48,9 +49,14 @@ pub async fn watch(
         let now_healthy = failures < failures_allowed;
         if now_healthy != healthy {
             healthy = now_healthy;
-            shared.control(Control::AppHealthy(healthy)).await;
+            // The app serves every election: all stop (or start) competing.
+            for shared in daemon.all() {
+                shared.control(Control::AppHealthy(healthy)).await;
+            }
         }
-        shared.metrics.app_healthy.set(i64::from(healthy));
+        for shared in daemon.all() {
+            shared.metrics.app_healthy.set(i64::from(healthy));
+        }
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(heartbeat) => {}

@@ -1,12 +1,16 @@
-//! What `/leader` and `/leader/watch` both send: the `/leader` body, and
-//! the JSON error answer. Its own module so that `http` (the routes) and
-//! `watch` (one of them) depend on it, not on each other.
+//! What `/leader` and `/leader/watch` both send and read: the `/leader`
+//! body, the JSON error answer, and the query (`?election=NAME`). Its own
+//! module so that `http` (the routes) and `watch` (one of them) depend on
+//! it, not on each other.
 
-use axum::http::StatusCode;
+use std::sync::Arc;
+
+use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
 
+use crate::daemon::Daemon;
 use crate::election::Shared;
 
 /// The `/leader` body (spec, HTTP).
@@ -47,4 +51,72 @@ pub fn leader_fields(shared: &Shared, view: leaderd_core::View) -> LeaderBody<'_
 /// A JSON error answer: `{"error": message}`.
 pub fn error(status: StatusCode, message: &str) -> Response {
     (status, Json(serde_json::json!({ "error": message }))).into_response()
+}
+
+/// A request refused for what it asked: its status and why.
+#[derive(Debug)]
+pub struct Refusal(StatusCode, String);
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        error(self.0, &self.1)
+    }
+}
+
+/// A request's query: `election`, and the other parameters a route allows.
+#[derive(Debug, Default)]
+pub struct Query {
+    pub election: Option<String>,
+    others: Vec<(String, String)>,
+}
+
+impl Query {
+    /// The value of an allowed parameter, if given.
+    pub fn value(&self, key: &str) -> Option<&str> {
+        self.others
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Reads the query: `election` and the parameters in `allowed`, each at
+/// most once; anything else is a 400 naming it (a typo must not silently
+/// answer for another election).
+pub fn query(uri: &Uri, allowed: &[&str]) -> Result<Query, Refusal> {
+    let mut q = Query::default();
+    let raw = uri.query().unwrap_or_default().as_bytes();
+    for (key, value) in url::form_urlencoded::parse(raw) {
+        let key = key.into_owned();
+        let repeated = if key == "election" {
+            q.election.replace(value.into_owned()).is_some()
+        } else if allowed.contains(&key.as_ref()) {
+            let repeated = q.value(&key).is_some();
+            q.others.push((key.clone(), value.into_owned()));
+            repeated
+        } else {
+            let known: Vec<&str> = std::iter::once("election")
+                .chain(allowed.iter().copied())
+                .collect();
+            return Err(Refusal(
+                StatusCode::BAD_REQUEST,
+                format!("unknown parameter {key:?} (known: {})", known.join(", ")),
+            ));
+        };
+        if repeated {
+            return Err(Refusal(
+                StatusCode::BAD_REQUEST,
+                format!("parameter {key:?} given twice"),
+            ));
+        }
+    }
+    Ok(q)
+}
+
+/// The election a query names (the first when it names none), or a 404
+/// naming it.
+pub fn election<'d>(daemon: &'d Daemon, q: &Query) -> Result<&'d Arc<Shared>, Refusal> {
+    daemon
+        .find(q.election.as_deref())
+        .map_err(|e| Refusal(StatusCode::NOT_FOUND, e.to_string()))
 }

@@ -64,9 +64,11 @@ pub struct ConfigArgs {
     /// Read the database URL from this file (re-read at every reconnect).
     #[arg(long, global = true, value_name = "PATH")]
     pub database_url_file: Option<String>,
-    /// The election (lock row) name, 1–100 characters [default: default]
-    #[arg(long, global = true)]
-    pub election: Option<String>,
+    /// The election (lock row) name, 1–100 characters; repeat it to run
+    /// several elections [default: default]. `release`: the one to release
+    /// [default: all]
+    #[arg(long, global = true, value_name = "NAME")]
+    pub election: Vec<String>,
     /// This replica's name [default: $POD_NAME, $HOSTNAME, host name, random UUID]
     #[arg(long, global = true)]
     pub id: Option<String>,
@@ -102,6 +104,12 @@ pub struct ConfigArgs {
     /// Consecutive failed checks before stepping down [default: 3]
     #[arg(long, global = true, value_name = "N")]
     pub app_health_failures: Option<String>,
+    /// Spread several elections across the live replicas (the default).
+    #[arg(long, global = true, conflicts_with = "no_spread")]
+    pub spread: bool,
+    /// Do not spread: every replica takes any free election.
+    #[arg(long, global = true)]
+    pub no_spread: bool,
     /// exec only: SIGTERM the command this long before the local deadline
     /// when renewals fail [default: ttl / 4]
     #[arg(long, global = true, value_name = "DURATION")]

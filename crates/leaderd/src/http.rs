@@ -1,5 +1,8 @@
-//! The HTTP surface: `/leader`, `/`, `/healthz`, `/readyz`, `/metrics`,
-//! `POST /release`, and `/leader/watch` (see `watch`).
+//! The HTTP surface: `/leader`, `/elections`, `/`, `/healthz`, `/readyz`,
+//! `/metrics`, `POST /release`, and `/leader/watch` (see `watch`).
+//! `/leader`, `/leader/watch` and `/release` take `?election=NAME` (404
+//! naming it when unknown); without it they answer for the first election
+//! (`/release`: release all).
 //!
 //! `POST /release` steps the leader down, so it must come from this pod, and
 //! a loopback peer does not prove that: a service mesh forwards outside
@@ -28,7 +31,8 @@ use std::time::Duration;
 
 use axum::http::Uri;
 
-use crate::body::{error, leader_fields, LeaderBody};
+use crate::body::{election, error, leader_fields, query, LeaderBody};
+use crate::daemon::Daemon;
 use crate::election::{Control, Shared};
 
 /// The request header `POST /release` needs (`leaderd release` sends it).
@@ -44,7 +48,7 @@ pub enum ReleaseAt {
 }
 
 /// Builds the router; tests drive it with `oneshot`, no socket needed.
-pub fn router(shared: Arc<Shared>, release_at: ReleaseAt) -> Router {
+pub fn router(daemon: Arc<Daemon>, release_at: ReleaseAt) -> Router {
     let release_route = match release_at {
         ReleaseAt::Here => post(release),
         ReleaseAt::Elsewhere(addr) => post(move || async move {
@@ -56,7 +60,8 @@ pub fn router(shared: Arc<Shared>, release_at: ReleaseAt) -> Router {
     };
     Router::new()
         .route("/leader", get(leader))
-        .route("/leader/watch", crate::watch::route(shared.clone()))
+        .route("/leader/watch", crate::watch::route(daemon.clone()))
+        .route("/elections", get(elections))
         .route("/release", release_route)
         .route("/", get(compat))
         .route("/healthz", get(healthz))
@@ -64,17 +69,17 @@ pub fn router(shared: Arc<Shared>, release_at: ReleaseAt) -> Router {
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .layer(axum::middleware::from_fn(refuse_bodies))
-        .with_state(shared)
+        .with_state(daemon)
 }
 
 /// The loopback listener's router when `listen` is not loopback: `/release`
 /// alone.
-pub fn release_router(shared: Arc<Shared>) -> Router {
+pub fn release_router(daemon: Arc<Daemon>) -> Router {
     Router::new()
         .route("/release", post(release))
         .fallback(not_found)
         .layer(axum::middleware::from_fn(refuse_bodies))
-        .with_state(shared)
+        .with_state(daemon)
 }
 
 /// No endpoint takes a body (`/release` neither): refuse any, unread.
@@ -93,14 +98,28 @@ async fn refuse_bodies(req: axum::extract::Request, next: axum::middleware::Next
     next.run(req).await
 }
 
-async fn leader(State(shared): State<Arc<Shared>>) -> Response {
+async fn leader(State(daemon): State<Arc<Daemon>>, uri: Uri) -> Response {
+    let shared = match query(&uri, &[]).and_then(|q| election(&daemon, &q)) {
+        Ok(s) => s,
+        Err(refusal) => return refusal.into_response(),
+    };
     let view = shared.view();
     let status = if view.is_leader {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    (status, leader_body(&shared, view)).into_response()
+    (status, leader_body(shared, view)).into_response()
+}
+
+/// Every election with its `/leader` body, in the configured order.
+async fn elections(State(daemon): State<Arc<Daemon>>) -> Response {
+    let list: Vec<_> = daemon
+        .all()
+        .iter()
+        .map(|s| leader_fields(s, s.view()))
+        .collect();
+    Json(list).into_response()
 }
 
 /// Largest `hold` a release may ask for.
@@ -110,7 +129,7 @@ const MAX_HOLD: Duration = Duration::from_secs(3600);
 /// 400 for a bad `hold`, 409 when not leading, else 200 once the row is
 /// released.
 async fn release(
-    State(shared): State<Arc<Shared>>,
+    State(daemon): State<Arc<Daemon>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: axum::http::HeaderMap,
     uri: Uri,
@@ -133,33 +152,68 @@ async fn release(
             "release needs the request header `Leaderd-Release: 1` (`leaderd release` sends it)",
         );
     }
-    let mut hold = shared.timing.heartbeat() * 2;
-    for (key, value) in url::form_urlencoded::parse(uri.query().unwrap_or_default().as_bytes()) {
-        match (key.as_ref(), humantime::parse_duration(&value)) {
-            ("hold", Ok(d)) if d <= MAX_HOLD => hold = d,
-            ("hold", _) => {
+    let q = match query(&uri, &["hold"]) {
+        Ok(q) => q,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let mut hold = daemon.first().timing.heartbeat() * 2;
+    if let Some(value) = q.value("hold") {
+        match humantime::parse_duration(value) {
+            Ok(d) if d <= MAX_HOLD => hold = d,
+            _ => {
                 return error(
                     StatusCode::BAD_REQUEST,
                     "hold must be a duration of at most 1h, e.g. 2s or 500ms",
                 )
             }
-            _ => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    "unknown parameter (only hold=DURATION)",
-                )
-            }
         }
     }
+    let chosen: Vec<&Arc<Shared>> = match q.election {
+        Some(_) => match election(&daemon, &q) {
+            Ok(s) => vec![s],
+            Err(refusal) => return refusal.into_response(),
+        },
+        None => daemon.all().iter().collect(),
+    };
+    // Each election's loop releases its own row, all at once.
+    let answers = futures_util::future::join_all(chosen.iter().map(|s| release_one(s, hold))).await;
+    let mut released = false;
+    let mut bodies = Vec::new();
+    for (shared, answer) in chosen.iter().zip(answers) {
+        match answer {
+            Some(Ok(view)) => {
+                released = true;
+                bodies.push(leader_fields(shared, view));
+            }
+            Some(Err(view)) => bodies.push(leader_fields(shared, view)),
+            None => return error(StatusCode::SERVICE_UNAVAILABLE, "the election has stopped"),
+        }
+    }
+    let status = if released {
+        StatusCode::OK
+    } else {
+        StatusCode::CONFLICT
+    };
+    // One election: its `/leader` body, as always; several: the list.
+    if bodies.len() == 1 {
+        (status, Json(bodies.remove(0))).into_response()
+    } else {
+        (status, Json(bodies)).into_response()
+    }
+}
+
+/// Asks one election's loop to step down: `Ok` with the view after the
+/// release, `Err` with the view when it did not lead, `None` when the loop
+/// has stopped.
+async fn release_one(
+    shared: &Shared,
+    hold: Duration,
+) -> Option<Result<leaderd_core::View, leaderd_core::View>> {
     let (reply, answer) = tokio::sync::oneshot::channel();
     if !shared.control(Control::Release { hold, reply }).await {
-        return error(StatusCode::SERVICE_UNAVAILABLE, "the election has stopped");
+        return None;
     }
-    match answer.await {
-        Ok(Ok(view)) => (StatusCode::OK, leader_body(&shared, view)).into_response(),
-        Ok(Err(view)) => (StatusCode::CONFLICT, leader_body(&shared, view)).into_response(),
-        Err(_) => error(StatusCode::SERVICE_UNAVAILABLE, "the election has stopped"),
-    }
+    answer.await.ok()
 }
 
 /// The `/leader` body for a view.
@@ -168,8 +222,8 @@ fn leader_body(shared: &Shared, view: leaderd_core::View) -> Json<LeaderBody<'_>
 }
 
 /// The Kubernetes `election` sidecar's answer, for drop-in use.
-async fn compat(State(shared): State<Arc<Shared>>) -> Json<serde_json::Value> {
-    let name = shared.view().leader.unwrap_or_default();
+async fn compat(State(daemon): State<Arc<Daemon>>) -> Json<serde_json::Value> {
+    let name = daemon.first().view().leader.unwrap_or_default();
     Json(serde_json::json!({ "name": name }))
 }
 
@@ -186,16 +240,16 @@ fn status_json(ok: bool, what: &str) -> Response {
         .into_response()
 }
 
-async fn healthz(State(shared): State<Arc<Shared>>) -> Response {
-    status_json(shared.healthy(), "election loop")
+async fn healthz(State(daemon): State<Arc<Daemon>>) -> Response {
+    status_json(daemon.healthy(), "election loop")
 }
 
-async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
-    status_json(shared.db_up(), "database")
+async fn readyz(State(daemon): State<Arc<Daemon>>) -> Response {
+    status_json(daemon.db_up(), "database")
 }
 
-async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
-    let body = shared.metrics.render(&shared.view(), shared.db_up());
+async fn metrics(State(daemon): State<Arc<Daemon>>) -> Response {
+    let body = daemon.render_metrics();
     (
         [(
             header::CONTENT_TYPE,
@@ -218,12 +272,16 @@ mod tests {
     use http_body_util::BodyExt;
     use tower::ServiceExt;
 
-    fn shared() -> Arc<Shared> {
-        let cli = <crate::cli::Cli as clap::Parser>::try_parse_from(["leaderd", "--id", "pod-a"])
-            .unwrap();
+    fn daemon_of(args: &[&str]) -> Arc<Daemon> {
+        let argv = ["leaderd", "--id", "pod-a"].iter().chain(args);
+        let cli = <crate::cli::Cli as clap::Parser>::try_parse_from(argv).unwrap();
         let settings =
             crate::settings::Settings::load(&cli.config, &crate::settings::ProcessEnv).unwrap();
-        Arc::new(Shared::new(&settings))
+        Arc::new(Daemon::new(&settings))
+    }
+
+    fn shared() -> Arc<Daemon> {
+        daemon_of(&[])
     }
 
     async fn call(method: Method, uri: &str) -> (StatusCode, String) {
@@ -241,30 +299,41 @@ mod tests {
         headers: &[(&str, &str)],
         release_at: ReleaseAt,
     ) -> (StatusCode, String) {
-        let shared = shared();
-        // A stand-in for the election loop: it answers release requests as
-        // a follower does.
-        let rx = shared.take_control();
-        tokio::spawn(async move {
-            let mut rx = rx;
-            while let Some(request) = rx.recv().await {
-                if let Control::Release { reply, .. } = request {
-                    let _ = reply.send(Err(leaderd_core::View {
-                        is_leader: false,
-                        leader: None,
-                        token: None,
-                        lease_remaining: None,
-                    }));
+        call_daemon(shared(), method, uri, peer, headers, release_at).await
+    }
+
+    async fn call_daemon(
+        daemon: Arc<Daemon>,
+        method: Method,
+        uri: &str,
+        peer: SocketAddr,
+        headers: &[(&str, &str)],
+        release_at: ReleaseAt,
+    ) -> (StatusCode, String) {
+        // Stand-ins for the election loops: they answer release requests as
+        // followers do.
+        for shared in daemon.all() {
+            let mut rx = shared.take_control();
+            tokio::spawn(async move {
+                while let Some(request) = rx.recv().await {
+                    if let Control::Release { reply, .. } = request {
+                        let _ = reply.send(Err(leaderd_core::View {
+                            is_leader: false,
+                            leader: None,
+                            token: None,
+                            lease_remaining: None,
+                        }));
+                    }
                 }
-            }
-        });
+            });
+        }
         let mut req = Request::builder().method(method).uri(uri);
         for (name, value) in headers {
             req = req.header(*name, *value);
         }
         let req = req.body(Body::empty()).unwrap();
         let app =
-            router(shared, release_at).layer(axum::extract::connect_info::MockConnectInfo(peer));
+            router(daemon, release_at).layer(axum::extract::connect_info::MockConnectInfo(peer));
         let res = app.oneshot(req).await.unwrap();
         let status = res.status();
         let body = res.into_body().collect().await.unwrap().to_bytes();
@@ -400,5 +469,73 @@ mod tests {
         for line in body.lines().filter(|l| !l.starts_with('#')) {
             assert!(line.contains("election=\"default\""), "unlabelled: {line}");
         }
+    }
+
+    /// Several elections: each answers by name, unknown names are 404
+    /// naming them, and one scrape holds one family per metric with a
+    /// series per election.
+    #[tokio::test]
+    async fn several_elections_answer_by_name() {
+        let several = || daemon_of(&["--election", "mailer", "--election", "reports"]);
+        let peer = SocketAddr::from(([127, 0, 0, 1], 50000));
+        let ask = |uri: &'static str| {
+            call_daemon(several(), Method::GET, uri, peer, &[], ReleaseAt::Here)
+        };
+        let (status, body) = ask("/leader").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.contains("\"election\":\"mailer\""), "{body}");
+        let (status, body) = ask("/leader?election=reports").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.contains("\"election\":\"reports\""), "{body}");
+        let (status, body) = ask("/leader?election=nope").await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert!(
+            body.contains("nope") && body.contains("mailer, reports"),
+            "{body}"
+        );
+        assert_eq!(
+            ask("/leader/watch?election=nope").await.0,
+            StatusCode::NOT_FOUND
+        );
+        for bad in ["/leader?electoin=reports", "/leader?election=a&election=b"] {
+            assert_eq!(ask(bad).await.0, StatusCode::BAD_REQUEST, "{bad}");
+        }
+        let (status, body) = ask("/elections").await;
+        assert_eq!(status, StatusCode::OK);
+        let list: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+        let names: Vec<_> = list
+            .iter()
+            .map(|v| v["election"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["mailer", "reports"]);
+        let (_, body) = ask("/metrics").await;
+        assert_eq!(
+            body.matches("# TYPE leaderd_is_leader ").count(),
+            1,
+            "{body}"
+        );
+        for election in ["mailer", "reports"] {
+            let series = format!("leaderd_is_leader{{election=\"{election}\"}} 0");
+            assert!(body.contains(&series), "{series} missing: {body}");
+        }
+        let release = |uri: &'static str| {
+            let ok = [(RELEASE_HEADER, "1")];
+            async move { call_daemon(several(), Method::POST, uri, peer, &ok, ReleaseAt::Here).await }
+        };
+        let (status, body) = release("/release").await;
+        assert_eq!(status, StatusCode::CONFLICT, "nobody leads: {body}");
+        assert_eq!(
+            serde_json::from_str::<Vec<serde_json::Value>>(&body)
+                .unwrap()
+                .len(),
+            2
+        );
+        let (status, body) = release("/release?election=reports&hold=1s").await;
+        assert_eq!(status, StatusCode::CONFLICT);
+        assert!(body.contains("\"election\":\"reports\""), "{body}");
+        assert_eq!(
+            release("/release?election=nope").await.0,
+            StatusCode::NOT_FOUND
+        );
     }
 }

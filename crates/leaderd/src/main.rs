@@ -10,6 +10,7 @@ mod body;
 mod cli;
 mod clock;
 mod connector;
+mod daemon;
 mod election;
 mod exec;
 mod flag_file;
@@ -65,6 +66,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if matches!(cli.command, Some(Command::Exec { .. })) && settings.elections.len() > 1 {
+        eprintln!(
+            "leaderd: exec runs one command for one election, and {} are configured ({}); \
+             run one `leaderd exec --election NAME` per election",
+            settings.elections.len(),
+            settings.elections.join(", ")
+        );
+        return ExitCode::from(2);
+    }
     logging::init(settings.log_format);
     for w in &settings.warnings {
         warn!("{w}");
@@ -136,9 +146,10 @@ async fn run(settings: Settings, command: Option<Vec<OsString>>) -> anyhow::Resu
     };
     let shutdown = CancellationToken::new();
     signals::spawn_handler(shutdown.clone()).context("cannot install signal handlers")?;
-    let shared = Arc::new(election::Shared::new(&settings));
+    let daemon = Arc::new(daemon::Daemon::new(&settings));
     info!(
-        election = %settings.election,
+        elections = %settings.elections.join(","),
+        spread = settings.spread,
         id = %settings.id,
         database = %settings.database,
         listen = %listener.local_addr().map_or_else(|_| settings.listen.to_string(), |a| a.to_string()),
@@ -153,44 +164,60 @@ async fn run(settings: Settings, command: Option<Vec<OsString>>) -> anyhow::Resu
             None => http::ReleaseAt::Here,
             Some(_) => http::ReleaseAt::Elsewhere(settings.release_listen),
         };
-        let app = http::router(shared.clone(), release_at);
+        let app = http::router(daemon.clone(), release_at);
         tokio::spawn(server::serve(listener, app, stop))
     };
     if let Some(l) = release_listener {
-        let app = http::release_router(shared.clone());
+        let app = http::release_router(daemon.clone());
         tokio::spawn(server::serve(l, app, http_stop.clone()));
     }
     if let Some(check) = settings.app_health.clone() {
         tokio::spawn(app_health::watch(
-            shared.clone(),
+            daemon.clone(),
             check,
             settings.app_health_failures,
             shutdown.clone(),
         ));
     }
-    let code = match command {
-        None => {
-            election::run(shared, settings, shutdown).await;
-            0
-        }
-        Some(command) => {
-            let stop_grace = settings.stop_grace;
-            let hidden_env = settings.secret_env.clone();
-            let election = {
-                let (shared, shutdown) = (shared.clone(), shutdown.clone());
-                tokio::spawn(async move {
-                    // Should the election fail (a panic), the command must
-                    // not run on: cancel the run on the way out.
-                    let _stop = shutdown.clone().drop_guard();
-                    election::run(shared, settings, shutdown).await;
-                })
-            };
-            // Here, on the main thread: see `exec` on the parent-death signal.
-            let outcome = exec::supervise(shared, command, &hidden_env, stop_grace, shutdown).await;
-            election.await.context("the election loop failed")?;
-            outcome.code()
-        }
+    // One loop per election; each releases its own row at shutdown.
+    let loops: Vec<_> = daemon
+        .all()
+        .iter()
+        .map(|shared| {
+            let (shared, shutdown) = (shared.clone(), shutdown.clone());
+            let settings = settings.for_election(&shared.election);
+            tokio::spawn(async move {
+                // Should a loop fail (a panic), nothing may run on as if it
+                // led: cancel the run on the way out.
+                let _stop = shutdown.clone().drop_guard();
+                election::run(shared, settings, shutdown).await;
+            })
+        })
+        .collect();
+    let outcome = match command {
+        None => None,
+        // Here, on the main thread: see `exec` on the parent-death signal.
+        Some(command) => Some(
+            exec::supervise(
+                daemon.first().clone(),
+                command,
+                &settings.secret_env,
+                settings.stop_grace,
+                shutdown.clone(),
+            )
+            .await,
+        ),
     };
+    let mut failed = None;
+    for election in futures_util::future::join_all(loops).await {
+        if let Err(e) = election {
+            failed = Some(e);
+        }
+    }
+    if let Some(e) = failed {
+        return Err(e).context("an election loop failed");
+    }
+    let code = outcome.map_or(0, |o| o.code());
     // Leadership is already given up and the row released; stop serving.
     http_stop.cancel();
     let _ = tokio::time::timeout(Duration::from_millis(300), server).await;

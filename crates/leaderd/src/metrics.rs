@@ -4,6 +4,7 @@
 //! up) are set from a fresh [`View`] at scrape time, so they are never staler
 //! than the scrape; counters and the histogram are fed by the election loop.
 
+use prometheus::proto::MetricFamily;
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
     TextEncoder,
@@ -122,8 +123,8 @@ impl Metrics {
         }
     }
 
-    /// Prometheus text for a scrape taken now.
-    pub fn render(&self, view: &View, db_up: bool) -> String {
+    /// The metric families of a scrape taken now.
+    pub fn gather(&self, view: &View, db_up: bool) -> Vec<MetricFamily> {
         self.is_leader.set(i64::from(view.is_leader));
         self.fencing_token.set(view.token.unwrap_or(0));
         self.lease_remaining
@@ -132,10 +133,15 @@ impl Metrics {
         let dropped = crate::logging::dropped_lines();
         self.log_lines_dropped
             .inc_by(dropped.saturating_sub(self.log_lines_dropped.get()));
-        let mut out = Vec::new();
-        TextEncoder::new()
-            .encode(&self.registry.gather(), &mut out)
-            .expect("text encoding into a Vec cannot fail");
-        String::from_utf8(out).expect("prometheus text is UTF-8")
+        self.registry.gather()
     }
+}
+
+/// Prometheus text of `families`.
+pub fn encode(families: &[MetricFamily]) -> String {
+    let mut out = Vec::new();
+    TextEncoder::new()
+        .encode(families, &mut out)
+        .expect("text encoding into a Vec cannot fail");
+    String::from_utf8(out).expect("prometheus text is UTF-8")
 }

@@ -1,6 +1,8 @@
 //! `leaderd release`: asks the daemon on this host (at `listen`) to step
 //! down, for a `preStop` hook in an image without curl. Exit 0 released, 3
-//! not leader, 1 no daemon (or any other failure), 2 bad input.
+//! not leader, 1 no daemon (or any other failure), 2 bad input. With
+//! `--election NAME` one election steps down, else every one this daemon
+//! runs (exit 0 when any led).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -22,11 +24,21 @@ pub fn run(config: &ConfigArgs, hold: Option<&str>) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut target = "/release".to_owned();
+    let mut query = url::form_urlencoded::Serializer::new(String::new());
+    match config.election.as_slice() {
+        [] => {}
+        [one] => {
+            query.append_pair("election", one);
+        }
+        _ => {
+            eprintln!("leaderd: release takes one --election (none releases them all)");
+            return ExitCode::from(2);
+        }
+    }
     if let Some(hold) = hold {
         match humantime::parse_duration(hold) {
             Ok(d) if d <= Duration::from_secs(3600) => {
-                target.push_str(&format!("?hold={}ms", d.as_millis()))
+                query.append_pair("hold", &format!("{}ms", d.as_millis()));
             }
             _ => {
                 eprintln!("leaderd: --hold {hold:?}: expected a duration of at most 1h, e.g. 30s");
@@ -34,6 +46,7 @@ pub fn run(config: &ConfigArgs, hold: Option<&str>) -> ExitCode {
             }
         }
     }
+    let target = format!("/release?{}", query.finish());
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -23,6 +23,7 @@ pub const KEYS: &[&str] = &[
     "database_url",
     "database_url_file",
     "election",
+    "elections",
     "id",
     "heartbeat",
     "ttl",
@@ -34,7 +35,12 @@ pub const KEYS: &[&str] = &[
     "app_health",
     "app_health_failures",
     "stop_grace",
+    "spread",
 ];
+
+/// Separates the names of several elections inside one layered value: no
+/// name may hold a control character, so the join is unambiguous.
+const NAME_SEP: char = '\n';
 
 /// The configuration could not be used. Each entry names its key.
 #[derive(Debug, thiserror::Error)]
@@ -98,7 +104,14 @@ pub enum LogFormat {
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub database: DatabaseSource,
+    /// The election this loop runs: the first of [`Settings::elections`]
+    /// until [`Settings::for_election`] picks another.
     pub election: String,
+    /// Every election this daemon runs, in the configured order, without
+    /// repeats; never empty.
+    pub elections: Vec<String>,
+    /// Whether the elections are spread across the live replicas.
+    pub spread: bool,
     pub id: String,
     pub timing: Timing,
     pub listen: SocketAddr,
@@ -162,6 +175,15 @@ impl Env for ProcessEnv {
 }
 
 impl Settings {
+    /// The settings of one of the elections: its name, and its flag file
+    /// with `{election}` filled in.
+    pub fn for_election(&self, name: &str) -> Settings {
+        let mut one = self.clone();
+        one.election = name.to_owned();
+        one.flag_file = self.flag_file.as_deref().map(|p| flag_path(p, name));
+        one
+    }
+
     /// Builds the settings from flags, environment and the config file.
     pub fn load(args: &ConfigArgs, env: &dyn Env) -> Result<Settings, ConfigError> {
         let mut problems = Vec::new();
@@ -215,6 +237,16 @@ fn layer(
         };
         let key = key.to_ascii_lowercase();
         match KEYS.iter().find(|k| **k == key) {
+            Some(&"elections") => {
+                let list: Vec<&str> = value.split(',').map(str::trim).collect();
+                let value = list.join(&NAME_SEP.to_string());
+                if env.var("LEADERD_ELECTION").is_some() {
+                    problems.push(
+                        "LEADERD_ELECTION and LEADERD_ELECTIONS are both set; set one".into(),
+                    );
+                }
+                values.insert("election", Sourced { value, from: name });
+            }
             Some(k) => {
                 values.insert(k, Sourced { value, from: name });
             }
@@ -224,7 +256,10 @@ fn layer(
     let flags = [
         ("database_url", args.database_url.clone()),
         ("database_url_file", args.database_url_file.clone()),
-        ("election", args.election.clone()),
+        (
+            "election",
+            (!args.election.is_empty()).then(|| args.election.join(&NAME_SEP.to_string())),
+        ),
         ("id", args.id.clone()),
         ("heartbeat", args.heartbeat.clone()),
         ("ttl", args.ttl.clone()),
@@ -243,6 +278,14 @@ fn layer(
         ("app_health", args.app_health.clone()),
         ("app_health_failures", args.app_health_failures.clone()),
         ("stop_grace", args.stop_grace.clone()),
+        (
+            "spread",
+            match (args.spread, args.no_spread) {
+                (true, _) => Some("true".to_owned()),
+                (_, true) => Some("false".to_owned()),
+                _ => None,
+            },
+        ),
     ];
     for (key, value) in flags {
         if let Some(value) = value {
@@ -295,6 +338,14 @@ fn read_file(path: &Path) -> Vec<Result<(&'static str, String), String>> {
     };
     let mut entries: Vec<_> = table.into_iter().collect();
     entries.sort_by(|a, b| a.0.cmp(&b.0));
+    let both = ["election", "elections"]
+        .iter()
+        .all(|k| entries.iter().any(|(key, _)| key == k));
+    if both {
+        return vec![Err(format!(
+            "config file {shown}: `election` and `elections` are both set; set one"
+        ))];
+    }
     entries
         .into_iter()
         .map(|(key, value)| {
@@ -304,18 +355,31 @@ fn read_file(path: &Path) -> Vec<Result<(&'static str, String), String>> {
                     KEYS.join(", ")
                 ));
             };
-            let text = if *known == "migrate" {
+            let boolean = matches!(*known, "migrate" | "spread");
+            let text = if boolean {
                 value.into_bool().map(|b| b.to_string())
+            } else if *known == "elections" {
+                value.into_array().and_then(|names| {
+                    let names: Result<Vec<String>, _> =
+                        names.into_iter().map(|n| n.into_string()).collect();
+                    names.map(|n| n.join(&NAME_SEP.to_string()))
+                })
             } else {
                 value.into_string()
             };
+            // One setting under two names: `elections` is the list form.
+            let known = if *known == "elections" {
+                &"election"
+            } else {
+                known
+            };
             text.map(|t| (*known, t)).map_err(|_| {
-                let expected = if *known == "migrate" {
-                    "true or false"
-                } else {
-                    "a string"
+                let expected = match *known {
+                    _ if boolean => "true or false",
+                    "election" if key == "elections" => "a list of strings",
+                    _ => "a string",
                 };
-                format!("config file {shown}: `{known}` must be {expected}")
+                format!("config file {shown}: `{key}` must be {expected}")
             })
         })
         .collect()
@@ -370,7 +434,7 @@ fn validate(
     warnings: Vec<String>,
 ) -> Option<Settings> {
     let database = database_source(layers, env, problems);
-    let election = name_key(layers, "election", || Some("default".into()), problems);
+    let elections = elections_key(layers, problems);
     let id = name_key(layers, "id", || default_id(env), problems);
     let heartbeat = duration_key(layers, "heartbeat", Duration::from_secs(1), problems);
     let ttl = duration_key(layers, "ttl", Duration::from_millis(1200), problems);
@@ -393,38 +457,12 @@ fn validate(
         }
         Some(s) => {
             let path = PathBuf::from(&s.value);
-            // The file is written atomically beside itself: its directory
-            // must exist now, or every grant would fail to announce itself.
-            let dir = match path.parent() {
-                Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-                _ => PathBuf::from("."),
-            };
-            if dir.is_dir() {
-                Some(path)
-            } else {
-                problem(
-                    problems,
-                    "flag_file",
-                    s,
-                    &s.value,
-                    format!("directory {} does not exist", dir.display()),
-                );
-                None
-            }
+            check_flag_file(&path, elections.as_deref(), s, problems)
         }
         None => None,
     };
-    let migrate = match layers.get("migrate") {
-        None => Some(true),
-        Some(s) => match s.value.to_ascii_lowercase().as_str() {
-            "true" | "1" | "yes" | "on" => Some(true),
-            "false" | "0" | "no" | "off" => Some(false),
-            _ => {
-                problem(problems, "migrate", s, &s.value, "expected true or false");
-                None
-            }
-        },
-    };
+    let migrate = bool_key(layers, "migrate", problems);
+    let spread = bool_key(layers, "spread", problems);
     let log_format = match layers.get("log_format").map(|s| (s, s.value.as_str())) {
         None | Some((_, "text")) => Some(LogFormat::Text),
         Some((_, "json")) => Some(LogFormat::Json),
@@ -484,7 +522,9 @@ fn validate(
     }
     Some(Settings {
         database: database?,
-        election: election?,
+        election: elections.as_ref()?.first()?.clone(),
+        elections: elections?,
+        spread: spread?,
         id: id?,
         timing: timing?,
         listen: listen?,
@@ -676,9 +716,15 @@ fn name_key(
     default: impl FnOnce() -> Option<String>,
     problems: &mut Vec<String>,
 ) -> Option<String> {
-    let Some(s) = layers.get(key) else {
-        return default();
-    };
+    match layers.get(key) {
+        Some(s) => check_name(key, s, problems),
+        None => default(),
+    }
+}
+
+/// A name (`id`, an election): 1–100 characters, no control characters, no
+/// outer white space.
+fn check_name(key: &str, s: &Sourced, problems: &mut Vec<String>) -> Option<String> {
     let chars = s.value.chars().count();
     if chars == 0 || chars > MAX_NAME_CHARS {
         problem(
@@ -712,6 +758,92 @@ fn name_key(
     } else {
         Some(s.value.clone())
     }
+}
+
+/// `election` (one name) or `elections` (several; `LEADERD_ELECTIONS=a,b`,
+/// `--election` given more than once): 1–100 characters each, no repeats.
+fn elections_key(layers: &Layers, problems: &mut Vec<String>) -> Option<Vec<String>> {
+    let Some(s) = layers.get("election") else {
+        return Some(vec!["default".into()]);
+    };
+    let mut names: Vec<String> = Vec::new();
+    let mut ok = true;
+    for name in s.value.split(NAME_SEP) {
+        let one = Sourced {
+            value: name.to_owned(),
+            from: s.from.clone(),
+        };
+        match check_name("election", &one, problems) {
+            Some(n) if names.contains(&n) => {
+                problem(problems, "election", &one, name, "is listed twice");
+                ok = false;
+            }
+            Some(n) => names.push(n),
+            None => ok = false,
+        }
+    }
+    ok.then_some(names)
+}
+
+/// A boolean key, `true` when unset.
+fn bool_key(layers: &Layers, key: &str, problems: &mut Vec<String>) -> Option<bool> {
+    match layers.get(key) {
+        None => Some(true),
+        Some(s) => match s.value.to_ascii_lowercase().as_str() {
+            "true" | "1" | "yes" | "on" => Some(true),
+            "false" | "0" | "no" | "off" => Some(false),
+            _ => {
+                problem(problems, key, s, &s.value, "expected true or false");
+                None
+            }
+        },
+    }
+}
+
+/// The flag file's path for `election`: `{election}` filled in.
+fn flag_path(path: &Path, election: &str) -> PathBuf {
+    PathBuf::from(path.to_string_lossy().replace("{election}", election))
+}
+
+/// The flag file of every election: with several, the path must hold
+/// `{election}` (one file cannot say which of them this replica leads), and
+/// each file is written atomically beside itself, so its directory must
+/// exist now, or every grant would fail to announce itself.
+fn check_flag_file(
+    path: &Path,
+    elections: Option<&[String]>,
+    s: &Sourced,
+    problems: &mut Vec<String>,
+) -> Option<PathBuf> {
+    let elections = elections?;
+    if elections.len() > 1 && !s.value.contains("{election}") {
+        problem(
+            problems,
+            "flag_file",
+            s,
+            &s.value,
+            "must contain {election} when several elections are configured (one file per election)",
+        );
+        return None;
+    }
+    for election in elections {
+        let file = flag_path(path, election);
+        let dir = match file.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        if !dir.is_dir() {
+            problem(
+                problems,
+                "flag_file",
+                s,
+                &s.value,
+                format!("directory {} does not exist", dir.display()),
+            );
+            return None;
+        }
+    }
+    Some(path.to_path_buf())
 }
 
 fn duration_key(
@@ -879,6 +1011,92 @@ mod tests {
         }
         assert!(msg.contains("--ttl"), "names the source: {msg}");
         assert!(!msg.contains("hunter2"), "{msg}");
+    }
+
+    #[test]
+    fn several_elections_from_each_source() {
+        let s = load(&["--election", "a", "--election", "b"], &env(&[])).unwrap();
+        assert_eq!(
+            (s.election.as_str(), s.elections.clone()),
+            ("a", vec!["a".into(), "b".into()])
+        );
+        assert!(s.spread);
+        let s = load(&[], &env(&[("LEADERD_ELECTIONS", "mailer, reports,jobs")])).unwrap();
+        assert_eq!(s.elections, ["mailer", "reports", "jobs"]);
+        let (dir, file) = config_file("e.toml", "elections = [\"x\", \"y\"]\nspread = false\n");
+        let s = load(&["--config", file.to_str().unwrap()], &env(&[])).unwrap();
+        assert_eq!(s.elections, ["x", "y"]);
+        assert!(!s.spread);
+        // A flag beats the file.
+        let s = load(
+            &["--config", file.to_str().unwrap(), "--election", "z"],
+            &env(&[]),
+        )
+        .unwrap();
+        assert_eq!(s.elections, ["z"]);
+        std::fs::remove_dir_all(dir).unwrap();
+        let s = load(&["--no-spread"], &env(&[])).unwrap();
+        assert_eq!(
+            (s.elections.clone(), s.spread),
+            (vec!["default".into()], false)
+        );
+    }
+
+    #[test]
+    fn bad_election_lists_are_named() {
+        let msg = problems(&["--election", "a", "--election", "a"], &env(&[]));
+        assert!(
+            msg.contains("`election`") && msg.contains("listed twice"),
+            "{msg}"
+        );
+        let msg = problems(&[], &env(&[("LEADERD_ELECTIONS", "a,,b")]));
+        assert!(
+            msg.contains("LEADERD_ELECTIONS") && msg.contains("1 to 100"),
+            "{msg}"
+        );
+        let both = [("LEADERD_ELECTIONS", "a,b"), ("LEADERD_ELECTION", "c")];
+        assert!(problems(&[], &env(&both)).contains("both set"));
+        let (dir, file) = config_file("b.toml", "election = \"a\"\nelections = [\"b\"]\n");
+        let msg = problems(&["--config", file.to_str().unwrap()], &env(&[]));
+        assert!(msg.contains("both set"), "{msg}");
+        std::fs::remove_dir_all(dir).unwrap();
+        let (dir, file) = config_file("c.yaml", "elections: mailer\n");
+        let msg = problems(&["--config", file.to_str().unwrap()], &env(&[]));
+        assert!(
+            msg.contains("`elections` must be a list of strings"),
+            "{msg}"
+        );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn several_elections_need_a_flag_file_per_election() {
+        let dir = std::env::temp_dir().join(format!("leaderd-flag-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let one = dir.join("leader").to_str().unwrap().to_owned();
+        let msg = problems(
+            &["--election", "a", "--election", "b", "--flag-file", &one],
+            &env(&[]),
+        );
+        assert!(
+            msg.contains("`flag_file`") && msg.contains("{election}"),
+            "{msg}"
+        );
+        let each = dir.join("leader-{election}").to_str().unwrap().to_owned();
+        let argv = ["--election", "a", "--election", "b", "--flag-file", &each];
+        let s = load(&argv, &env(&[])).unwrap();
+        assert_eq!(s.for_election("b").flag_file, Some(dir.join("leader-b")));
+        assert_eq!(s.for_election("b").election, "b");
+        // `{election}` naming a directory that does not exist.
+        let nested = dir
+            .join("{election}")
+            .join("flag")
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let msg = problems(&["--election", "a", "--flag-file", &nested], &env(&[]));
+        assert!(msg.contains("does not exist"), "{msg}");
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{StatusCode, Uri};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, MethodRouter};
@@ -22,7 +22,8 @@ use axum::Extension;
 use futures_util::stream::{self, Stream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::body::{error, leader_fields};
+use crate::body::{election, error, leader_fields, query};
+use crate::daemon::Daemon;
 use crate::election::{Leadership, Shared};
 use crate::server::{ProbeSlot, MAX_CONNECTIONS};
 
@@ -35,19 +36,28 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 #[derive(Clone)]
 struct Watchers {
-    shared: Arc<Shared>,
+    daemon: Arc<Daemon>,
     permits: Arc<Semaphore>,
 }
 
-/// The `/leader/watch` route, with its own cap on open streams.
-pub fn route<S>(shared: Arc<Shared>) -> MethodRouter<S> {
+/// The `/leader/watch` route (`?election=NAME`, else the first), with its
+/// own cap on open streams, whatever election they watch.
+pub fn route<S>(daemon: Arc<Daemon>) -> MethodRouter<S> {
     get(watch).with_state(Watchers {
-        shared,
+        daemon,
         permits: Arc::new(Semaphore::new(MAX_WATCHERS)),
     })
 }
 
-async fn watch(State(w): State<Watchers>, probe: Option<Extension<ProbeSlot>>) -> Response {
+async fn watch(
+    State(w): State<Watchers>,
+    probe: Option<Extension<ProbeSlot>>,
+    uri: Uri,
+) -> Response {
+    let shared = match query(&uri, &[]).and_then(|q| election(&w.daemon, &q)) {
+        Ok(s) => s.clone(),
+        Err(refusal) => return refusal.into_response(),
+    };
     if probe.is_some() {
         return error(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -60,7 +70,7 @@ async fn watch(State(w): State<Watchers>, probe: Option<Extension<ProbeSlot>>) -
             "too many watchers; poll /leader instead",
         );
     };
-    Sse::new(events(w.shared, permit))
+    Sse::new(events(shared, permit))
         .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
         .into_response()
 }

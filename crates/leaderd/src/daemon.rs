@@ -1,0 +1,93 @@
+//! The daemon's elections: one [`Shared`] per configured election, in the
+//! configured order, and what is answered for all of them together
+//! (`/healthz`, `/readyz`, `/metrics`, `GET /elections`).
+//!
+//! Each election keeps its own row, token, deadline and metric series; the
+//! HTTP handlers pick one by name (`?election=NAME`), or the first when no
+//! name is given, so a daemon with one election answers as it always did.
+
+use std::sync::Arc;
+
+use prometheus::proto::MetricFamily;
+
+use crate::election::Shared;
+use crate::settings::Settings;
+
+#[derive(Debug)]
+pub struct Daemon {
+    elections: Vec<Arc<Shared>>,
+}
+
+/// No election of that name runs here: the message names it and the ones
+/// that do.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown election {name:?} (this daemon runs: {known})")]
+pub struct UnknownElection {
+    name: String,
+    known: String,
+}
+
+impl Daemon {
+    pub fn new(settings: &Settings) -> Self {
+        let elections = settings
+            .elections
+            .iter()
+            .map(|name| Arc::new(Shared::new(&settings.for_election(name))))
+            .collect();
+        Self { elections }
+    }
+
+    /// Every election, in the configured order (never empty).
+    pub fn all(&self) -> &[Arc<Shared>] {
+        &self.elections
+    }
+
+    /// The first election: what is answered when no name is given.
+    pub fn first(&self) -> &Arc<Shared> {
+        &self.elections[0]
+    }
+
+    /// The election called `name`, or the first when `None`.
+    pub fn find(&self, name: Option<&str>) -> Result<&Arc<Shared>, UnknownElection> {
+        let Some(name) = name else {
+            return Ok(self.first());
+        };
+        self.elections
+            .iter()
+            .find(|s| s.election == name)
+            .ok_or_else(|| UnknownElection {
+                name: name.to_owned(),
+                known: self
+                    .elections
+                    .iter()
+                    .map(|s| s.election.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })
+    }
+
+    /// Every election's loop makes progress.
+    pub fn healthy(&self) -> bool {
+        self.elections.iter().all(|s| s.healthy())
+    }
+
+    /// Every election reached the database lately.
+    pub fn db_up(&self) -> bool {
+        self.elections.iter().all(|s| s.db_up())
+    }
+
+    /// Prometheus text for every election: one family per metric name, one
+    /// series per election (a name must not appear twice in one scrape).
+    pub fn render_metrics(&self) -> String {
+        let mut families: Vec<MetricFamily> = Vec::new();
+        for shared in &self.elections {
+            for mut family in shared.metrics.gather(&shared.view(), shared.db_up()) {
+                match families.iter_mut().find(|f| f.name() == family.name()) {
+                    Some(f) => f.mut_metric().extend(family.take_metric()),
+                    None => families.push(family),
+                }
+            }
+        }
+        crate::metrics::encode(&families)
+    }
+}
