@@ -24,6 +24,16 @@ pub fn intervals(daemon: &Daemon) -> Vec<Interval> {
     intervals_from(&daemon.id, &daemon.log_events())
 }
 
+/// Leadership intervals of one election of a daemon that runs several.
+pub fn intervals_of(daemon: &Daemon, election: &str) -> Vec<Interval> {
+    let events: Vec<Value> = daemon
+        .log_events()
+        .into_iter()
+        .filter(|e| e["election"] == election)
+        .collect();
+    intervals_from(&daemon.id, &events)
+}
+
 /// Leadership intervals from the JSON log `events` of replica `id`.
 pub fn intervals_from(id: &str, events: &[Value]) -> Vec<Interval> {
     let mut out = Vec::new();

@@ -539,6 +539,22 @@ impl Launch {
         self
     }
 
+    /// Runs these elections (`--election` for each), with a flag file per
+    /// election: `{stem}-{election}.flag`.
+    pub fn elections(mut self, names: &[&str]) -> Self {
+        let one = self.flag.to_str().expect("utf-8 path").to_owned();
+        let each = one.replace(".flag", "-{election}.flag");
+        for a in &mut self.args {
+            if *a == one {
+                *a = each.clone();
+            }
+        }
+        for name in names {
+            self.args.extend(["--election".into(), (*name).into()]);
+        }
+        self
+    }
+
     /// Puts stderr on a pipe that nobody reads, as a stalled log collector
     /// leaves it: once the pipe is full, every write to it blocks. The log
     /// file stays empty.
@@ -611,6 +627,21 @@ impl Daemon {
             format!("POST /release{query} HTTP/1.1\r\nHost: x\r\nLeaderd-Release: 1\r\nConnection: close\r\n\r\n");
         let reply = http_raw(self.port, request.as_bytes());
         assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    }
+
+    /// `GET /elections`: the elections this daemon leads now, by name;
+    /// `None` when it does not answer.
+    pub fn leading(&self) -> Option<Vec<String>> {
+        let (200, body) = http_get(self.port, "/elections")? else {
+            return None;
+        };
+        let list: Vec<Value> = serde_json::from_str(&body).ok()?;
+        Some(
+            list.iter()
+                .filter(|v| v["is_leader"] == true)
+                .filter_map(|v| v["election"].as_str().map(str::to_owned))
+                .collect(),
+        )
     }
 
     /// Whether `/leader` answers 200 now.

@@ -13,7 +13,10 @@
 //!   app) competes again, if at all, as a new instance: its release statement
 //!   may still be in flight, and must never free a later lease of its own
 //!   (that replica would lead on a row the database calls free). It does not
-//!   attempt until its hold ends, nor at all while its app is unhealthy.
+//!   attempt until its hold ends, nor at all while its app is unhealthy;
+//! - a follower told to yield (see `spread`) attempts a free or expiring row
+//!   one heartbeat late, so that a replica below its share takes it first,
+//!   and still takes it if nobody does.
 
 use std::time::Duration;
 
@@ -140,6 +143,8 @@ pub struct Engine {
     hold_until: Option<BootTime>,
     /// Whether this replica competes (its app is healthy).
     competing: bool,
+    /// Whether a free row is left to others for a heartbeat (see `spread`).
+    yielding: bool,
     /// Instances this replica used before (see [`Engine::release`]): a row
     /// that carries one of them is ours, not a duplicate id's.
     past_instances: Vec<String>,
@@ -186,6 +191,7 @@ impl Engine {
             expired_refusals: 0,
             hold_until: None,
             competing: true,
+            yielding: false,
             past_instances: Vec::new(),
         }
     }
@@ -335,6 +341,25 @@ impl Engine {
         self.release(now, Duration::ZERO, fresh_instance)
     }
 
+    /// Whether to leave free rows to others for a heartbeat (see `spread`).
+    /// Ending a yield attempts at once: what was put off is due.
+    pub fn set_yielding(&mut self, now: BootTime, yielding: bool) {
+        if self.yielding && !yielding {
+            self.next_attempt = self.next_attempt.min(now);
+        }
+        self.yielding = yielding;
+    }
+
+    /// How much later than it otherwise would a follower attempts a row
+    /// that will be free by then.
+    fn yield_delay(&self) -> Duration {
+        if self.yielding {
+            self.timing.heartbeat()
+        } else {
+            Duration::ZERO
+        }
+    }
+
     /// Client-side timeout for an attempt sent at `now`: for a leader's
     /// renewal, the local lease it would grant (counted from `now`, so an
     /// answer later than that could not be used anyway), else one heartbeat.
@@ -375,7 +400,7 @@ impl Engine {
     /// A release notification for this election arrived: attempt at once.
     pub fn on_release_notice(&mut self, now: BootTime) {
         if !self.is_leader(now) {
-            self.next_attempt = self.next_attempt.min(now);
+            self.next_attempt = self.next_attempt.min(now + self.yield_delay());
         }
     }
 
@@ -451,7 +476,13 @@ impl Engine {
                 } else {
                     remaining + EXPIRY_SLACK
                 };
-                self.next_attempt = received_at + wait.min(self.timing.heartbeat());
+                // Free by the next attempt: a yielding replica comes late.
+                let late = if wait <= self.timing.heartbeat() {
+                    self.yield_delay()
+                } else {
+                    Duration::ZERO
+                };
+                self.next_attempt = received_at + wait.min(self.timing.heartbeat()) + late;
                 self.other = match seen.holder {
                     Some(holder) if seen.remaining_us > 0 => Some(OtherHolder {
                         holder,
@@ -470,7 +501,9 @@ impl Engine {
                     });
                 }
                 self.other = None;
-                self.next_attempt = received_at + self.timing.ttl().min(self.timing.heartbeat());
+                self.next_attempt = received_at
+                    + self.timing.ttl().min(self.timing.heartbeat())
+                    + self.yield_delay();
             }
         }
         events
@@ -531,6 +564,42 @@ mod tests {
             token,
             remaining_us: remaining_ms * 1000,
         })
+    }
+
+    #[test]
+    fn a_yielding_follower_comes_a_heartbeat_late_to_a_free_row_and_still_comes() {
+        let mut e = engine();
+        e.set_yielding(at(0), true);
+        // Held for 300 ms more: attempt at its expiry plus a heartbeat.
+        e.on_attempt(at(0), at(10), refused("pod-b", 4, 300));
+        assert!(!e.attempt_due(at(1310)));
+        assert!(e.attempt_due(at(1311)));
+        // Held for longer than a heartbeat: poll as usual, not late.
+        e.on_attempt(at(1311), at(1320), refused("pod-b", 4, 5000));
+        assert!(e.attempt_due(at(2320)));
+        // Released: a notice does not bring the next poll (3,330) forward.
+        e.on_attempt(at(2320), at(2330), refused("pod-b", 4, 5000));
+        e.on_release_notice(at(2400));
+        assert!(!e.attempt_due(at(3329)));
+        assert!(e.attempt_due(at(3330)));
+        // Expired, lost a race: retried late, not in 10 ms.
+        e.on_attempt(at(3330), at(3340), refused("pod-b", 4, -5));
+        assert!(!e.attempt_due(at(3500)));
+        assert!(e.attempt_due(at(4350)));
+    }
+
+    #[test]
+    fn ending_a_yield_attempts_at_once_and_a_leader_is_not_slowed() {
+        let mut e = engine();
+        e.set_yielding(at(0), true);
+        e.on_attempt(at(0), at(10), refused("pod-b", 4, 300));
+        e.set_yielding(at(50), false);
+        assert!(e.attempt_due(at(50)));
+        // A leader renews on its schedule whatever the yield.
+        let mut e = engine();
+        e.on_attempt(at(0), at(5), Attempt::Granted { token: 7 });
+        e.set_yielding(at(6), true);
+        assert!(e.attempt_due(at(400)));
     }
 
     #[test]

@@ -13,6 +13,7 @@
 
 mod child;
 mod engine;
+pub mod spread;
 mod time;
 
 pub use child::{ChildAction, ChildTimer, StopGraceError};

@@ -65,6 +65,8 @@ pub enum Control {
     },
     /// The app passes (or fails) its health check.
     AppHealthy(bool),
+    /// Leave free rows to others for a heartbeat, or stop (see `spread`).
+    Yield(bool),
 }
 
 /// State shared by the election loop and the HTTP handlers.
@@ -487,6 +489,7 @@ impl Loop {
                     self.step_down(step_down).await;
                 }
             }
+            Control::Yield(yielding) => self.shared.engine().set_yielding(now, yielding),
         }
     }
 

@@ -22,6 +22,7 @@ mod release;
 mod server;
 mod settings;
 mod signals;
+mod spread;
 mod wakeups;
 mod watch;
 
@@ -194,6 +195,11 @@ async fn run(settings: Settings, command: Option<Vec<OsString>>) -> anyhow::Resu
             })
         })
         .collect();
+    let spread = tokio::spawn(spread::run(
+        daemon.clone(),
+        settings.clone(),
+        shutdown.clone(),
+    ));
     let outcome = match command {
         None => None,
         // Here, on the main thread: see `exec` on the parent-death signal.
@@ -209,7 +215,8 @@ async fn run(settings: Settings, command: Option<Vec<OsString>>) -> anyhow::Resu
         ),
     };
     let mut failed = None;
-    for election in futures_util::future::join_all(loops).await {
+    let (loops, _) = tokio::join!(futures_util::future::join_all(loops), spread);
+    for election in loops {
         if let Err(e) = election {
             failed = Some(e);
         }
@@ -242,10 +249,12 @@ async fn migrate(settings: Settings) -> anyhow::Result<()> {
 
 async fn status(settings: Settings, json: bool) -> anyhow::Result<()> {
     let mut conn = connect(&settings).await?;
-    let rows = conn
+    let mut rows = conn
         .elections()
         .await
         .context("cannot read service_leader_lock")?;
+    // The spread's presence rows are not elections.
+    rows.retain(|r| !r.name.starts_with(leaderd_core::spread::PRESENCE_PREFIX));
     if json {
         let list: Vec<_> = rows
             .iter()

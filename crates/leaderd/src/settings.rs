@@ -13,6 +13,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use leaderd_core::spread::PRESENCE_PREFIX;
 use leaderd_core::{Timing, MAX_NAME_CHARS};
 use leaderd_store::DatabaseUrl;
 
@@ -774,6 +775,11 @@ fn elections_key(layers: &Layers, problems: &mut Vec<String>) -> Option<Vec<Stri
             from: s.from.clone(),
         };
         match check_name("election", &one, problems) {
+            Some(n) if n.starts_with(PRESENCE_PREFIX) => {
+                let why = format!("names starting with {PRESENCE_PREFIX:?} are leaderd's own");
+                problem(problems, "election", &one, name, why);
+                ok = false;
+            }
             Some(n) if names.contains(&n) => {
                 problem(problems, "election", &one, name, "is listed twice");
                 ok = false;

@@ -1,0 +1,234 @@
+//! The spread adapter: keeps this daemon's presence row, reads who else is
+//! live and what each leads, and carries out [`leaderd_core::spread::plan`]
+//! through the election loops (a yield, or a release with a hold). The rule
+//! itself is in `leaderd-core`; this is only the I/O around it.
+//!
+//! Presence is a row of the lock table named
+//! `leaderd-presence/<group>/<replica>`, leased like an election (so judged
+//! by the database's clock, and held by this process instance only), renewed
+//! every renew interval and released at shutdown. `<group>` is a hash of the
+//! set of elections, so daemons that run different sets do not count one
+//! another. A daemon whose app fails its health check keeps no presence (it
+//! is not waiting for anything). With one election, or `spread = false`,
+//! nothing of this runs.
+//!
+//! Nothing here can make two leaders: a yield only delays attempts, and a
+//! hand-over is the ordinary release. A daemon that cannot read the table
+//! stops yielding, so balance never costs an election its leader.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use leaderd_core::spread::{plan, PRESENCE_PREFIX};
+use leaderd_core::{Attempt, BootTime};
+use leaderd_store::{Connection, ElectionRow, LeaseRequest};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info};
+
+use crate::clock::boot_now;
+use crate::daemon::Daemon;
+use crate::election::Control;
+use crate::settings::Settings;
+
+/// How long shutdown gives the presence release: with the loops' own
+/// budgets, shutdown stays within the spec's 2 s.
+const RELEASE_BUDGET: Duration = Duration::from_millis(300);
+
+/// The group's presence rows start with this.
+fn group_prefix(elections: &[String]) -> String {
+    let mut sorted: Vec<&str> = elections.iter().map(String::as_str).collect();
+    sorted.sort_unstable();
+    format!(
+        "{PRESENCE_PREFIX}{:016x}/",
+        fnv1a(sorted.join("\n").as_bytes())
+    )
+}
+
+/// A stable hash (FNV-1a, 64 bits): the same in every build and process,
+/// unlike std's hasher.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Runs until `shutdown`; returns at once when there is nothing to spread.
+pub async fn run(daemon: Arc<Daemon>, settings: Settings, shutdown: CancellationToken) {
+    if !settings.spread || settings.elections.len() < 2 {
+        return;
+    }
+    let prefix = group_prefix(&settings.elections);
+    let mut spread = Spread {
+        presence_name: format!("{prefix}{:016x}", fnv1a(settings.id.as_bytes())),
+        prefix,
+        instance: uuid::Uuid::new_v4().to_string(),
+        held_token: None,
+        conn: None,
+        yielding: vec![false; daemon.all().len()],
+        last_hand_over: None,
+        daemon,
+        settings,
+    };
+    let every = spread.settings.timing.renew_every();
+    loop {
+        if let Err(e) = spread.round().await {
+            debug!(error = %e, "spread: cannot read the table; not yielding");
+            spread.conn = None;
+            spread.held_token = None;
+            spread.set_yielding(false).await;
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            () = tokio::time::sleep(every) => {}
+        }
+    }
+    spread.leave().await;
+}
+
+struct Spread {
+    daemon: Arc<Daemon>,
+    settings: Settings,
+    prefix: String,
+    presence_name: String,
+    instance: String,
+    /// The presence row's token while this instance holds it.
+    held_token: Option<i64>,
+    conn: Option<Connection>,
+    /// What each election's loop was last told.
+    yielding: Vec<bool>,
+    last_hand_over: Option<BootTime>,
+}
+
+impl Spread {
+    /// One look at the table: renew the presence, plan, act.
+    async fn round(&mut self) -> Result<(), String> {
+        let limit = self.settings.timing.heartbeat();
+        let timed = |what: &'static str| move |_| format!("{what} timed out after {limit:?}");
+        if self.conn.is_none() {
+            let url = self.settings.database.resolve()?;
+            let conn = tokio::time::timeout(limit, Connection::connect(&url))
+                .await
+                .map_err(timed("connecting"))?
+                .map_err(|e| e.to_string())?;
+            self.conn = Some(conn);
+        }
+        let conn = self.conn.as_mut().expect("connected above");
+        if self.daemon.first().app_healthy() {
+            let req = LeaseRequest {
+                election: &self.presence_name,
+                holder: &self.settings.id,
+                instance: &self.instance,
+                ttl: self.settings.timing.ttl(),
+                held_token: self.held_token,
+            };
+            let answer = tokio::time::timeout(limit, conn.acquire_or_renew(&req))
+                .await
+                .map_err(timed("renewing the presence"))?
+                .map_err(|e| e.to_string())?;
+            self.held_token = match answer {
+                Attempt::Granted { token } => Some(token),
+                Attempt::Refused(_) | Attempt::Created => None,
+            };
+        } else if self.held_token.take().is_some() {
+            // Not waiting for anything: others must not hand over to us.
+            let _ = conn.release(&self.presence_name, &self.instance).await;
+        }
+        let rows = tokio::time::timeout(limit, conn.elections())
+            .await
+            .map_err(timed("reading the table"))?
+            .map_err(|e| e.to_string())?;
+        self.act(&rows).await;
+        Ok(())
+    }
+
+    /// Plans on what the table showed and tells the loops.
+    async fn act(&mut self, rows: &[ElectionRow]) {
+        let id = self.settings.id.as_str();
+        let peers: Vec<(&str, usize)> = rows
+            .iter()
+            .filter(|r| r.name.starts_with(&self.prefix))
+            .filter_map(ElectionRow::live_holder)
+            .filter(|holder| *holder != id)
+            .map(|peer| {
+                let leads = rows
+                    .iter()
+                    .filter(|r| self.settings.elections.contains(&r.name))
+                    .filter(|r| r.live_holder() == Some(peer))
+                    .count();
+                (peer, leads)
+            })
+            .collect();
+        let leading: Vec<usize> = (0..self.daemon.all().len())
+            .filter(|&i| self.daemon.all()[i].view().is_leader)
+            .collect();
+        let p = plan(self.settings.elections.len(), id, leading.len(), &peers);
+        let peer_counts: Vec<usize> = peers.iter().map(|&(_, n)| n).collect();
+        self.set_yielding(p.yield_free).await;
+        let now = boot_now();
+        let t = self.settings.timing;
+        let cooled = self
+            .last_hand_over
+            .is_none_or(|at| now.saturating_since(at) >= t.ttl() + t.heartbeat());
+        if p.hand_over == 0 || !cooled {
+            return;
+        }
+        self.last_hand_over = Some(now);
+        info!(
+            leading = leading.len(),
+            share = p.share,
+            peers = ?peer_counts,
+            hand_over = p.hand_over,
+            "handing elections over to a replica below its share"
+        );
+        // The last ones led, in the configured order; each loop releases
+        // its own row and holds off, so the replica below takes it.
+        let hold = t.heartbeat() * 2;
+        for &i in leading.iter().rev().take(p.hand_over) {
+            let shared = self.daemon.all()[i].clone();
+            tokio::spawn(async move {
+                let (reply, _answer) = tokio::sync::oneshot::channel();
+                shared.control(Control::Release { hold, reply }).await;
+            });
+        }
+    }
+
+    /// Tells every loop whether to yield, when that changed.
+    async fn set_yielding(&mut self, yielding: bool) {
+        for (i, shared) in self.daemon.all().iter().enumerate() {
+            if self.yielding[i] != yielding && shared.control(Control::Yield(yielding)).await {
+                self.yielding[i] = yielding;
+            }
+        }
+    }
+
+    /// Frees the presence row so the others count this daemon out at once.
+    async fn leave(&mut self) {
+        let (Some(conn), Some(_)) = (self.conn.as_mut(), self.held_token) else {
+            return;
+        };
+        let released = tokio::time::timeout(
+            RELEASE_BUDGET,
+            conn.release(&self.presence_name, &self.instance),
+        )
+        .await;
+        debug!(released = ?released.map(|r| r.map_err(|e| e.to_string())), "spread: presence let go");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_group_is_the_set_of_elections_whatever_the_order() {
+        let a = group_prefix(&["mailer".into(), "reports".into()]);
+        let b = group_prefix(&["reports".into(), "mailer".into()]);
+        let c = group_prefix(&["mailer".into()]);
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert!(a.starts_with(PRESENCE_PREFIX) && a.len() <= 40, "{a}");
+        // Fixed across builds: daemons of different versions must agree.
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+}
