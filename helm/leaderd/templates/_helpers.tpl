@@ -37,8 +37,15 @@ Usage: initContainers:
         fieldRef:
           fieldPath: metadata.name
     {{- end }}
+    {{- if .Values.elections }}
+    - name: LEADERD_ELECTIONS
+      value: {{ join "," .Values.elections | quote }}
+    - name: LEADERD_SPREAD
+      value: {{ .Values.spread | quote }}
+    {{- else }}
     - name: LEADERD_ELECTION
       value: {{ .Values.election | quote }}
+    {{- end }}
     - name: LEADERD_DATABASE_URL_FILE
       value: /var/run/secrets/leaderd/{{ .Values.database.secretKey }}
     - name: LEADERD_LISTEN
