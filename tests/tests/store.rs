@@ -447,6 +447,11 @@ macro_rules! conformance {
                 super::names_differ_by_trailing_space(&db.url).await;
             }
             #[tokio::test]
+            async fn a_batch_answers_each_election_as_alone() {
+                let db: TempDb = $make;
+                super::a_batch_answers_each_election_as_alone(&db.url).await;
+            }
+            #[tokio::test]
             async fn renewal_checks_the_held_token() {
                 let db: TempDb = $make;
                 super::renewal_checks_the_held_token(&db.url).await;
@@ -463,6 +468,82 @@ macro_rules! conformance {
             }
         }
     };
+}
+
+/// Several elections in one call: each answered as it would be alone —
+/// created, granted, refused naming the holder, renewed with its token, a
+/// renewal of a lease no longer held refused — and released together.
+pub async fn a_batch_answers_each_election_as_alone(url: &str) {
+    let mut a = migrated(url).await;
+    let mut b = connect(url).await;
+    let names = ["e1", "e2", "e3", "e4"];
+    let reqs: Vec<LeaseRequest<'_>> = names.iter().map(|n| req(n, "a", "ia")).collect();
+    let first = a.acquire_or_renew_many(&reqs).await.unwrap();
+    assert!(
+        first.iter().all(|r| matches!(r, Ok(Attempt::Created))),
+        "{first:?}"
+    );
+    // B takes e4 once the rows are no longer blocked.
+    let t4 = acquire(&mut b, &req("e4", "b", "ib"), TTL * 3).await;
+    let deadline = Instant::now() + TTL * 3;
+    let tokens = loop {
+        let answers = a.acquire_or_renew_many(&reqs[..3]).await.unwrap();
+        let granted: Vec<i64> = answers
+            .iter()
+            .filter_map(|r| match r {
+                Ok(Attempt::Granted { token }) => Some(*token),
+                _ => None,
+            })
+            .collect();
+        if granted.len() == 3 {
+            break granted;
+        }
+        assert!(Instant::now() < deadline, "not all granted: {answers:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    // Renew all three and try e4, held by b, in one call.
+    let mut next: Vec<LeaseRequest<'_>> = reqs
+        .iter()
+        .zip(&tokens)
+        .map(|(r, t)| LeaseRequest {
+            held_token: Some(*t),
+            ..*r
+        })
+        .collect();
+    next.push(req("e4", "a", "ia"));
+    let answers = a.acquire_or_renew_many(&next).await.unwrap();
+    for (answer, token) in answers.iter().zip(&tokens) {
+        assert_eq!(
+            answer.as_ref().unwrap(),
+            &Attempt::Granted { token: *token }
+        );
+    }
+    let seen = refused(answers[3].as_ref().unwrap().clone());
+    assert_eq!((seen.holder.as_deref(), seen.token), (Some("b"), t4));
+    // e2 released by a, taken by b: a's renewal of it is refused, the
+    // others still renew.
+    assert_eq!(a.release_many(&[("e2", "ia")]).await.unwrap(), [true]);
+    let t2 = acquire(&mut b, &req("e2", "b", "ib"), TTL).await;
+    let answers = a.acquire_or_renew_many(&next[..3]).await.unwrap();
+    assert_eq!(
+        answers[0].as_ref().unwrap(),
+        &Attempt::Granted { token: tokens[0] }
+    );
+    let seen = refused(answers[1].as_ref().unwrap().clone());
+    assert_eq!((seen.holder.as_deref(), seen.token), (Some("b"), t2));
+    assert_eq!(
+        answers[2].as_ref().unwrap(),
+        &Attempt::Granted { token: tokens[2] }
+    );
+    // Released together; only what each instance holds.
+    let released = a
+        .release_many(&[("e1", "ia"), ("e2", "ia"), ("e3", "ia"), ("e4", "ib")])
+        .await
+        .unwrap();
+    assert_eq!(released, [true, false, true, true]);
+    let rows = a.elections().await.unwrap();
+    let holders: Vec<Option<&str>> = rows.iter().map(|r| r.live_holder()).collect();
+    assert_eq!(holders, [None, Some("b"), None, None], "{rows:?}");
 }
 
 fn delete_rows(db: &TempDb) {

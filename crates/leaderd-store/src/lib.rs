@@ -279,6 +279,45 @@ impl Connection {
         }
     }
 
+    /// Acquire-or-renew for several elections at once (distinct names, one
+    /// ttl): the outcome of each, in order. A statement that fails fails
+    /// them all (the outer error); a row's own refusal to be written (its
+    /// lock held elsewhere: [`StoreError::Busy`]) is that request's alone.
+    ///
+    /// PostgreSQL renews every held lease in one statement and attempts the
+    /// rest in one more (see `pg`). MySQL and SQLite run the requests one
+    /// after the other on this connection: still one connection, not yet
+    /// one statement.
+    pub async fn acquire_or_renew_many(
+        &mut self,
+        reqs: &[LeaseRequest<'_>],
+    ) -> Result<Vec<Result<Attempt, StoreError>>, StoreError> {
+        if let Connection::Postgres(c) = self {
+            return c.acquire_or_renew_many(reqs).await;
+        }
+        let mut out = Vec::with_capacity(reqs.len());
+        for req in reqs {
+            match self.acquire_or_renew(req).await {
+                Err(e) if !matches!(e, StoreError::Busy) => return Err(e),
+                one => out.push(one),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Releases several elections (each by its instance) at once; whether
+    /// each was released. One statement on PostgreSQL, one each elsewhere.
+    pub async fn release_many(&mut self, items: &[(&str, &str)]) -> Result<Vec<bool>, StoreError> {
+        if let Connection::Postgres(c) = self {
+            return c.release_many(items).await;
+        }
+        let mut out = Vec::with_capacity(items.len());
+        for (election, instance) in items {
+            out.push(self.release(election, instance).await?);
+        }
+        Ok(out)
+    }
+
     /// Releases the lease if `instance` holds it; returns whether it did.
     pub async fn release(&mut self, election: &str, instance: &str) -> Result<bool, StoreError> {
         match self {

@@ -124,6 +124,77 @@ const RELEASE: &str = "WITH r AS (UPDATE service_leader_lock SET holder = NULL, 
     SELECT count(pg_notify('leaderd', r.name)) FROM r";
 const RELEASE_TYPES: &[Type] = &[Type::VARCHAR, Type::VARCHAR];
 
+/// [`RENEW`] for several elections in one statement: the renewed rows'
+/// names and tokens. Binds: names, instances, tokens (arrays, one element
+/// per election), ttl in microseconds. `SKIP LOCKED` never waits, so two
+/// daemons' batches cannot deadlock on each other's rows.
+const RENEW_MANY: &str = "\
+WITH i AS (SELECT * FROM unnest($1::varchar[], $2::varchar[], $3::bigint[]) AS i(name, inst, token)),
+c AS (
+  SELECT l.id FROM service_leader_lock l JOIN i
+      ON l.name = i.name AND l.instance = i.inst AND l.token = i.token
+   WHERE l.expires_at > now()
+   FOR UPDATE OF l SKIP LOCKED
+)
+UPDATE service_leader_lock l SET renewed_at = now(),
+  expires_at = GREATEST(l.expires_at, now() + $4 * INTERVAL '1 microsecond')
+FROM c WHERE l.id = c.id RETURNING l.name, l.token";
+const RENEW_MANY_TYPES: &[Type] = &[
+    Type::VARCHAR_ARRAY,
+    Type::VARCHAR_ARRAY,
+    Type::INT8_ARRAY,
+    Type::INT8,
+];
+
+/// [`ACQUIRE_OR_RENEW`] for several elections in one statement: one row per
+/// election that exists, granted or not, with its name; a missing election
+/// has no row. Binds: names, instances, holders (arrays), ttl in
+/// microseconds.
+const ACQUIRE_MANY: &str = "\
+WITH p AS (SELECT * FROM unnest($1::varchar[], $2::varchar[], $3::varchar[]) AS p(name, inst, holder)),
+c AS (
+  SELECT l.id, p.name FROM service_leader_lock l JOIN p ON l.name = p.name
+   WHERE l.expires_at <= now() OR l.instance = p.inst
+   FOR UPDATE OF l SKIP LOCKED
+),
+u AS (
+  UPDATE service_leader_lock l SET
+    token = CASE WHEN l.instance = p.inst AND l.expires_at > now() THEN l.token ELSE l.token + 1 END,
+    acquired_at = CASE WHEN l.instance = p.inst AND l.expires_at > now() THEN l.acquired_at ELSE now() END,
+    holder = p.holder,
+    instance = p.inst,
+    renewed_at = now(),
+    expires_at = GREATEST(l.expires_at, now() + $4 * INTERVAL '1 microsecond')
+  FROM c JOIN p ON p.name = c.name
+  WHERE l.id = c.id
+  RETURNING l.name, l.holder, l.instance, l.token, l.expires_at
+)
+SELECT TRUE, u.name, u.holder, u.instance, u.token,
+       (EXTRACT(EPOCH FROM u.expires_at - now()) * 1000000)::bigint
+  FROM u
+UNION ALL
+SELECT FALSE, l.name, l.holder, l.instance, l.token,
+       (EXTRACT(EPOCH FROM l.expires_at - now()) * 1000000)::bigint
+  FROM service_leader_lock l JOIN p ON l.name = p.name
+ WHERE NOT EXISTS (SELECT 1 FROM u WHERE u.name = l.name)";
+const ACQUIRE_MANY_TYPES: &[Type] = &[
+    Type::VARCHAR_ARRAY,
+    Type::VARCHAR_ARRAY,
+    Type::VARCHAR_ARRAY,
+    Type::INT8,
+];
+
+/// [`RELEASE`] for several elections in one statement: the names released
+/// (each notified).
+const RELEASE_MANY: &str = "\
+WITH p AS (SELECT * FROM unnest($1::varchar[], $2::varchar[]) AS p(name, inst)),
+r AS (
+  UPDATE service_leader_lock l SET holder = NULL, instance = NULL, expires_at = now()
+    FROM p WHERE l.name = p.name AND l.instance = p.inst RETURNING l.name
+)
+SELECT r.name, pg_notify('leaderd', r.name) IS NULL FROM r";
+const RELEASE_MANY_TYPES: &[Type] = &[Type::VARCHAR_ARRAY, Type::VARCHAR_ARRAY];
+
 const ELECTIONS: &str = "SELECT name, holder, token, \
     (EXTRACT(EPOCH FROM expires_at - now()) * 1000000)::bigint \
     FROM service_leader_lock ORDER BY name";
@@ -498,6 +569,119 @@ impl PgStore {
         } else {
             crate::refusal(req, seen)
         }
+    }
+
+    /// Acquire-or-renew for several elections (distinct names, one ttl):
+    /// the renewals in one statement; the others, and any renewal that did
+    /// not match (lost, or its row locked), in a second; a missing row is
+    /// created. So a leader's renewal of every election it holds is one
+    /// round trip, as one election's is. One request runs as
+    /// [`PgStore::acquire_or_renew`] does.
+    pub(crate) async fn acquire_or_renew_many(
+        &mut self,
+        reqs: &[LeaseRequest<'_>],
+    ) -> Result<Vec<Result<Attempt, StoreError>>, StoreError> {
+        if let [one] = reqs {
+            return Ok(vec![self.acquire_or_renew(one).await]);
+        }
+        let mut out: Vec<Option<Result<Attempt, StoreError>>> = reqs.iter().map(|_| None).collect();
+        let index = |name: &str| reqs.iter().position(|r| r.election == name);
+        let ttl_us = reqs.first().map_or(0, LeaseRequest::ttl_us);
+        let renewing: Vec<&LeaseRequest<'_>> =
+            reqs.iter().filter(|r| r.held_token.is_some()).collect();
+        if !renewing.is_empty() {
+            let names: Vec<&str> = renewing.iter().map(|r| r.election).collect();
+            let insts: Vec<&str> = renewing.iter().map(|r| r.instance).collect();
+            let tokens: Vec<i64> = renewing.iter().filter_map(|r| r.held_token).collect();
+            let rows = self
+                .query(
+                    RENEW_MANY,
+                    RENEW_MANY_TYPES,
+                    &[&names, &insts, &tokens, &ttl_us],
+                )
+                .await?;
+            for row in rows {
+                let (name, token): (String, i64) = (row.try_get(0)?, row.try_get(1)?);
+                let Some(i) = index(&name) else { continue };
+                // As in the single renewal: only the token held is a grant.
+                out[i] = Some(if Some(token) == reqs[i].held_token {
+                    Ok(Attempt::Granted { token })
+                } else {
+                    Err(StoreError::Local(format!(
+                        "a renewal answered token {token}, not the token held"
+                    )))
+                });
+            }
+        }
+        let rest: Vec<usize> = (0..reqs.len()).filter(|&i| out[i].is_none()).collect();
+        if rest.is_empty() {
+            return Ok(out.into_iter().flatten().collect());
+        }
+        let names: Vec<&str> = rest.iter().map(|&i| reqs[i].election).collect();
+        let insts: Vec<&str> = rest.iter().map(|&i| reqs[i].instance).collect();
+        let holders: Vec<&str> = rest.iter().map(|&i| reqs[i].holder).collect();
+        let rows = self
+            .query(
+                ACQUIRE_MANY,
+                ACQUIRE_MANY_TYPES,
+                &[&names, &insts, &holders, &ttl_us],
+            )
+            .await?;
+        for row in rows {
+            let name: String = row.try_get(1)?;
+            let Some(i) = index(&name) else { continue };
+            let req = &reqs[i];
+            let seen = observed((
+                row.try_get(2)?,
+                row.try_get(3)?,
+                row.try_get(4)?,
+                row.try_get(5)?,
+            ));
+            out[i] = Some(if row.try_get::<_, bool>(0)? {
+                if seen.instance.as_deref() == Some(req.instance) {
+                    Ok(Attempt::Granted { token: seen.token })
+                } else {
+                    Err(StoreError::Local(
+                        "a grant that does not name this instance".to_owned(),
+                    ))
+                }
+            } else {
+                crate::refusal(req, seen)
+            });
+        }
+        for i in rest {
+            if out[i].is_none() {
+                let req = &reqs[i];
+                self.query(CREATE, CREATE_TYPES, &[&req.election, &ttl_us])
+                    .await?;
+                out[i] = Some(Ok(Attempt::Created));
+            }
+        }
+        Ok(out.into_iter().flatten().collect())
+    }
+
+    /// Releases several elections in one statement (each by its instance);
+    /// whether each was released.
+    pub(crate) async fn release_many(
+        &mut self,
+        items: &[(&str, &str)],
+    ) -> Result<Vec<bool>, StoreError> {
+        if let [(election, instance)] = items {
+            return Ok(vec![self.release(election, instance).await?]);
+        }
+        let names: Vec<&str> = items.iter().map(|(n, _)| *n).collect();
+        let insts: Vec<&str> = items.iter().map(|(_, i)| *i).collect();
+        let rows = self
+            .query(RELEASE_MANY, RELEASE_MANY_TYPES, &[&names, &insts])
+            .await?;
+        let released: Vec<String> = rows
+            .iter()
+            .map(|r| r.try_get(0))
+            .collect::<Result<_, _>>()?;
+        Ok(names
+            .iter()
+            .map(|n| released.iter().any(|r| r == n))
+            .collect())
     }
 
     pub(crate) async fn release(
