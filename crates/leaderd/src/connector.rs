@@ -132,31 +132,6 @@ impl Connector {
             None => std::future::pending().await,
         }
     }
-
-    /// A connection for a one-off statement (a release): one already made,
-    /// else the first of those under way and a fresh one beside them (an
-    /// older one may hang on a dead link); an error only when all failed.
-    pub async fn connect_now(&mut self) -> Result<Connection, String> {
-        let mut last = None;
-        while let Some(done) = self.tasks.try_join_next() {
-            match done {
-                Ok(Ok(conn)) => return Ok(conn),
-                Ok(Err(e)) => last = Some(e),
-                Err(e) => last = Some(task_failed(&e)),
-            }
-        }
-        if self.tasks.len() < IN_FLIGHT {
-            self.spawn();
-        }
-        loop {
-            match self.tasks.join_next().await {
-                Some(Ok(Ok(conn))) => return Ok(conn),
-                Some(Ok(Err(e))) => last = Some(e),
-                Some(Err(e)) => last = Some(task_failed(&e)),
-                None => return Err(last.unwrap_or_else(|| "no connection".into())),
-            }
-        }
-    }
 }
 
 /// A connect task that panicked or was cancelled, as an attempt's error.

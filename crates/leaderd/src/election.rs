@@ -1,27 +1,27 @@
 //! The election loop: drives the [`Engine`] with real database answers and
 //! real time, and carries out its events (logs, metrics, flag file).
 //!
-//! One attempt at a time on one connection. Each attempt reads the boot clock
-//! before taking the connection (so a slow connect shortens, never lengthens,
-//! the lease), runs under a timeout no longer than what is left of the lease,
-//! and drops the connection on any failure so the retry uses a fresh one
-//! (cancelling a statement the server may still be running). On shutdown the
-//! engine stops claiming leadership first, a statement in flight may finish,
-//! then the row is released on the same connection, all within a fixed
-//! budget.
+//! One loop per election, one attempt at a time, on the daemon's one
+//! connection (see `link`, which sends the loops' statements together).
+//! Each attempt reads the boot clock before it is handed over (so waiting
+//! for the batch shortens, never lengthens, the lease), runs under a timeout
+//! no longer than what is left of the lease, and a failure drops the
+//! connection so the retry uses a fresh one (cancelling a statement the
+//! server may still be running). On shutdown the engine stops claiming
+//! leadership first, a statement in flight may finish, then the row is
+//! released on the same connection, all within a fixed budget.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use leaderd_core::{BootTime, Engine, Event, Timing, View};
-use leaderd_store::{Connection, LeaseRequest, StoreError};
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::clock::{boot_now, micros, unix_ms, BootTimer};
-use crate::connector::Connector;
 use crate::flag_file::{FlagFile, FlagWriter};
+use crate::link::{Link, Request};
 use crate::metrics::Metrics;
 use crate::settings::Settings;
 use crate::wakeups;
@@ -35,9 +35,6 @@ const RELEASE_BUDGET: Duration = Duration::from_millis(800);
 /// How long a release on purpose may wait for a just-elected leader's
 /// presence (MySQL) to be seen by the waiters; counted with the above.
 const NOTICE_BUDGET: Duration = Duration::from_millis(100);
-
-/// The least time a cancel request gets to reach the server.
-const CANCEL_BUDGET: Duration = Duration::from_millis(500);
 
 /// How long a release waits for the flag file's removal (beside the
 /// [`NOTICE_BUDGET`]) before giving up the release: an fsync-heavy disk was
@@ -90,6 +87,8 @@ pub struct Shared {
     /// Whether a command run under `exec` is alive: the row is not released
     /// on purpose until it is gone, or its successor could overlap it.
     child_running: watch::Sender<bool>,
+    /// Asks the loop to renew now (see `link`: renewals go together).
+    renew_soon: Notify,
 }
 
 /// The part of the `/leader` body whose every change is announced.
@@ -133,7 +132,14 @@ impl Shared {
             control_rx: Mutex::new(Some(control_rx)),
             changes: watch::Sender::new(Leadership::default()),
             child_running: watch::Sender::new(false),
+            renew_soon: Notify::new(),
         }
+    }
+
+    /// Asks the loop to renew now if it leads, so that its renewal goes in
+    /// the batch being sent (see `link`).
+    pub fn renew_soon(&self) {
+        self.renew_soon.notify_one();
     }
 
     /// Announces a change of leadership to watchers. The loop calls it after
@@ -235,7 +241,7 @@ impl Shared {
 }
 
 /// Runs the election until `shutdown` fires, then releases the row.
-pub async fn run(shared: Arc<Shared>, settings: Settings, shutdown: CancellationToken) {
+pub async fn run(shared: Arc<Shared>, settings: Settings, link: Link, shutdown: CancellationToken) {
     let flag =
         settings
             .flag_file
@@ -273,9 +279,9 @@ pub async fn run(shared: Arc<Shared>, settings: Settings, shutdown: Cancellation
     let control = shared.take_control();
     let mut lp = Loop {
         db: Db {
-            connector: Connector::new(settings.database, settings.migrate, settings.timing),
-            conn: None,
+            link,
             statement_sent: false,
+            wants_link: false,
         },
         report: Report {
             flag,
@@ -329,14 +335,15 @@ struct Loop {
     lease_timer: BootTimer,
 }
 
-/// The connection side of the loop: one attempt at a time on one connection,
-/// opened outside the attempts (see [`Connector`]).
+/// The connection side of the loop: one attempt at a time on the daemon's
+/// connection, opened outside the attempts (see [`Link`]).
 struct Db {
-    connector: Connector,
-    conn: Option<Connection>,
+    link: Link,
     /// The current attempt got as far as sending its statement: its fate is
     /// unknown if no answer comes.
     statement_sent: bool,
+    /// This loop waits for a connection, and hears how its connect ended.
+    wants_link: bool,
 }
 
 /// The reporting side: logs, metrics and the flag file for each event.
@@ -369,15 +376,16 @@ impl Loop {
                 continue;
             }
             let due = self.shared.engine().attempt_due(now);
-            if due && self.db.conn.is_none() {
-                self.db.connector.start();
+            if due && !self.db.link.connected() {
+                self.db.wants_link = true;
+                self.db.link.want_connection();
             } else if due {
                 // Read the clock before taking the connection: the lease is
                 // measured from here.
                 let sent_at = boot_now();
                 let timeout = self.shared.engine().attempt_timeout(sent_at);
                 let (result, stopping) = {
-                    let exchange = self.db.exchange(&self.shared, sent_at);
+                    let exchange = self.db.exchange(&self.shared, sent_at, sent_at + timeout);
                     tokio::pin!(exchange);
                     // The lease in force, which may run out before its
                     // renewal is answered (see `Engine::attempt_timeout`).
@@ -413,7 +421,7 @@ impl Loop {
                         }
                     }
                 };
-                self.finish_attempt(sent_at, timeout, result);
+                self.finish_attempt(sent_at, result);
                 if stopping {
                     return;
                 }
@@ -425,36 +433,33 @@ impl Loop {
                 () = shutdown.cancelled() => return,
                 Some(request) = control.recv() => self.on_control(request).await,
                 () = wake.notified() => self.shared.engine().on_release_notice(boot_now()),
-                opened = self.db.connector.finished() => self.on_opened(opened),
+                changed = self.db.link.changed() => self.on_link(changed),
+                () = self.shared.renew_soon.notified() => self.shared.engine().renew_now(boot_now()),
                 () = self.timer.sleep_until(wakeup) => {}
             }
         }
     }
 
     /// When the loop wakes next. While an attempt waits for a connection:
-    /// at the local deadline, or to start another connect beside a slow one.
+    /// at the local deadline, or a heartbeat on (the link wakes it sooner
+    /// when a connect finishes).
     fn wakeup(&self, now: BootTime, due: bool) -> BootTime {
         let engine = self.shared.engine();
         if !due {
             return engine.next_wakeup();
         }
-        let another = self.db.connector.next_start().unwrap_or(now);
+        let later = now + self.shared.timing.heartbeat();
         engine
             .lease(now)
-            .map_or(another, |(_, deadline)| another.min(deadline))
+            .map_or(later, |(_, deadline)| later.min(deadline))
     }
 
-    /// A connect finished: the next turn attempts on it, or it failed as an
-    /// attempt would.
-    fn on_opened(&mut self, opened: Result<Connection, String>) {
-        match opened {
-            // One beside it may have been quicker; keep that one.
-            Ok(conn) => {
-                if self.db.conn.is_none() {
-                    self.db.conn = Some(conn);
-                }
-            }
-            Err(reason) if self.db.conn.is_none() => {
+    /// A connect finished: the next turn attempts on it, or, when this loop
+    /// was waiting for it, it failed as an attempt would.
+    fn on_link(&mut self, changed: Result<(), String>) {
+        match changed {
+            Ok(()) => self.db.wants_link = false,
+            Err(reason) if self.db.wants_link => {
                 let events = self.failed(reason, boot_now());
                 self.report.handle(&self.shared, events);
             }
@@ -522,12 +527,7 @@ impl Loop {
     }
 
     /// Feeds an attempt's outcome to the engine and reports what follows.
-    fn finish_attempt(
-        &mut self,
-        sent_at: BootTime,
-        timeout: Duration,
-        result: Result<leaderd_core::Attempt, String>,
-    ) {
+    fn finish_attempt(&mut self, sent_at: BootTime, result: Result<leaderd_core::Attempt, String>) {
         let received_at = boot_now();
         self.shared
             .metrics
@@ -548,7 +548,6 @@ impl Loop {
                 // A statement that was sent may still commit; a failed connect
                 // cannot have granted anything.
                 self.unanswered |= self.db.statement_sent;
-                self.db.failed(timeout);
                 self.failed(reason, received_at)
             }
         };
@@ -628,9 +627,6 @@ impl Loop {
             // Whatever was unanswered has been overtaken by this release.
             self.granted = false;
             self.unanswered = false;
-        } else {
-            // Mid-exchange, perhaps: never reuse it.
-            self.db.failed(RELEASE_BUDGET);
         }
         self.sync_presence();
         match released {
@@ -645,18 +641,14 @@ impl Loop {
 }
 
 impl Db {
-    /// One acquire-or-renew, connecting first when needed. The caller bounds
-    /// it (see [`Loop::elect`]).
+    /// One acquire-or-renew on the daemon's connection. The caller bounds
+    /// it (see [`Loop::elect`]); the link cuts its batch at `until` too.
     async fn exchange(
         &mut self,
         shared: &Shared,
         sent_at: BootTime,
+        until: BootTime,
     ) -> Result<leaderd_core::Attempt, String> {
-        self.statement_sent = false;
-        // The loop attempts only on an open connection.
-        let Some(conn) = self.conn.as_mut() else {
-            return Err("no connection".into());
-        };
         // The token we hold as of the send time, the instant the timeout was
         // computed for.
         let (held_token, instance) = {
@@ -664,46 +656,24 @@ impl Db {
             let held = engine.lease(sent_at).map(|(token, _)| token);
             (held, engine.instance().to_owned())
         };
-        let req = LeaseRequest {
-            election: &shared.election,
-            holder: &shared.id,
-            instance: &instance,
+        let req = Request {
+            election: shared.election.clone(),
+            holder: shared.id.clone(),
+            instance,
             ttl: shared.timing.ttl(),
             held_token,
         };
         self.statement_sent = true;
-        conn.acquire_or_renew(&req)
-            .await
-            .map_err(|e: StoreError| e.to_string())
+        self.link.attempt(req, until).await.map_err(|failure| {
+            self.statement_sent = failure.sent;
+            failure.reason
+        })
     }
 
-    /// An attempt failed or timed out: its connection may be mid-exchange,
-    /// so it is dropped and the retry uses a fresh one. A statement still
-    /// running on the server is cancelled, so that it does not hold a
-    /// backend (or wait on a lock) for a client that has gone.
-    fn failed(&mut self, timeout: Duration) {
-        let Some(conn) = self.conn.take() else { return };
-        if !self.statement_sent {
-            return;
-        }
-        if let Some(canceller) = conn.canceller() {
-            tokio::spawn(async move {
-                let _ = tokio::time::timeout(timeout.max(CANCEL_BUDGET), canceller.cancel()).await;
-            });
-        }
-    }
-
-    /// Releases the row if `instance` holds it.
+    /// Releases the row if `instance` holds it (connecting first if needed).
     async fn release(&mut self, election: &str, instance: &str) -> Result<bool, String> {
-        self.statement_sent = false;
-        if self.conn.is_none() {
-            self.conn = Some(self.connector.connect_now().await?);
-        }
         self.statement_sent = true;
-        let conn = self.conn.as_mut().expect("connected above");
-        conn.release(election, instance)
-            .await
-            .map_err(|e| e.to_string())
+        self.link.release(election, instance).await
     }
 }
 

@@ -16,6 +16,7 @@ mod exec;
 mod flag_file;
 mod http;
 mod http_client;
+mod link;
 mod logging;
 mod metrics;
 mod release;
@@ -180,24 +181,30 @@ async fn run(settings: Settings, command: Option<Vec<OsString>>) -> anyhow::Resu
             shutdown.clone(),
         ));
     }
-    // One loop per election; each releases its own row at shutdown.
+    // One connection for all; one loop per election, each releasing its
+    // own row at shutdown.
+    let link = link::Link::start(
+        connector::Connector::new(settings.database.clone(), settings.migrate, settings.timing),
+        daemon.all().to_vec(),
+    );
     let loops: Vec<_> = daemon
         .all()
         .iter()
         .map(|shared| {
-            let (shared, shutdown) = (shared.clone(), shutdown.clone());
+            let (shared, shutdown, link) = (shared.clone(), shutdown.clone(), link.clone());
             let settings = settings.for_election(&shared.election);
             tokio::spawn(async move {
                 // Should a loop fail (a panic), nothing may run on as if it
                 // led: cancel the run on the way out.
                 let _stop = shutdown.clone().drop_guard();
-                election::run(shared, settings, shutdown).await;
+                election::run(shared, settings, link, shutdown).await;
             })
         })
         .collect();
     let spread = tokio::spawn(spread::run(
         daemon.clone(),
         settings.clone(),
+        link,
         shutdown.clone(),
     ));
     let outcome = match command {

@@ -21,13 +21,14 @@ use std::time::Duration;
 
 use leaderd_core::spread::{plan, PRESENCE_PREFIX};
 use leaderd_core::{Attempt, BootTime};
-use leaderd_store::{Connection, ElectionRow, LeaseRequest};
+use leaderd_store::ElectionRow;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
 use crate::clock::boot_now;
 use crate::daemon::Daemon;
 use crate::election::Control;
+use crate::link::{Link, Request};
 use crate::settings::Settings;
 
 /// How long shutdown gives the presence release: with the loops' own
@@ -53,7 +54,7 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 }
 
 /// Runs until `shutdown`; returns at once when there is nothing to spread.
-pub async fn run(daemon: Arc<Daemon>, settings: Settings, shutdown: CancellationToken) {
+pub async fn run(daemon: Arc<Daemon>, settings: Settings, link: Link, shutdown: CancellationToken) {
     if !settings.spread || settings.elections.len() < 2 {
         return;
     }
@@ -63,7 +64,7 @@ pub async fn run(daemon: Arc<Daemon>, settings: Settings, shutdown: Cancellation
         prefix,
         instance: uuid::Uuid::new_v4().to_string(),
         held_token: None,
-        conn: None,
+        link,
         yielding: vec![false; daemon.all().len()],
         last_hand_over: None,
         daemon,
@@ -73,7 +74,6 @@ pub async fn run(daemon: Arc<Daemon>, settings: Settings, shutdown: Cancellation
     loop {
         if let Err(e) = spread.round().await {
             debug!(error = %e, "spread: cannot read the table; not yielding");
-            spread.conn = None;
             spread.held_token = None;
             spread.set_yielding(false).await;
         }
@@ -93,7 +93,9 @@ struct Spread {
     instance: String,
     /// The presence row's token while this instance holds it.
     held_token: Option<i64>,
-    conn: Option<Connection>,
+    /// The daemon's connection (the presence renewal goes in the loops'
+    /// batch).
+    link: Link,
     /// What each election's loop was last told.
     yielding: Vec<bool>,
     last_hand_over: Option<BootTime>,
@@ -102,41 +104,29 @@ struct Spread {
 impl Spread {
     /// One look at the table: renew the presence, plan, act.
     async fn round(&mut self) -> Result<(), String> {
-        let limit = self.settings.timing.heartbeat();
-        let timed = |what: &'static str| move |_| format!("{what} timed out after {limit:?}");
-        if self.conn.is_none() {
-            let url = self.settings.database.resolve()?;
-            let conn = tokio::time::timeout(limit, Connection::connect(&url))
-                .await
-                .map_err(timed("connecting"))?
-                .map_err(|e| e.to_string())?;
-            self.conn = Some(conn);
+        if !self.link.connected() {
+            self.link.want_connection();
+            return Err("no connection".into());
         }
-        let conn = self.conn.as_mut().expect("connected above");
         if self.daemon.first().app_healthy() {
-            let req = LeaseRequest {
-                election: &self.presence_name,
-                holder: &self.settings.id,
-                instance: &self.instance,
+            let req = Request {
+                election: self.presence_name.clone(),
+                holder: self.settings.id.clone(),
+                instance: self.instance.clone(),
                 ttl: self.settings.timing.ttl(),
                 held_token: self.held_token,
             };
-            let answer = tokio::time::timeout(limit, conn.acquire_or_renew(&req))
-                .await
-                .map_err(timed("renewing the presence"))?
-                .map_err(|e| e.to_string())?;
+            let until = boot_now() + self.settings.timing.heartbeat();
+            let answer = self.link.attempt(req, until).await.map_err(|f| f.reason)?;
             self.held_token = match answer {
                 Attempt::Granted { token } => Some(token),
                 Attempt::Refused(_) | Attempt::Created => None,
             };
         } else if self.held_token.take().is_some() {
             // Not waiting for anything: others must not hand over to us.
-            let _ = conn.release(&self.presence_name, &self.instance).await;
+            let _ = self.link.release(&self.presence_name, &self.instance).await;
         }
-        let rows = tokio::time::timeout(limit, conn.elections())
-            .await
-            .map_err(timed("reading the table"))?
-            .map_err(|e| e.to_string())?;
+        let rows = self.link.read().await?;
         self.act(&rows).await;
         Ok(())
     }
@@ -203,15 +193,15 @@ impl Spread {
 
     /// Frees the presence row so the others count this daemon out at once.
     async fn leave(&mut self) {
-        let (Some(conn), Some(_)) = (self.conn.as_mut(), self.held_token) else {
+        if self.held_token.is_none() {
             return;
-        };
+        }
         let released = tokio::time::timeout(
             RELEASE_BUDGET,
-            conn.release(&self.presence_name, &self.instance),
+            self.link.release(&self.presence_name, &self.instance),
         )
         .await;
-        debug!(released = ?released.map(|r| r.map_err(|e| e.to_string())), "spread: presence let go");
+        debug!(released = ?released, "spread: presence let go");
     }
 }
 

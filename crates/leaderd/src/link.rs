@@ -1,0 +1,475 @@
+//! One database connection for every election of the daemon.
+//!
+//! Each election's loop still decides when to attempt and how long to wait
+//! (see `election`); it hands its statement to the [`Link`], whose task
+//! sends whatever is pending together, as a group commit does: every attempt
+//! in one call ([`Connection::acquire_or_renew_many`], on PostgreSQL one
+//! statement for all renewals), the releases in another, while the next
+//! batch gathers behind it. When a batch carries a renewal, every other
+//! election this daemon leads is asked to renew now ([`Shared::renew_soon`])
+//! and waited for briefly: that brings their schedules into step, so a
+//! leader of E elections sends one renewal statement per renew interval.
+//!
+//! Failures are handled as on a connection of one's own: a batch that fails,
+//! or runs past the earliest deadline among its attempts, drops the
+//! connection (cancelling a statement still running) and fails every attempt
+//! in it; the loops retry on a fresh one, opened outside the attempts by the
+//! [`Connector`]. An attempt made while there is no connection fails at once
+//! without being sent; a release or a read waits for one.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use leaderd_core::{Attempt, BootTime};
+use leaderd_store::{Connection, ElectionRow, LeaseRequest, StoreError};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
+use tracing::debug;
+
+use crate::clock::boot_now;
+use crate::connector::Connector;
+use crate::election::Shared;
+
+/// How long a batch that carries a renewal waits for the other leaders'
+/// renewals it asked for: they come from tasks of this process, within
+/// microseconds; the bound only keeps a stuck loop from holding the rest.
+const ALIGN_WAIT: Duration = Duration::from_millis(2);
+
+/// The longest a batch of releases (or a read) may take: within the
+/// loops' own release budget.
+const RELEASE_CAP: Duration = Duration::from_millis(800);
+
+/// The least time a cancel request gets to reach the server.
+const CANCEL_BUDGET: Duration = Duration::from_millis(500);
+
+/// An acquire-or-renew, owned, to travel to the link's task.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub election: String,
+    pub holder: String,
+    pub instance: String,
+    pub ttl: Duration,
+    pub held_token: Option<i64>,
+}
+
+impl Request {
+    fn borrowed(&self) -> LeaseRequest<'_> {
+        LeaseRequest {
+            election: &self.election,
+            holder: &self.holder,
+            instance: &self.instance,
+            ttl: self.ttl,
+            held_token: self.held_token,
+        }
+    }
+}
+
+/// An attempt that did not get an answer.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub reason: String,
+    /// Whether its statement may have reached the database (and so may
+    /// still commit).
+    pub sent: bool,
+}
+
+/// Whether the link holds a connection, and the last connect's failure.
+#[derive(Debug, Clone, Default)]
+pub struct State {
+    pub connected: bool,
+    /// Counts connects that finished, either way.
+    pub generation: u64,
+    pub error: Option<String>,
+}
+
+type AttemptReply = oneshot::Sender<Result<Attempt, Failure>>;
+type ReleaseReply = oneshot::Sender<Result<bool, String>>;
+
+enum Job {
+    Attempt {
+        req: Request,
+        /// The attempt's deadline: the batch is cut at the earliest.
+        until: BootTime,
+        reply: AttemptReply,
+    },
+    Release {
+        election: String,
+        instance: String,
+        reply: ReleaseReply,
+    },
+    Read {
+        reply: oneshot::Sender<Result<Vec<ElectionRow>, String>>,
+    },
+}
+
+/// A handle on the daemon's connection; one per user (cheap to clone).
+#[derive(Debug, Clone)]
+pub struct Link {
+    jobs: mpsc::UnboundedSender<Job>,
+    state: watch::Receiver<State>,
+    want: Arc<Notify>,
+}
+
+impl Link {
+    /// Starts the link's task over `connector`; `elections` are the loops it
+    /// may ask to renew early. The task ends when every handle is dropped.
+    pub fn start(connector: Connector, elections: Vec<Arc<Shared>>) -> Link {
+        let (jobs, rx) = mpsc::unbounded_channel();
+        let (state_tx, state) = watch::channel(State::default());
+        let want = Arc::new(Notify::new());
+        let task = Task {
+            rx,
+            state: state_tx,
+            want: want.clone(),
+            wanted: false,
+            connector,
+            conn: None,
+            pending: VecDeque::new(),
+            elections,
+        };
+        tokio::spawn(task.run());
+        Link { jobs, state, want }
+    }
+
+    /// Whether a connection is open now.
+    pub fn connected(&self) -> bool {
+        self.state.borrow().connected
+    }
+
+    /// Asks for a connection (opened in the background; see
+    /// [`Link::changed`]).
+    pub fn want_connection(&self) {
+        self.want.notify_one();
+    }
+
+    /// Resolves when a connect finished: `Err` with its reason when it
+    /// failed and there is still no connection.
+    pub async fn changed(&mut self) -> Result<(), String> {
+        if self.state.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+        let state = self.state.borrow_and_update();
+        match (&state.error, state.connected) {
+            (Some(e), false) => Err(e.clone()),
+            _ => Ok(()),
+        }
+    }
+
+    /// One acquire-or-renew, sent with whatever else is pending.
+    pub async fn attempt(&self, req: Request, until: BootTime) -> Result<Attempt, Failure> {
+        let (reply, answer) = oneshot::channel();
+        let stopped = || Failure {
+            reason: "the database link has stopped".into(),
+            sent: false,
+        };
+        if self.jobs.send(Job::Attempt { req, until, reply }).is_err() {
+            return Err(stopped());
+        }
+        answer.await.unwrap_or_else(|_| Err(stopped()))
+    }
+
+    /// Releases `election` if `instance` holds it; connects first if needed.
+    pub async fn release(&self, election: &str, instance: &str) -> Result<bool, String> {
+        let (reply, answer) = oneshot::channel();
+        let job = Job::Release {
+            election: election.to_owned(),
+            instance: instance.to_owned(),
+            reply,
+        };
+        self.jobs
+            .send(job)
+            .map_err(|_| "the database link has stopped".to_owned())?;
+        answer
+            .await
+            .unwrap_or_else(|_| Err("the database link has stopped".into()))
+    }
+
+    /// Every row of the table.
+    pub async fn read(&self) -> Result<Vec<ElectionRow>, String> {
+        let (reply, answer) = oneshot::channel();
+        self.jobs
+            .send(Job::Read { reply })
+            .map_err(|_| "the database link has stopped".to_owned())?;
+        answer
+            .await
+            .unwrap_or_else(|_| Err("the database link has stopped".into()))
+    }
+}
+
+struct Task {
+    rx: mpsc::UnboundedReceiver<Job>,
+    state: watch::Sender<State>,
+    want: Arc<Notify>,
+    /// Someone asked for a connection and none is open yet.
+    wanted: bool,
+    connector: Connector,
+    conn: Option<Connection>,
+    pending: VecDeque<Job>,
+    elections: Vec<Arc<Shared>>,
+}
+
+impl Task {
+    async fn run(mut self) {
+        loop {
+            if self.conn.is_some() && !self.pending.is_empty() {
+                self.send_batch().await;
+                continue;
+            }
+            self.answer_unconnected();
+            let waiting = self.wanted || !self.pending.is_empty();
+            if waiting && self.conn.is_none() {
+                self.connector.start();
+            }
+            let next_connect = self
+                .connector
+                .next_start()
+                .map(|at| at.saturating_since(boot_now()))
+                .unwrap_or(Duration::from_millis(100));
+            tokio::select! {
+                job = self.rx.recv() => match job {
+                    Some(job) => self.pending.push_back(job),
+                    None => return,
+                },
+                () = self.want.notified() => self.wanted = self.conn.is_none(),
+                opened = self.connector.finished() => self.opened(opened),
+                () = tokio::time::sleep(next_connect), if waiting && self.conn.is_none() => {}
+            }
+        }
+    }
+
+    /// Without a connection: attempts fail at once, unsent (the loop retries
+    /// once connected); releases and reads wait for the connect.
+    fn answer_unconnected(&mut self) {
+        if self.conn.is_some() {
+            return;
+        }
+        let mut kept = VecDeque::new();
+        for job in self.pending.drain(..) {
+            match job {
+                Job::Attempt { reply, .. } => {
+                    let _ = reply.send(Err(Failure {
+                        reason: "no connection".into(),
+                        sent: false,
+                    }));
+                    self.wanted = true;
+                }
+                other => kept.push_back(other),
+            }
+        }
+        self.pending = kept;
+    }
+
+    fn opened(&mut self, opened: Result<Connection, String>) {
+        match opened {
+            // One beside it may have been quicker; keep that one.
+            Ok(conn) if self.conn.is_none() => {
+                self.conn = Some(conn);
+                self.wanted = false;
+                self.state.send_modify(|s| {
+                    s.connected = true;
+                    s.generation += 1;
+                    s.error = None;
+                });
+            }
+            Ok(_) => {}
+            Err(reason) if self.conn.is_none() => {
+                // Waiting releases and reads fail with it.
+                for job in std::mem::take(&mut self.pending) {
+                    fail(job, &reason, false);
+                }
+                self.state.send_modify(|s| {
+                    s.generation += 1;
+                    s.error = Some(reason);
+                });
+            }
+            Err(_) => {}
+        }
+    }
+
+    /// The connection can no longer be trusted (mid-exchange, or broken).
+    fn drop_connection(&mut self, cancel_within: Option<Duration>) {
+        let Some(conn) = self.conn.take() else { return };
+        self.state.send_modify(|s| s.connected = false);
+        if let (Some(within), Some(canceller)) = (cancel_within, conn.canceller()) {
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(within.max(CANCEL_BUDGET), canceller.cancel()).await;
+            });
+        }
+    }
+
+    /// Gathers what is pending (and the renewals it asks for) and sends it.
+    async fn send_batch(&mut self) {
+        tokio::task::yield_now().await;
+        while let Ok(job) = self.rx.try_recv() {
+            self.pending.push_back(job);
+        }
+        self.align().await;
+        let jobs: Vec<Job> = self.pending.drain(..).collect();
+        let mut attempts = Vec::new();
+        let mut releases = Vec::new();
+        let mut reads = Vec::new();
+        for job in jobs {
+            match job {
+                // An attempt its loop gave up on is not sent.
+                Job::Attempt { reply, .. } if reply.is_closed() => {}
+                Job::Attempt { req, until, reply } => attempts.push((req, until, reply)),
+                Job::Release {
+                    election,
+                    instance,
+                    reply,
+                } => releases.push((election, instance, reply)),
+                Job::Read { reply } => reads.push(reply),
+            }
+        }
+        if !attempts.is_empty() {
+            self.send_attempts(attempts).await;
+        }
+        if !releases.is_empty() {
+            self.send_releases(releases).await;
+        }
+        for reply in reads {
+            let answer = self.read().await;
+            let _ = reply.send(answer);
+        }
+    }
+
+    /// When a renewal is pending, asks every other election this daemon
+    /// leads to renew now, and waits (briefly) for their attempts.
+    async fn align(&mut self) {
+        let renewing = self
+            .pending
+            .iter()
+            .any(|j| matches!(j, Job::Attempt { req, .. } if req.held_token.is_some()));
+        if !renewing {
+            return;
+        }
+        let queued = |pending: &VecDeque<Job>, name: &str| {
+            pending
+                .iter()
+                .any(|j| matches!(j, Job::Attempt { req, .. } if req.election == name))
+        };
+        let mut missing: Vec<&Arc<Shared>> = self
+            .elections
+            .iter()
+            .filter(|s| !queued(&self.pending, &s.election) && s.view().is_leader)
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        for shared in &missing {
+            shared.renew_soon();
+        }
+        let until = tokio::time::Instant::now() + ALIGN_WAIT;
+        while !missing.is_empty() {
+            match tokio::time::timeout_at(until, self.rx.recv()).await {
+                Ok(Some(job)) => self.pending.push_back(job),
+                Ok(None) | Err(_) => return,
+            }
+            missing.retain(|s| !queued(&self.pending, &s.election));
+        }
+    }
+
+    async fn send_attempts(&mut self, attempts: Vec<(Request, BootTime, AttemptReply)>) {
+        let now = boot_now();
+        let limit = attempts
+            .iter()
+            .map(|(_, until, _)| until.saturating_since(now))
+            .min()
+            .unwrap_or_default();
+        let conn = self.conn.as_mut().expect("sent on a connection");
+        let reqs: Vec<LeaseRequest<'_>> = attempts.iter().map(|(r, _, _)| r.borrowed()).collect();
+        let answer = tokio::time::timeout(limit, conn.acquire_or_renew_many(&reqs)).await;
+        match answer {
+            Ok(Ok(results)) => {
+                for ((_, _, reply), result) in attempts.into_iter().zip(results) {
+                    let _ = reply.send(result.map_err(|e| Failure {
+                        reason: e.to_string(),
+                        sent: true,
+                    }));
+                }
+            }
+            Ok(Err(e)) => {
+                let reason = e.to_string();
+                debug!(error = %reason, batch = attempts.len(), "batch failed; dropping the connection");
+                self.drop_connection(unanswered(&e).then_some(limit));
+                for (_, _, reply) in attempts {
+                    let _ = reply.send(Err(Failure {
+                        reason: reason.clone(),
+                        sent: true,
+                    }));
+                }
+            }
+            Err(_) => {
+                self.drop_connection(Some(limit));
+                let reason = format!("attempt timed out after {limit:?}");
+                for (_, _, reply) in attempts {
+                    let _ = reply.send(Err(Failure {
+                        reason: reason.clone(),
+                        sent: true,
+                    }));
+                }
+            }
+        }
+    }
+
+    async fn send_releases(&mut self, releases: Vec<(String, String, ReleaseReply)>) {
+        let conn = self.conn.as_mut().expect("sent on a connection");
+        let items: Vec<(&str, &str)> = releases
+            .iter()
+            .map(|(e, i, _)| (e.as_str(), i.as_str()))
+            .collect();
+        let answer = tokio::time::timeout(RELEASE_CAP, conn.release_many(&items)).await;
+        let answer = match answer {
+            Ok(Ok(released)) => Ok(released),
+            Ok(Err(e)) => {
+                self.drop_connection(unanswered(&e).then_some(RELEASE_CAP));
+                Err(e.to_string())
+            }
+            Err(_) => {
+                self.drop_connection(Some(RELEASE_CAP));
+                Err(format!("release timed out after {RELEASE_CAP:?}"))
+            }
+        };
+        for (i, (_, _, reply)) in releases.into_iter().enumerate() {
+            let _ = reply.send(answer.as_ref().map(|r| r[i]).map_err(Clone::clone));
+        }
+    }
+
+    async fn read(&mut self) -> Result<Vec<ElectionRow>, String> {
+        let conn = self.conn.as_mut().ok_or("no connection")?;
+        match tokio::time::timeout(RELEASE_CAP, conn.elections()).await {
+            Ok(Ok(rows)) => Ok(rows),
+            Ok(Err(e)) => {
+                self.drop_connection(unanswered(&e).then_some(RELEASE_CAP));
+                Err(e.to_string())
+            }
+            Err(_) => {
+                self.drop_connection(Some(RELEASE_CAP));
+                Err(format!("reading the table timed out after {RELEASE_CAP:?}"))
+            }
+        }
+    }
+}
+
+/// Whether a statement may still be running on the server after this error
+/// (so it is worth cancelling): the server did not answer it.
+fn unanswered(e: &StoreError) -> bool {
+    !e.answered()
+}
+
+fn fail(job: Job, reason: &str, sent: bool) {
+    match job {
+        Job::Attempt { reply, .. } => {
+            let _ = reply.send(Err(Failure {
+                reason: reason.to_owned(),
+                sent,
+            }));
+        }
+        Job::Release { reply, .. } => {
+            let _ = reply.send(Err(reason.to_owned()));
+        }
+        Job::Read { reply } => {
+            let _ = reply.send(Err(reason.to_owned()));
+        }
+    }
+}
