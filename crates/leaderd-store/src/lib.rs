@@ -280,9 +280,10 @@ impl Connection {
     }
 
     /// Acquire-or-renew for several elections at once (distinct names, one
-    /// ttl): the outcome of each, in order. A statement that fails fails
-    /// them all (the outer error); a row's own refusal to be written (its
-    /// lock held elsewhere: [`StoreError::Busy`]) is that request's alone.
+    /// ttl): the outcome of each, in order. Any failure fails them all (the
+    /// outer error: drop the connection), except a row's own refusal to be
+    /// written (its lock held elsewhere: [`StoreError::Busy`]), which is
+    /// that request's alone.
     ///
     /// PostgreSQL renews every held lease in one statement and attempts the
     /// rest in one more (see `pg`). MySQL and SQLite run the requests one
@@ -292,17 +293,25 @@ impl Connection {
         &mut self,
         reqs: &[LeaseRequest<'_>],
     ) -> Result<Vec<Result<Attempt, StoreError>>, StoreError> {
-        if let Connection::Postgres(c) = self {
-            return c.acquire_or_renew_many(reqs).await;
-        }
-        let mut out = Vec::with_capacity(reqs.len());
-        for req in reqs {
-            match self.acquire_or_renew(req).await {
-                Err(e) if !matches!(e, StoreError::Busy) => return Err(e),
-                one => out.push(one),
+        let mut results = match self {
+            Connection::Postgres(c) => c.acquire_or_renew_many(reqs).await?,
+            _ => {
+                let mut out = Vec::with_capacity(reqs.len());
+                for req in reqs {
+                    out.push(self.acquire_or_renew(req).await);
+                }
+                out
             }
+        };
+        // Anything but a row's own lock is the connection's (or the
+        // answer's) fault: the whole batch fails, and its connection with it.
+        let fatal = results
+            .iter()
+            .position(|r| matches!(r, Err(e) if !matches!(e, StoreError::Busy)));
+        match fatal {
+            Some(i) => Err(results.swap_remove(i).expect_err("found above")),
+            None => Ok(results),
         }
-        Ok(out)
     }
 
     /// Releases several elections (each by its instance) at once; whether

@@ -53,6 +53,13 @@ impl Waiter {
         }
     }
 
+    /// Whether [`Waiter::next`] names every release: SQLite's wake file
+    /// holds the last one only, so releases close together (a daemon's
+    /// several elections at shutdown) may be named as one.
+    pub fn names_every_release(&self) -> bool {
+        !matches!(self, Waiter::Sqlite(_))
+    }
+
     /// The election of the next release.
     pub async fn next(&mut self) -> Result<String, StoreError> {
         match self {

@@ -89,6 +89,8 @@ pub struct Shared {
     child_running: watch::Sender<bool>,
     /// Asks the loop to renew now (see `link`: renewals go together).
     renew_soon: Notify,
+    /// A release of this election was announced (see `wakeups`).
+    pub release_notice: Notify,
 }
 
 /// The part of the `/leader` body whose every change is announced.
@@ -133,6 +135,7 @@ impl Shared {
             changes: watch::Sender::new(Leadership::default()),
             child_running: watch::Sender::new(false),
             renew_soon: Notify::new(),
+            release_notice: Notify::new(),
         }
     }
 
@@ -258,16 +261,6 @@ pub async fn run(shared: Arc<Shared>, settings: Settings, link: Link, shutdown: 
     if let Some(flag) = &flag {
         flag.remove();
     }
-    let wake = Arc::new(Notify::new());
-    let instance = shared.engine().instance().to_owned();
-    let waiter = tokio::spawn(wakeups::wait_for_releases(
-        settings.database.clone(),
-        shared.election.clone(),
-        instance.clone(),
-        settings.timing.heartbeat(),
-        wake.clone(),
-        shutdown.clone(),
-    ));
     let (leading, leading_rx) = watch::channel(false);
     let (presence_tx, presence_held) = watch::channel(None);
     let presence = tokio::spawn(wakeups::keep_presence(
@@ -297,11 +290,11 @@ pub async fn run(shared: Arc<Shared>, settings: Settings, link: Link, shutdown: 
         leading,
         presence_held,
     };
-    lp.elect(&wake, control, &shutdown).await;
+    let wake = lp.shared.clone();
+    lp.elect(&wake.release_notice, control, &shutdown).await;
     lp.report.step_down(&lp.shared);
     let instance = lp.shared.engine().instance().to_owned();
     lp.release_row(&instance).await;
-    waiter.abort();
     // The named lock (MySQL) goes with the process anyway; letting it go
     // first wakes the others a little sooner. The flag file, if the disk
     // allows, should not outlive the process.

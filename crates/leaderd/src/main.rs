@@ -201,6 +201,12 @@ async fn run(settings: Settings, command: Option<Vec<OsString>>) -> anyhow::Resu
             })
         })
         .collect();
+    let waiter = tokio::spawn(wakeups::wait_for_releases(
+        settings.database.clone(),
+        daemon.clone(),
+        settings.timing.heartbeat(),
+        shutdown.clone(),
+    ));
     let spread = tokio::spawn(spread::run(
         daemon.clone(),
         settings.clone(),
@@ -223,6 +229,7 @@ async fn run(settings: Settings, command: Option<Vec<OsString>>) -> anyhow::Resu
     };
     let mut failed = None;
     let (loops, _) = tokio::join!(futures_util::future::join_all(loops), spread);
+    waiter.abort();
     for election in loops {
         if let Err(e) = election {
             failed = Some(e);

@@ -1,5 +1,5 @@
-//! The wake-up adapters beside the election loop: a task that waits for
-//! releases of this election and pokes the loop, and (MySQL) a task that
+//! The wake-up adapters beside the election loops: a task that waits for
+//! releases and pokes the loop of the election released, and (MySQL) a task that
 //! holds the leader's named lock while this replica leads. Wake-ups only:
 //! the loop attempts when poked, and safety rests on the row and the clocks.
 
@@ -7,25 +7,67 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leaderd_store::{Presence, Waiter};
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
+use crate::daemon::Daemon;
 use crate::settings::DatabaseSource;
 
-/// Wakes the loop when a release of `election` is announced. Checks at start
-/// that PostgreSQL notifications arrive at all; when they do not (a
-/// transaction-pooling proxy drops them silently) it gives up and the loop
-/// relies on polling, which it does anyway.
+/// Wakes each election's loop when a release of it is announced. On
+/// PostgreSQL and SQLite one waiter serves every election (one `LISTEN`
+/// connection, one file watch); MySQL's wait is on one election's named
+/// lock, so there each election has a waiter (and a connection) of its own.
 pub async fn wait_for_releases(
     source: DatabaseSource,
-    election: String,
-    instance: String,
+    daemon: Arc<Daemon>,
     heartbeat: Duration,
-    wake: Arc<Notify>,
     shutdown: CancellationToken,
 ) {
+    // The backend cannot change under a running daemon; a URL file that is
+    // not readable yet (a Secret mounted late) is waited for.
+    let per_election = loop {
+        match source.resolve() {
+            Ok(url) => break Presence::needed(&url),
+            Err(_) => tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(Duration::from_millis(500)) => {}
+            },
+        }
+    };
+    if !per_election {
+        return wait_for(source, daemon, None, heartbeat, shutdown).await;
+    }
+    let waiters: Vec<_> = (0..daemon.all().len())
+        .map(|i| {
+            let (source, daemon, shutdown) = (source.clone(), daemon.clone(), shutdown.clone());
+            tokio::spawn(wait_for(source, daemon, Some(i), heartbeat, shutdown))
+        })
+        .collect();
+    for w in waiters {
+        let _ = w.await;
+    }
+}
+
+/// One waiter: for the election at `only` (MySQL), or for all. Checks at
+/// start that PostgreSQL notifications arrive at all; when they do not (a
+/// transaction-pooling proxy drops them silently) it gives up and the loops
+/// rely on polling, which they do anyway.
+async fn wait_for(
+    source: DatabaseSource,
+    daemon: Arc<Daemon>,
+    only: Option<usize>,
+    heartbeat: Duration,
+    shutdown: CancellationToken,
+) {
+    let notify = |name: &str| {
+        if let Ok(shared) = daemon.find(Some(name)) {
+            shared.release_notice.notify_one();
+        }
+    };
+    let election = daemon.all()[only.unwrap_or(0)].election.clone();
+    let nonce = uuid::Uuid::new_v4().to_string();
     let mut backoff = Duration::from_millis(100);
     let mut checked = false;
     while !shutdown.is_cancelled() {
@@ -36,11 +78,11 @@ pub async fn wait_for_releases(
                 .map_err(|e| e.to_string())?;
             if !checked {
                 let probe = waiter
-                    .probe(Duration::from_secs(2), &instance)
+                    .probe(Duration::from_secs(2), &nonce)
                     .await
                     .map_err(|e| e.to_string())?;
-                if probe.others.contains(&election) {
-                    wake.notify_one();
+                for name in &probe.others {
+                    notify(name);
                 }
                 if !probe.delivered {
                     // Expected behind a transaction pooler (PgBouncer): not
@@ -52,10 +94,16 @@ pub async fn wait_for_releases(
                 checked = true;
             }
             backoff = Duration::from_millis(100);
+            let exact = waiter.names_every_release();
             loop {
                 let released = waiter.next().await.map_err(|e| e.to_string())?;
-                if released == election {
-                    wake.notify_one();
+                match only {
+                    Some(_) if released != election => {}
+                    Some(_) => notify(&released),
+                    // Another release may hide behind this one: wake all
+                    // (a woken follower's attempt is a cheap refusal).
+                    None if !exact => daemon.all().iter().for_each(|s| s.release_notice.notify_one()),
+                    None => notify(&released),
                 }
             }
         }
