@@ -144,13 +144,19 @@ fn six_elections_share_one_connection_and_one_renewal_statement() {
             .parse()
             .unwrap()
     };
-    let window = Duration::from_secs(5);
+    // Each look at the count commits a few statements of its own (the
+    // harness's connect): measured back to back, then taken off.
+    let window = Duration::from_secs(10);
+    let first = commits();
     let before = commits();
+    let own = before - first;
     std::thread::sleep(window);
-    let per_second = (commits() - before) as f64 / window.as_secs_f64();
-    eprintln!("six elections, one daemon: {per_second:.1} committed statements/s");
-    // One renewal statement each 400 ms is 2.5/s (the count also takes in
-    // this test's own few); one per election would be 15/s.
+    let counted = commits() - before;
+    let per_second = counted.saturating_sub(own) as f64 / window.as_secs_f64();
+    eprintln!("six elections, one daemon: {per_second:.1} committed statements/s ({counted} counted, {own} our own)");
+    // One renewal statement each 400 ms is 2.5/s; one per election would
+    // be 15/s. (The server counts a backend's commits up to a second late,
+    // which blurs the window's edges.)
     assert!(per_second < 5.0, "{per_second:.1} statements/s");
     assert_eq!(db.scalar(ours), "2", "connections");
     assert_eq!(a.leading().unwrap().len(), 6);
