@@ -555,6 +555,15 @@ impl Launch {
         self
     }
 
+    /// Keeps no flag file (a bench with many elections would measure the
+    /// disk).
+    pub fn without_flag_file(mut self) -> Self {
+        if let Some(i) = self.args.iter().position(|a| a == "--flag-file") {
+            self.args.drain(i..i + 2);
+        }
+        self
+    }
+
     /// Puts stderr on a pipe that nobody reads, as a stalled log collector
     /// leaves it: once the pipe is full, every write to it blocks. The log
     /// file stays empty.

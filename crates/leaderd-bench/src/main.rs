@@ -2,7 +2,7 @@
 //! by side with the approach of the articles leaderd grew from, in one run.
 //!
 //! ```text
-//! cargo run --release -p leaderd-bench -- [--smoke] [--plots DIR] [heartbeat|scale|failover|busy|exec|serve|footprint]...
+//! cargo run --release -p leaderd-bench -- [--smoke] [--plots DIR] [heartbeat|scale|failover|busy|exec|serve|footprint|elections]...
 //! ```
 //!
 //! With no part named, all run. `--smoke` shrinks every part to seconds so
@@ -14,6 +14,7 @@
 //! beside it.
 
 mod busy;
+mod elections;
 mod exec;
 mod failover;
 mod heartbeat;
@@ -52,6 +53,7 @@ const PARTS: &[&str] = &[
     "exec",
     "serve",
     "footprint",
+    "elections",
 ];
 
 fn main() -> Result<()> {
@@ -138,6 +140,14 @@ fn main() -> Result<()> {
                 })?;
             }
             "footprint" => serve::footprint(size)?,
+            "elections" => {
+                let steps = elections::run(size)?;
+                plot(
+                    plot::ELECTIONS,
+                    "Statements/s, database CPU and attempt p99 against elections per daemon",
+                    &|p| plot::elections(p, &steps),
+                )?;
+            }
             _ => unreachable!(),
         }
     }

@@ -17,6 +17,7 @@ use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
+use crate::elections::Step;
 use crate::failover::{Case, Went};
 use crate::heartbeat::{kind_name, CostRow, ScaleStep};
 use crate::serve::Served;
@@ -27,6 +28,7 @@ pub const HEARTBEAT: &str = "heartbeat.svg";
 pub const SCALE: &str = "scale.svg";
 pub const FAILOVER: &str = "failover.svg";
 pub const SERVE: &str = "leader-latency.svg";
+pub const ELECTIONS: &str = "elections.svg";
 
 const FONT: &str = "sans-serif";
 /// Room for the failover plot's legend, right of the plot.
@@ -552,6 +554,66 @@ fn percentile(nines: f64) -> String {
     } else {
         s
     }
+}
+
+/// Several elections per daemon: statements/s and database CPU, and the
+/// attempts' p99 with the 50 ms target, against elections per daemon (log
+/// scale both ways).
+pub fn elections(path: &Path, steps: &[Step]) -> Result<()> {
+    let root = SVGBackend::new(path, (1000, 440)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (left, right) = root.split_horizontally(500);
+    let xs = log_range(steps.iter().map(|s| s.elections as f64), 1.5);
+    let pts = |f: &dyn Fn(&Step) -> f64| -> Vec<(f64, f64)> {
+        steps.iter().map(|s| (s.elections as f64, f(s))).collect()
+    };
+    let load = log_range(
+        steps
+            .iter()
+            .flat_map(|s| [s.statements_per_s, s.db_cpu_percent]),
+        2.0,
+    );
+    let mut chart = ChartBuilder::on(&left)
+        .caption("Database load, three daemons", (FONT, 17))
+        .margin(12)
+        .x_label_area_size(42)
+        .y_label_area_size(62)
+        .build_cartesian_2d(
+            xs.clone().log_scale().with_key_points(ticks(&xs)),
+            load.clone().log_scale().with_key_points(ticks(&load)),
+        )?;
+    axes(&mut chart, "elections per daemon", "per second / % (log)")?;
+    series(
+        &mut chart,
+        &pts(&|s| s.statements_per_s),
+        BLUE,
+        false,
+        "statements/s",
+    )?;
+    series(
+        &mut chart,
+        &pts(&|s| s.db_cpu_percent),
+        ORANGE,
+        false,
+        "DB CPU % of a core",
+    )?;
+    legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
+    let lat = log_range(steps.iter().map(|s| s.p99_ms).chain([50.0]), 2.0);
+    let mut chart = ChartBuilder::on(&right)
+        .caption("Attempt p99", (FONT, 17))
+        .margin(12)
+        .x_label_area_size(42)
+        .y_label_area_size(62)
+        .build_cartesian_2d(
+            xs.clone().log_scale().with_key_points(ticks(&xs)),
+            lat.clone().log_scale().with_key_points(ticks(&lat)),
+        )?;
+    axes(&mut chart, "elections per daemon", "ms (log scale)")?;
+    series(&mut chart, &pts(&|s| s.p99_ms), BLUE, false, "p99")?;
+    reference(&mut chart, 50.0, "target: p99 < 50 ms")?;
+    legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
+    root.present().context("writing the elections plot")?;
+    Ok(())
 }
 
 #[cfg(test)]

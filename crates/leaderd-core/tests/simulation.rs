@@ -17,131 +17,17 @@
 //! The default run is a short sweep; the long one is
 //! `SIM_STEPS=1000000 cargo test --release -p leaderd-core --test simulation -- --ignored --nocapture`.
 
+mod common;
+
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::time::Duration;
 
-use leaderd_core::{Attempt, BootTime, Engine, Event, Observed, Timing};
+use common::{local_us, Clock, Db, Rng, Us, HEARTBEAT, TTL};
+use leaderd_core::{Attempt, BootTime, Engine, Event, Timing};
 
-/// True time, in microseconds since the simulation began.
-type Us = i64;
-
-const TTL: Us = 1_200_000;
-const HEARTBEAT: Us = 1_000_000;
-
-/// splitmix64: small, fast, and the same everywhere.
-#[derive(Debug, Clone)]
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn range(&mut self, lo: Us, hi: Us) -> Us {
-        lo + i64::try_from(self.below(u64::try_from(hi - lo).unwrap_or(0) + 1)).unwrap_or(0)
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
-
-/// A clock running at `1 + ppm / 10⁶` of true time from `offset`.
-#[derive(Debug, Clone, Copy)]
-struct Clock {
-    offset: Us,
-    ppm: i64,
-}
-
-impl Clock {
-    fn at(&self, t: Us) -> Us {
-        self.offset + t + t * self.ppm / 1_000_000
-    }
-    /// The true time at which this clock reads `local` (the inverse).
-    fn true_at(&self, local: Us) -> Us {
-        let d = local - self.offset;
-        d - d * self.ppm / (1_000_000 + self.ppm)
-    }
-    fn boot(&self, t: Us) -> BootTime {
-        BootTime::from_since_boot(Duration::from_micros(
-            u64::try_from(self.at(t)).unwrap_or(0),
-        ))
-    }
-}
-
-fn local_us(b: BootTime) -> Us {
-    i64::try_from(b.since_boot().as_micros()).unwrap_or(i64::MAX)
-}
-
-/// The lock row, as the spec defines its operations, on the database clock.
-#[derive(Debug, Clone, Default)]
-struct Row {
-    holder: Option<String>,
-    instance: Option<String>,
-    token: i64,
-    expires: Us,
-}
-
-#[derive(Debug, Default)]
-struct Db {
-    row: Option<Row>,
-    /// Seeds a re-created row's token; the database clock in µs in reality.
-    next_seed: i64,
-}
-
-impl Db {
-    fn acquire_or_renew(&mut self, now: Us, id: &str, inst: &str, held: Option<i64>) -> Attempt {
-        let Some(row) = self.row.as_mut() else {
-            self.next_seed += 1_000_000;
-            self.row = Some(Row {
-                token: self.next_seed,
-                expires: now + TTL,
-                ..Row::default()
-            });
-            return Attempt::Created;
-        };
-        let mine_live = row.instance.as_deref() == Some(inst) && row.expires > now;
-        if let Some(h) = held {
-            // The leader's fast path requires its token.
-            if mine_live && row.token == h {
-                row.expires = row.expires.max(now + TTL);
-                return Attempt::Granted { token: row.token };
-            }
-        }
-        if mine_live || row.expires <= now {
-            if !mine_live {
-                row.token += 1;
-            }
-            row.holder = Some(id.to_owned());
-            row.instance = Some(inst.to_owned());
-            row.expires = row.expires.max(now + TTL);
-            self.next_seed = self.next_seed.max(row.token);
-            return Attempt::Granted { token: row.token };
-        }
-        Attempt::Refused(Observed {
-            holder: row.holder.clone(),
-            instance: row.instance.clone(),
-            token: row.token,
-            remaining_us: row.expires - now,
-        })
-    }
-
-    fn release(&mut self, now: Us, inst: &str) {
-        if let Some(row) = self.row.as_mut() {
-            if row.instance.as_deref() == Some(inst) {
-                row.holder = None;
-                row.instance = None;
-                row.expires = now;
-            }
-        }
-    }
-}
+/// The one election's row.
+const ROW: &str = "e";
 
 #[derive(Debug)]
 enum Flight {
@@ -214,17 +100,10 @@ struct Sim {
 impl Sim {
     fn new(seed: u64, replicas: usize, faults_until: Us) -> Sim {
         let mut rng = Rng(seed);
-        let timing = Timing::new(
-            Duration::from_micros(HEARTBEAT as u64),
-            Duration::from_micros(TTL as u64),
-        )
-        .unwrap();
+        let timing = common::timing();
         // Clocks run within ±500 ppm of true time: far more than real drift,
         // far less than the safety margin over one ttl.
-        let db_clock = Clock {
-            offset: rng.range(0, 1 << 40),
-            ppm: rng.range(-500, 500),
-        };
+        let db_clock = Clock::random(&mut rng);
         let mut sim = Sim {
             rng,
             now: 0,
@@ -250,10 +129,7 @@ impl Sim {
             } else {
                 format!("r{i}")
             };
-            let clock = Clock {
-                offset: sim.rng.range(0, 1 << 40),
-                ppm: sim.rng.range(-500, 500),
-            };
+            let clock = Clock::random(&mut sim.rng);
             let instance = format!("{id}-{i}-0");
             sim.replicas.push(Replica {
                 engine: Engine::new(timing, id.clone(), instance, clock.boot(0)),
@@ -297,9 +173,9 @@ impl Sim {
                 // Executed as sent, whatever became of the sender since.
                 let req = self.requests.remove(&flight).expect("recorded when sent");
                 let db_now = self.db_clock.at(self.now);
-                let answer = self
-                    .db
-                    .acquire_or_renew(db_now, &req.id, &req.instance, req.held);
+                let answer =
+                    self.db
+                        .acquire_or_renew(db_now, ROW, &req.id, &req.instance, req.held);
                 if !lost_reply {
                     self.answers.insert(flight, answer);
                     self.push(self.now + reply_delay, What::Reply { r, flight });
@@ -338,7 +214,7 @@ impl Sim {
             }
             What::Release { instance } => {
                 let db_now = self.db_clock.at(self.now);
-                self.db.release(db_now, &instance);
+                self.db.release(db_now, ROW, &instance);
             }
         }
         self.check();
@@ -472,7 +348,7 @@ impl Sim {
                     rep.engine
                         .lease(rep.clock.boot(self.now))
                         .map(|(_, d)| rep.clock.true_at(local_us(d))),
-                    self.db.row
+                    self.db.rows.get(ROW)
                 );
             }
             if let Event::Acquired { token } = e {
@@ -555,7 +431,7 @@ impl Sim {
             _ => {
                 // The row is deleted (an operator, a restore).
                 if self.rng.chance(10) {
-                    self.db.row = None;
+                    self.db.rows.remove(ROW);
                 }
             }
         }
@@ -690,7 +566,7 @@ fn the_safety_margin_covers_the_worst_clocks_and_step_assumed() {
             let sent = clock.boot(t);
             let held = e.lease(sent).map(|(token, _)| token);
             let instance = e.instance().to_owned();
-            let answer = db.acquire_or_renew(db_clock.at(t + NET), id, &instance, held);
+            let answer = db.acquire_or_renew(db_clock.at(t + NET), ROW, id, &instance, held);
             e.on_attempt(sent, clock.boot(t + 2 * NET), answer);
             t + 2 * NET
         };

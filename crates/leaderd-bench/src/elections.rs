@@ -1,0 +1,218 @@
+//! Several elections per daemon: three daemons on one PostgreSQL, each
+//! running the same N elections (spread across them), for N = 1, 10, 100,
+//! 1,000 (and on to where the database's p99 passes 50 ms). Measured once
+//! the elections are spread, over a window: statements the database commits
+//! per second, the CPU its backends serving the daemons use, the p99 of the
+//! daemons' attempts (from their `/metrics` histograms), and each daemon's
+//! RSS; then one daemon alone holding 1,000 elections, idle.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use leaderd_tests::{cpu_ticks, http_get, status_kib, wait_for, Daemon, Scratch, TempDb};
+
+use crate::Size;
+
+/// One row of the table.
+#[derive(Debug, Clone)]
+pub struct Step {
+    pub elections: usize,
+    pub statements_per_s: f64,
+    pub db_cpu_percent: f64,
+    pub p99_ms: f64,
+    pub daemon_rss_mib: f64,
+    pub daemon_cpu_percent: f64,
+}
+
+fn names(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("job-{i:05}")).collect()
+}
+
+fn start(db: &TempDb, dir: &Scratch, id: &str, n: usize) -> Daemon {
+    Daemon::launch(&db.url, id, dir, id, &[])
+        .without_flag_file()
+        .env("LEADERD_ELECTIONS", &names(n).join(","))
+        .start()
+}
+
+/// How many elections each daemon leads now.
+fn counts(daemons: &[Daemon]) -> Option<Vec<usize>> {
+    daemons
+        .iter()
+        .map(|d| d.leading().map(|l| l.len()))
+        .collect()
+}
+
+/// The daemons' attempt-duration histogram, summed over elections:
+/// (upper bound in seconds, cumulative count) per bucket.
+fn histogram(daemons: &[Daemon]) -> Vec<(f64, f64)> {
+    let mut buckets: Vec<(f64, f64)> = Vec::new();
+    for d in daemons {
+        let Some((200, text)) = http_get(d.port, "/metrics") else {
+            continue;
+        };
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("leaderd_heartbeat_duration_seconds_bucket{") else {
+                continue;
+            };
+            let Some(le) = rest.split("le=\"").nth(1).and_then(|s| s.split('"').next()) else {
+                continue;
+            };
+            let bound = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().unwrap_or(f64::INFINITY)
+            };
+            let count: f64 = line
+                .rsplit(' ')
+                .next()
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(0.0);
+            match buckets.iter_mut().find(|(b, _)| *b == bound) {
+                Some(b) => b.1 += count,
+                None => buckets.push((bound, count)),
+            }
+        }
+    }
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    buckets
+}
+
+/// The p99 (upper bucket bound, ms) of what was observed between two
+/// histograms.
+fn p99_between(before: &[(f64, f64)], after: &[(f64, f64)]) -> f64 {
+    let delta: Vec<(f64, f64)> = after
+        .iter()
+        .map(|(b, c)| {
+            let was = before.iter().find(|(x, _)| x == b).map_or(0.0, |x| x.1);
+            (*b, c - was)
+        })
+        .collect();
+    let total = delta.last().map_or(0.0, |x| x.1);
+    delta
+        .iter()
+        .find(|(_, c)| *c >= total * 0.99)
+        .map_or(f64::NAN, |(b, _)| b * 1000.0)
+}
+
+/// The server processes serving the daemons' connections.
+fn backends(db: &TempDb) -> Vec<i32> {
+    db.scalar(
+        "SELECT coalesce(string_agg(pid::text, ','), '') FROM pg_stat_activity \
+         WHERE datname = current_database() AND application_name = 'leaderd'",
+    )
+    .split(',')
+    .filter_map(|p| p.parse().ok())
+    .collect()
+}
+
+fn commits(db: &TempDb) -> u64 {
+    db.scalar("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
+        .parse()
+        .unwrap_or(0)
+}
+
+fn measure(n: usize, window: Duration) -> Result<Step> {
+    let db = TempDb::postgres();
+    let dir = Scratch::new();
+    let daemons: Vec<Daemon> = ["a", "b", "c"]
+        .iter()
+        .map(|id| start(&db, &dir, id, n))
+        .collect();
+    let share = n.div_ceil(3);
+    wait_for(Duration::from_secs(60), "the elections to spread", || {
+        let c = counts(&daemons)?;
+        (c.iter().sum::<usize>() == n && c.iter().all(|&x| x <= share)).then_some(())
+    });
+    let ticks_per_s = rustix::param::clock_ticks_per_second() as f64;
+    let pids = backends(&db);
+    let cpu = |pids: &[i32]| pids.iter().filter_map(|&p| cpu_ticks(p)).sum::<u64>();
+    let own = {
+        let a = commits(&db);
+        commits(&db) - a
+    };
+    let (db0, d0, c0, h0) = (
+        cpu(&pids),
+        cpu(&daemons.iter().map(Daemon::pid).collect::<Vec<_>>()),
+        commits(&db),
+        histogram(&daemons),
+    );
+    let t0 = Instant::now();
+    std::thread::sleep(window);
+    let (db1, d1, c1, h1) = (
+        cpu(&pids),
+        cpu(&daemons.iter().map(Daemon::pid).collect::<Vec<_>>()),
+        commits(&db),
+        histogram(&daemons),
+    );
+    let secs = t0.elapsed().as_secs_f64();
+    let rss = daemons
+        .iter()
+        .filter_map(|d| status_kib(d.pid(), "VmRSS:"))
+        .max()
+        .unwrap_or(0);
+    Ok(Step {
+        elections: n,
+        statements_per_s: (c1 - c0).saturating_sub(own) as f64 / secs,
+        db_cpu_percent: (db1 - db0) as f64 / ticks_per_s / secs * 100.0,
+        p99_ms: p99_between(&h0, &h1),
+        daemon_rss_mib: rss as f64 / 1024.0,
+        daemon_cpu_percent: (d1 - d0) as f64 / ticks_per_s / secs * 100.0 / 3.0,
+    })
+}
+
+/// One daemon alone holding `n` elections: its RSS once they are all led
+/// and it has settled.
+fn idle_rss(n: usize, settle: Duration) -> Result<f64> {
+    let db = TempDb::postgres();
+    let dir = Scratch::new();
+    let d = start(&db, &dir, "alone", n);
+    wait_for(Duration::from_secs(60), "all elections led", || {
+        (d.leading()?.len() == n).then_some(())
+    });
+    std::thread::sleep(settle);
+    let rss = status_kib(d.pid(), "VmRSS:").context("VmRSS")?;
+    Ok(rss as f64 / 1024.0)
+}
+
+/// Prints the part's table; returns its rows for the plot.
+pub fn run(size: Size) -> Result<Vec<Step>> {
+    let ns: Vec<usize> = size.pick(vec![1, 10, 100, 1000, 3000], vec![1, 4]);
+    let window = size.pick(Duration::from_secs(20), Duration::from_secs(2));
+    let mut steps = Vec::new();
+    for n in ns {
+        let step = measure(n, window)?;
+        eprintln!("elections {n}: {step:?}");
+        steps.push(step);
+    }
+    let alone = size.pick(1000, 4);
+    let rss = idle_rss(
+        alone,
+        size.pick(Duration::from_secs(10), Duration::from_secs(1)),
+    )?;
+    println!("## Several elections per daemon\n");
+    println!(
+        "Three daemons on one PostgreSQL, each running the same N elections (default timing, \
+         spread on: each leads about N/3), measured over {} s once spread. Statements: \
+         transactions the database committed per second (each renewal batch, follower \
+         attempt and spread read is one). DB CPU: the backends serving the daemons, % of one \
+         core. p99: the daemons' attempts (renewals and followers' attempts), from their \
+         histograms (bucket bounds). RSS: the largest of the three.\n",
+        window.as_secs()
+    );
+    println!("| elections per daemon | statements/s | DB CPU % | attempt p99 ms | daemon RSS MiB | daemon CPU % |");
+    println!("|---:|---:|---:|---:|---:|---:|");
+    for s in &steps {
+        println!(
+            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
+            s.elections,
+            s.statements_per_s,
+            s.db_cpu_percent,
+            s.p99_ms,
+            s.daemon_rss_mib,
+            s.daemon_cpu_percent
+        );
+    }
+    println!("\nOne daemon alone leading {alone} elections, idle: RSS {rss:.1} MiB.\n");
+    Ok(steps)
+}

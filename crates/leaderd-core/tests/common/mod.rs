@@ -1,0 +1,167 @@
+//! What the simulations share: a seeded generator, clocks that drift, and
+//! the lock table as the spec defines its operations, on the database's
+//! clock, one row per election.
+
+#![allow(dead_code)] // each simulation uses its own part
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use leaderd_core::{Attempt, BootTime, Observed, Timing};
+
+/// True time, in microseconds since the simulation began.
+pub type Us = i64;
+
+pub const TTL: Us = 1_200_000;
+pub const HEARTBEAT: Us = 1_000_000;
+
+pub fn timing() -> Timing {
+    Timing::new(
+        Duration::from_micros(HEARTBEAT as u64),
+        Duration::from_micros(TTL as u64),
+    )
+    .unwrap()
+}
+
+/// splitmix64: small, fast, and the same everywhere.
+#[derive(Debug, Clone)]
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    pub fn range(&mut self, lo: Us, hi: Us) -> Us {
+        lo + i64::try_from(self.below(u64::try_from(hi - lo).unwrap_or(0) + 1)).unwrap_or(0)
+    }
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// A clock running at `1 + ppm / 10⁶` of true time from `offset`.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    pub offset: Us,
+    pub ppm: i64,
+}
+
+impl Clock {
+    /// Within ±500 ppm of true time: far more than real drift, far less
+    /// than the safety margin over one ttl.
+    pub fn random(rng: &mut Rng) -> Clock {
+        Clock {
+            offset: rng.range(0, 1 << 40),
+            ppm: rng.range(-500, 500),
+        }
+    }
+    pub fn at(&self, t: Us) -> Us {
+        self.offset + t + t * self.ppm / 1_000_000
+    }
+    /// The true time at which this clock reads `local` (the inverse).
+    pub fn true_at(&self, local: Us) -> Us {
+        let d = local - self.offset;
+        d - d * self.ppm / (1_000_000 + self.ppm)
+    }
+    pub fn boot(&self, t: Us) -> BootTime {
+        BootTime::from_since_boot(Duration::from_micros(
+            u64::try_from(self.at(t)).unwrap_or(0),
+        ))
+    }
+}
+
+pub fn local_us(b: BootTime) -> Us {
+    i64::try_from(b.since_boot().as_micros()).unwrap_or(i64::MAX)
+}
+
+/// One lock row.
+#[derive(Debug, Clone, Default)]
+pub struct Row {
+    pub holder: Option<String>,
+    pub instance: Option<String>,
+    pub token: i64,
+    pub expires: Us,
+}
+
+/// The lock table, on the database clock (times passed in are its).
+#[derive(Debug, Default)]
+pub struct Db {
+    pub rows: BTreeMap<String, Row>,
+    /// Seeds a re-created row's token; the database clock in µs in reality.
+    next_seed: i64,
+}
+
+impl Db {
+    pub fn acquire_or_renew(
+        &mut self,
+        now: Us,
+        name: &str,
+        id: &str,
+        inst: &str,
+        held: Option<i64>,
+    ) -> Attempt {
+        let Some(row) = self.rows.get_mut(name) else {
+            self.next_seed += 1_000_000;
+            let row = Row {
+                token: self.next_seed,
+                expires: now + TTL,
+                ..Row::default()
+            };
+            self.rows.insert(name.to_owned(), row);
+            return Attempt::Created;
+        };
+        let mine_live = row.instance.as_deref() == Some(inst) && row.expires > now;
+        if let Some(h) = held {
+            // The leader's fast path requires its token.
+            if mine_live && row.token == h {
+                row.expires = row.expires.max(now + TTL);
+                return Attempt::Granted { token: row.token };
+            }
+        }
+        if mine_live || row.expires <= now {
+            if !mine_live {
+                row.token += 1;
+            }
+            row.holder = Some(id.to_owned());
+            row.instance = Some(inst.to_owned());
+            row.expires = row.expires.max(now + TTL);
+            self.next_seed = self.next_seed.max(row.token);
+            return Attempt::Granted { token: row.token };
+        }
+        Attempt::Refused(Observed {
+            holder: row.holder.clone(),
+            instance: row.instance.clone(),
+            token: row.token,
+            remaining_us: row.expires - now,
+        })
+    }
+
+    /// Whether the row was released (only by its holding instance).
+    pub fn release(&mut self, now: Us, name: &str, inst: &str) -> bool {
+        match self.rows.get_mut(name) {
+            Some(row) if row.instance.as_deref() == Some(inst) => {
+                row.holder = None;
+                row.instance = None;
+                row.expires = now;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The live holder of each row, by the database's clock at `now`.
+    pub fn live_holders(&self, now: Us) -> BTreeMap<String, String> {
+        self.rows
+            .iter()
+            .filter(|(_, r)| r.expires > now)
+            .filter_map(|(n, r)| Some((n.clone(), r.holder.clone()?)))
+            .collect()
+    }
+}
