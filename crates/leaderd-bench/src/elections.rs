@@ -112,7 +112,9 @@ fn commits(db: &TempDb) -> u64 {
         .unwrap_or(0)
 }
 
-fn measure(n: usize, window: Duration) -> Result<Step> {
+/// The step for `n` elections, or `None` when they did not spread within a
+/// minute (the daemons cannot keep up).
+fn measure(n: usize, window: Duration) -> Result<Option<Step>> {
     let db = TempDb::postgres();
     let dir = Scratch::new();
     let daemons: Vec<Daemon> = ["a", "b", "c"]
@@ -120,10 +122,17 @@ fn measure(n: usize, window: Duration) -> Result<Step> {
         .map(|id| start(&db, &dir, id, n))
         .collect();
     let share = n.div_ceil(3);
-    wait_for(Duration::from_secs(60), "the elections to spread", || {
-        let c = counts(&daemons)?;
-        (c.iter().sum::<usize>() == n && c.iter().all(|&x| x <= share)).then_some(())
-    });
+    let spread = || {
+        counts(&daemons)
+            .is_some_and(|c| c.iter().sum::<usize>() == n && c.iter().all(|&x| x <= share))
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !spread() {
+        if Instant::now() > deadline {
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let ticks_per_s = rustix::param::clock_ticks_per_second() as f64;
     let pids = backends(&db);
     let cpu = |pids: &[i32]| pids.iter().filter_map(|&p| cpu_ticks(p)).sum::<u64>();
@@ -151,14 +160,14 @@ fn measure(n: usize, window: Duration) -> Result<Step> {
         .filter_map(|d| status_kib(d.pid(), "VmRSS:"))
         .max()
         .unwrap_or(0);
-    Ok(Step {
+    Ok(Some(Step {
         elections: n,
         statements_per_s: (c1 - c0).saturating_sub(own) as f64 / secs,
         db_cpu_percent: (db1 - db0) as f64 / ticks_per_s / secs * 100.0,
         p99_ms: p99_between(&h0, &h1),
         daemon_rss_mib: rss as f64 / 1024.0,
         daemon_cpu_percent: (d1 - d0) as f64 / ticks_per_s / secs * 100.0 / 3.0,
-    })
+    }))
 }
 
 /// One daemon alone holding `n` elections: its RSS once they are all led
@@ -180,10 +189,18 @@ pub fn run(size: Size) -> Result<Vec<Step>> {
     let ns: Vec<usize> = size.pick(vec![1, 10, 100, 1000, 3000], vec![1, 4]);
     let window = size.pick(Duration::from_secs(20), Duration::from_secs(2));
     let mut steps = Vec::new();
+    let mut unsettled = None;
     for n in ns {
-        let step = measure(n, window)?;
-        eprintln!("elections {n}: {step:?}");
-        steps.push(step);
+        match measure(n, window)? {
+            Some(step) => {
+                eprintln!("elections {n}: {step:?}");
+                steps.push(step);
+            }
+            None => {
+                unsettled = Some(n);
+                break;
+            }
+        }
     }
     let alone = size.pick(1000, 4);
     let rss = idle_rss(
@@ -212,6 +229,9 @@ pub fn run(size: Size) -> Result<Vec<Step>> {
             s.daemon_rss_mib,
             s.daemon_cpu_percent
         );
+    }
+    if let Some(n) = unsettled {
+        println!("| {n} | did not spread within 60 s | | | | |");
     }
     println!("\nOne daemon alone leading {alone} elections, idle: RSS {rss:.1} MiB.\n");
     Ok(steps)

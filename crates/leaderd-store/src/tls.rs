@@ -4,9 +4,10 @@
 //! rustls with the *ring* provider (pure Rust and assembly: no OpenSSL, no
 //! libpq). Trusted roots are the URL's CA file when given, else the system's
 //! store as `rustls-native-certs` finds it (`/etc/ssl/certs`, or
-//! `SSL_CERT_FILE`/`SSL_CERT_DIR`; distroless images ship one). Every file is
-//! read when a connection is made, never cached, so a rotated Kubernetes
-//! Secret is used by the next connection without a restart.
+//! `SSL_CERT_FILE`/`SSL_CERT_DIR`; distroless images ship one), read only for
+//! `verify-*` and only once. Every file the URL names is read when a
+//! connection is made, never cached, so a rotated Kubernetes Secret is used
+//! by the next connection without a restart.
 //!
 //! This module does not connect: `pg` hands the configuration to
 //! tokio-postgres; MySQL's driver (mysql_async) builds its own from the same
@@ -125,7 +126,13 @@ fn roots(file: Option<&Path>) -> Result<RootCertStore, StoreError> {
 /// entries are skipped: one bad file in `/etc/ssl/certs` must not stop the
 /// rest from being used.
 pub(crate) fn system_roots() -> Vec<CertificateDer<'static>> {
-    rustls_native_certs::load_native_certs().certs
+    // Read once: the image's store does not change under a running process
+    // (a CA file named in the URL, a mounted Secret, is read at every
+    // connect instead), and only `verify-*` asks for it at all.
+    static SYSTEM: std::sync::OnceLock<Vec<CertificateDer<'static>>> = std::sync::OnceLock::new();
+    SYSTEM
+        .get_or_init(|| rustls_native_certs::load_native_certs().certs)
+        .clone()
 }
 
 /// Every certificate in a PEM file.
