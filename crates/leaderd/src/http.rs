@@ -280,7 +280,7 @@ mod tests {
         Arc::new(Daemon::new(&settings))
     }
 
-    fn shared() -> Arc<Daemon> {
+    fn daemon() -> Arc<Daemon> {
         daemon_of(&[])
     }
 
@@ -289,20 +289,11 @@ mod tests {
     }
 
     async fn call_from(method: Method, uri: &str, peer: SocketAddr) -> (StatusCode, String) {
-        call_with(method, uri, peer, &[(RELEASE_HEADER, "1")], ReleaseAt::Here).await
+        let ok = [(RELEASE_HEADER, "1")];
+        call_with(daemon(), method, uri, peer, &ok, ReleaseAt::Here).await
     }
 
     async fn call_with(
-        method: Method,
-        uri: &str,
-        peer: SocketAddr,
-        headers: &[(&str, &str)],
-        release_at: ReleaseAt,
-    ) -> (StatusCode, String) {
-        call_daemon(shared(), method, uri, peer, headers, release_at).await
-    }
-
-    async fn call_daemon(
         daemon: Arc<Daemon>,
         method: Method,
         uri: &str,
@@ -407,17 +398,19 @@ mod tests {
     async fn release_needs_its_header_no_origin_and_the_loopback_listener() {
         let local = SocketAddr::from(([127, 0, 0, 6], 50000));
         let here = ReleaseAt::Here;
-        let (status, body) = call_with(Method::POST, "/release", local, &[], here).await;
+        let (status, body) = call_with(daemon(), Method::POST, "/release", local, &[], here).await;
         assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
         assert!(body.contains("Leaderd-Release"), "{body}");
         let browser = [(RELEASE_HEADER, "1"), ("origin", "https://evil.example")];
-        let (status, body) = call_with(Method::POST, "/release", local, &browser, here).await;
+        let (status, body) =
+            call_with(daemon(), Method::POST, "/release", local, &browser, here).await;
         assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
         let ok = [(RELEASE_HEADER, "1")];
-        let (status, body) = call_with(Method::POST, "/release", local, &ok, here).await;
+        let (status, body) = call_with(daemon(), Method::POST, "/release", local, &ok, here).await;
         assert_eq!(status, StatusCode::CONFLICT, "not leading: {body}");
         let elsewhere = ReleaseAt::Elsewhere(SocketAddr::from(([127, 0, 0, 1], 4041)));
-        let (status, body) = call_with(Method::POST, "/release", local, &ok, elsewhere).await;
+        let (status, body) =
+            call_with(daemon(), Method::POST, "/release", local, &ok, elsewhere).await;
         assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
         assert!(body.contains("127.0.0.1:4041"), "{body}");
     }
@@ -430,7 +423,7 @@ mod tests {
             .header("content-length", "5")
             .body(Body::from("hello"))
             .unwrap();
-        let res = router(shared(), ReleaseAt::Here)
+        let res = router(daemon(), ReleaseAt::Here)
             .layer(axum::extract::connect_info::MockConnectInfo(
                 SocketAddr::from(([127, 0, 0, 1], 1)),
             ))
@@ -478,9 +471,8 @@ mod tests {
     async fn several_elections_answer_by_name() {
         let several = || daemon_of(&["--election", "mailer", "--election", "reports"]);
         let peer = SocketAddr::from(([127, 0, 0, 1], 50000));
-        let ask = |uri: &'static str| {
-            call_daemon(several(), Method::GET, uri, peer, &[], ReleaseAt::Here)
-        };
+        let ask =
+            |uri: &'static str| call_with(several(), Method::GET, uri, peer, &[], ReleaseAt::Here);
         let (status, body) = ask("/leader").await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
         assert!(body.contains("\"election\":\"mailer\""), "{body}");
@@ -520,7 +512,7 @@ mod tests {
         }
         let release = |uri: &'static str| {
             let ok = [(RELEASE_HEADER, "1")];
-            async move { call_daemon(several(), Method::POST, uri, peer, &ok, ReleaseAt::Here).await }
+            async move { call_with(several(), Method::POST, uri, peer, &ok, ReleaseAt::Here).await }
         };
         let (status, body) = release("/release").await;
         assert_eq!(status, StatusCode::CONFLICT, "nobody leads: {body}");

@@ -308,10 +308,19 @@ impl Task {
         let mut attempts = Vec::new();
         let mut releases = Vec::new();
         let mut reads = Vec::new();
+        let now = boot_now();
         for job in jobs {
             match job {
                 // An attempt its loop gave up on is not sent.
                 Job::Attempt { reply, .. } if reply.is_closed() => {}
+                // Nor one whose deadline passed while it waited: it would
+                // cut the whole batch at once.
+                Job::Attempt { until, reply, .. } if until <= now => {
+                    let _ = reply.send(Err(Failure {
+                        reason: "timed out before it was sent".into(),
+                        sent: false,
+                    }));
+                }
                 Job::Attempt { req, until, reply } => attempts.push((req, until, reply)),
                 Job::Release {
                     election,
