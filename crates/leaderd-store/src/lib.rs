@@ -298,7 +298,12 @@ impl Connection {
             _ => {
                 let mut out = Vec::with_capacity(reqs.len());
                 for req in reqs {
-                    out.push(self.acquire_or_renew(req).await);
+                    let one = self.acquire_or_renew(req).await;
+                    let fatal = matches!(&one, Err(e) if !matches!(e, StoreError::Busy));
+                    out.push(one);
+                    if fatal {
+                        break;
+                    }
                 }
                 out
             }

@@ -184,6 +184,16 @@ const ACQUIRE_MANY_TYPES: &[Type] = &[
     Type::INT8,
 ];
 
+/// [`CREATE`] for several missing rows in one statement. Binds: names
+/// (array), ttl in microseconds.
+const CREATE_MANY: &str = "INSERT INTO service_leader_lock (name, token, expires_at) \
+    SELECT n, GREATEST((EXTRACT(EPOCH FROM now()) * 1000000)::bigint, \
+                       COALESCE(service_leader_token_floor(n) + 1, 0)), \
+           now() + $2 * INTERVAL '1 microsecond' \
+      FROM unnest($1::varchar[]) AS n \
+    ON CONFLICT (name) DO NOTHING";
+const CREATE_MANY_TYPES: &[Type] = &[Type::VARCHAR_ARRAY, Type::INT8];
+
 /// [`RELEASE`] for several elections in one statement: the names released
 /// (each notified).
 const RELEASE_MANY: &str = "\
@@ -573,8 +583,8 @@ impl PgStore {
 
     /// Acquire-or-renew for several elections (distinct names, one ttl):
     /// the renewals in one statement; the others, and any renewal that did
-    /// not match (lost, or its row locked), in a second; a missing row is
-    /// created. So a leader's renewal of every election it holds is one
+    /// not match (lost, or its row locked), in a second; missing rows are
+    /// created in a third. So a leader's renewal of every election it holds is one
     /// round trip, as one election's is. One request runs as
     /// [`PgStore::acquire_or_renew`] does.
     pub(crate) async fn acquire_or_renew_many(
@@ -649,11 +659,12 @@ impl PgStore {
                 crate::refusal(req, seen)
             });
         }
-        for i in rest {
-            if out[i].is_none() {
-                let req = &reqs[i];
-                self.query(CREATE, CREATE_TYPES, &[&req.election, &ttl_us])
-                    .await?;
+        let missing: Vec<usize> = rest.into_iter().filter(|&i| out[i].is_none()).collect();
+        if !missing.is_empty() {
+            let names: Vec<&str> = missing.iter().map(|&i| reqs[i].election).collect();
+            self.query(CREATE_MANY, CREATE_MANY_TYPES, &[&names, &ttl_us])
+                .await?;
+            for i in missing {
                 out[i] = Some(Ok(Attempt::Created));
             }
         }

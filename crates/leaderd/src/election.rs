@@ -87,8 +87,10 @@ pub struct Shared {
     /// Whether a command run under `exec` is alive: the row is not released
     /// on purpose until it is gone, or its successor could overlap it.
     child_running: watch::Sender<bool>,
-    /// Asks the loop to renew now (see `link`: renewals go together).
+    /// Asks the loop to renew now (see `link`: renewals go together); the
+    /// flag says the request still stands (an attempt since answers it).
     renew_soon: Notify,
+    renew_asked: std::sync::atomic::AtomicBool,
     /// A release of this election was announced (see `wakeups`).
     pub release_notice: Notify,
 }
@@ -135,6 +137,7 @@ impl Shared {
             changes: watch::Sender::new(Leadership::default()),
             child_running: watch::Sender::new(false),
             renew_soon: Notify::new(),
+            renew_asked: std::sync::atomic::AtomicBool::new(false),
             release_notice: Notify::new(),
         }
     }
@@ -142,7 +145,16 @@ impl Shared {
     /// Asks the loop to renew now if it leads, so that its renewal goes in
     /// the batch being sent (see `link`).
     pub fn renew_soon(&self) {
+        self.renew_asked
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         self.renew_soon.notify_one();
+    }
+
+    /// Whether a renewal asked for by [`Shared::renew_soon`] is still
+    /// wanted; taking it answers it.
+    fn take_renew_asked(&self) -> bool {
+        self.renew_asked
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Announces a change of leadership to watchers. The loop calls it after
@@ -373,6 +385,8 @@ impl Loop {
                 self.db.wants_link = true;
                 self.db.link.want_connection();
             } else if due {
+                // This attempt answers any early renewal asked for.
+                self.shared.take_renew_asked();
                 // Read the clock before taking the connection: the lease is
                 // measured from here.
                 let sent_at = boot_now();
@@ -427,7 +441,11 @@ impl Loop {
                 Some(request) = control.recv() => self.on_control(request).await,
                 () = wake.notified() => self.shared.engine().on_release_notice(boot_now()),
                 changed = self.db.link.changed() => self.on_link(changed),
-                () = self.shared.renew_soon.notified() => self.shared.engine().renew_now(boot_now()),
+                () = self.shared.renew_soon.notified() => {
+                    if self.shared.take_renew_asked() {
+                        self.shared.engine().renew_now(boot_now());
+                    }
+                }
                 () = self.timer.sleep_until(wakeup) => {}
             }
         }

@@ -11,7 +11,7 @@
 //! leader of E elections sends one renewal statement per renew interval.
 //!
 //! Failures are handled as on a connection of one's own: a batch that fails,
-//! or runs past the earliest deadline among its attempts, drops the
+//! or runs past the latest deadline among its attempts, drops the
 //! connection (cancelling a statement still running) and fails every attempt
 //! in it; the loops retry on a fresh one, opened outside the attempts by the
 //! [`Connector`]. An attempt made while there is no connection fails at once
@@ -88,7 +88,7 @@ type ReleaseReply = oneshot::Sender<Result<bool, String>>;
 enum Job {
     Attempt {
         req: Request,
-        /// The attempt's deadline: the batch is cut at the earliest.
+        /// The attempt's deadline: the batch is cut at the latest of them.
         until: BootTime,
         reply: AttemptReply,
     },
@@ -333,6 +333,22 @@ impl Task {
         if !attempts.is_empty() {
             self.send_attempts(attempts).await;
         }
+        // The attempts may have cost the connection: what is left waits for
+        // the next one (as a release or read without one always does).
+        if self.conn.is_none() {
+            for (election, instance, reply) in releases {
+                let job = Job::Release {
+                    election,
+                    instance,
+                    reply,
+                };
+                self.pending.push_back(job);
+            }
+            for reply in reads {
+                self.pending.push_back(Job::Read { reply });
+            }
+            return;
+        }
         if !releases.is_empty() {
             self.send_releases(releases).await;
         }
@@ -345,10 +361,12 @@ impl Task {
     /// When a renewal is pending, asks every other election this daemon
     /// leads to renew now, and waits (briefly) for their attempts.
     async fn align(&mut self) {
-        let renewing = self
-            .pending
-            .iter()
-            .any(|j| matches!(j, Job::Attempt { req, .. } if req.held_token.is_some()));
+        // A renewal of one of the elections (not of the spread's presence,
+        // which keeps its own rhythm).
+        let ours = |name: &str| self.elections.iter().any(|s| s.election == name);
+        let renewing = self.pending.iter().any(
+            |j| matches!(j, Job::Attempt { req, .. } if req.held_token.is_some() && ours(&req.election)),
+        );
         if !renewing {
             return;
         }
@@ -379,11 +397,16 @@ impl Task {
     }
 
     async fn send_attempts(&mut self, attempts: Vec<(Request, BootTime, AttemptReply)>) {
+        // Cut at the latest deadline among them, not the earliest: a
+        // renewal has the whole local lease (a statement cut early loses
+        // its place in the server's queue, see `Engine::attempt_timeout`),
+        // whatever a follower's poll beside it was given. An attempt whose
+        // own deadline passes first is failed by its loop meanwhile.
         let now = boot_now();
         let limit = attempts
             .iter()
             .map(|(_, until, _)| until.saturating_since(now))
-            .min()
+            .max()
             .unwrap_or_default();
         let conn = self.conn.as_mut().expect("sent on a connection");
         let reqs: Vec<LeaseRequest<'_>> = attempts.iter().map(|(r, _, _)| r.borrowed()).collect();
