@@ -93,8 +93,8 @@ struct Spread {
     instance: String,
     /// The presence row's token while this instance holds it.
     held_token: Option<i64>,
-    /// The daemon's connection (the presence renewal goes in the loops'
-    /// batch).
+    /// The daemon's connection: the presence renewal and the read go over
+    /// it, with whatever the loops have pending.
     link: Link,
     /// What each election's loop was last told.
     yielding: Vec<bool>,
