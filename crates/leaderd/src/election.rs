@@ -200,6 +200,17 @@ impl Shared {
         self.control.send(request).await.is_ok()
     }
 
+    /// Asks the loop to step down (see [`Control::Release`]): `Ok` with the
+    /// view after the release, `Err` with the view when it did not lead,
+    /// `None` when the loop has stopped.
+    pub async fn release(&self, hold: Duration) -> Option<Result<View, View>> {
+        let (reply, answer) = oneshot::channel();
+        if !self.control(Control::Release { hold, reply }).await {
+            return None;
+        }
+        answer.await.ok()
+    }
+
     /// The receiving end of [`Shared::control`], for the one election loop.
     pub fn take_control(&self) -> mpsc::Receiver<Control> {
         self.control_rx
@@ -302,8 +313,7 @@ pub async fn run(shared: Arc<Shared>, settings: Settings, link: Link, shutdown: 
         leading,
         presence_held,
     };
-    let wake = lp.shared.clone();
-    lp.elect(&wake.release_notice, control, &shutdown).await;
+    lp.elect(control, &shutdown).await;
     lp.report.step_down(&lp.shared);
     let instance = lp.shared.engine().instance().to_owned();
     lp.release_row(&instance).await;
@@ -361,12 +371,7 @@ struct Report {
 }
 
 impl Loop {
-    async fn elect(
-        &mut self,
-        wake: &Notify,
-        mut control: mpsc::Receiver<Control>,
-        shutdown: &CancellationToken,
-    ) {
+    async fn elect(&mut self, mut control: mpsc::Receiver<Control>, shutdown: &CancellationToken) {
         loop {
             let now = boot_now();
             self.shared.progress(now);
@@ -439,7 +444,7 @@ impl Loop {
                 biased;
                 () = shutdown.cancelled() => return,
                 Some(request) = control.recv() => self.on_control(request).await,
-                () = wake.notified() => self.shared.engine().on_release_notice(boot_now()),
+                () = self.shared.release_notice.notified() => self.shared.engine().on_release_notice(boot_now()),
                 changed = self.db.link.changed() => self.on_link(changed),
                 () = self.shared.renew_soon.notified() => {
                     if self.shared.take_renew_asked() {

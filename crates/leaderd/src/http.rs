@@ -33,7 +33,7 @@ use axum::http::Uri;
 
 use crate::body::{election, error, leader_fields, query, LeaderBody};
 use crate::daemon::Daemon;
-use crate::election::{Control, Shared};
+use crate::election::Shared;
 
 /// The request header `POST /release` needs (`leaderd release` sends it).
 pub const RELEASE_HEADER: &str = "leaderd-release";
@@ -176,7 +176,7 @@ async fn release(
         None => daemon.all().iter().collect(),
     };
     // Each election's loop releases its own row, all at once.
-    let answers = futures_util::future::join_all(chosen.iter().map(|s| release_one(s, hold))).await;
+    let answers = futures_util::future::join_all(chosen.iter().map(|s| s.release(hold))).await;
     let mut released = false;
     let mut bodies = Vec::new();
     for (shared, answer) in chosen.iter().zip(answers) {
@@ -200,20 +200,6 @@ async fn release(
     } else {
         (status, Json(bodies)).into_response()
     }
-}
-
-/// Asks one election's loop to step down: `Ok` with the view after the
-/// release, `Err` with the view when it did not lead, `None` when the loop
-/// has stopped.
-async fn release_one(
-    shared: &Shared,
-    hold: Duration,
-) -> Option<Result<leaderd_core::View, leaderd_core::View>> {
-    let (reply, answer) = tokio::sync::oneshot::channel();
-    if !shared.control(Control::Release { hold, reply }).await {
-        return None;
-    }
-    answer.await.ok()
 }
 
 /// The `/leader` body for a view.
@@ -267,6 +253,7 @@ async fn not_found() -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::election::Control;
     use axum::body::Body;
     use axum::http::{Method, Request};
     use http_body_util::BodyExt;

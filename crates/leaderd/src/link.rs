@@ -74,11 +74,10 @@ pub struct Failure {
 }
 
 /// Whether the link holds a connection, and the last connect's failure.
+/// Every finished connect modifies it, which is what wakes the loops.
 #[derive(Debug, Clone, Default)]
 pub struct State {
     pub connected: bool,
-    /// Counts connects that finished, either way.
-    pub generation: u64,
     pub error: Option<String>,
 }
 
@@ -246,11 +245,8 @@ impl Task {
         let mut kept = VecDeque::new();
         for job in self.pending.drain(..) {
             match job {
-                Job::Attempt { reply, .. } => {
-                    let _ = reply.send(Err(Failure {
-                        reason: "no connection".into(),
-                        sent: false,
-                    }));
+                Job::Attempt { .. } => {
+                    fail(job, "no connection", false);
                     self.wanted = true;
                 }
                 other => kept.push_back(other),
@@ -267,7 +263,6 @@ impl Task {
                 self.wanted = false;
                 self.state.send_modify(|s| {
                     s.connected = true;
-                    s.generation += 1;
                     s.error = None;
                 });
             }
@@ -277,10 +272,7 @@ impl Task {
                 for job in std::mem::take(&mut self.pending) {
                     fail(job, &reason, false);
                 }
-                self.state.send_modify(|s| {
-                    s.generation += 1;
-                    s.error = Some(reason);
-                });
+                self.state.send_modify(|s| s.error = Some(reason));
             }
             Err(_) => {}
         }
@@ -315,11 +307,8 @@ impl Task {
                 Job::Attempt { reply, .. } if reply.is_closed() => {}
                 // Nor one whose deadline passed while it waited: it would
                 // cut the whole batch at once.
-                Job::Attempt { until, reply, .. } if until <= now => {
-                    let _ = reply.send(Err(Failure {
-                        reason: "timed out before it was sent".into(),
-                        sent: false,
-                    }));
+                Job::Attempt { until, .. } if until <= now => {
+                    fail(job, "timed out before it was sent", false);
                 }
                 Job::Attempt { req, until, reply } => attempts.push((req, until, reply)),
                 Job::Release {
@@ -411,8 +400,8 @@ impl Task {
         let conn = self.conn.as_mut().expect("sent on a connection");
         let reqs: Vec<LeaseRequest<'_>> = attempts.iter().map(|(r, _, _)| r.borrowed()).collect();
         let answer = tokio::time::timeout(limit, conn.acquire_or_renew_many(&reqs)).await;
-        match answer {
-            Ok(Ok(results)) => {
+        match self.settle(answer, limit, "attempt") {
+            Ok(results) => {
                 for ((_, _, reply), result) in attempts.into_iter().zip(results) {
                     let _ = reply.send(result.map_err(|e| Failure {
                         reason: e.to_string(),
@@ -420,20 +409,8 @@ impl Task {
                     }));
                 }
             }
-            Ok(Err(e)) => {
-                let reason = e.to_string();
+            Err(reason) => {
                 debug!(error = %reason, batch = attempts.len(), "batch failed; dropping the connection");
-                self.drop_connection(unanswered(&e).then_some(limit));
-                for (_, _, reply) in attempts {
-                    let _ = reply.send(Err(Failure {
-                        reason: reason.clone(),
-                        sent: true,
-                    }));
-                }
-            }
-            Err(_) => {
-                self.drop_connection(Some(limit));
-                let reason = format!("attempt timed out after {limit:?}");
                 for (_, _, reply) in attempts {
                     let _ = reply.send(Err(Failure {
                         reason: reason.clone(),
@@ -451,17 +428,7 @@ impl Task {
             .map(|(e, i, _)| (e.as_str(), i.as_str()))
             .collect();
         let answer = tokio::time::timeout(RELEASE_CAP, conn.release_many(&items)).await;
-        let answer = match answer {
-            Ok(Ok(released)) => Ok(released),
-            Ok(Err(e)) => {
-                self.drop_connection(unanswered(&e).then_some(RELEASE_CAP));
-                Err(e.to_string())
-            }
-            Err(_) => {
-                self.drop_connection(Some(RELEASE_CAP));
-                Err(format!("release timed out after {RELEASE_CAP:?}"))
-            }
-        };
+        let answer = self.settle(answer, RELEASE_CAP, "release");
         for (i, (_, _, reply)) in releases.into_iter().enumerate() {
             let _ = reply.send(answer.as_ref().map(|r| r[i]).map_err(Clone::clone));
         }
@@ -469,24 +436,31 @@ impl Task {
 
     async fn read(&mut self) -> Result<Vec<ElectionRow>, String> {
         let conn = self.conn.as_mut().ok_or("no connection")?;
-        match tokio::time::timeout(RELEASE_CAP, conn.elections()).await {
-            Ok(Ok(rows)) => Ok(rows),
+        let answer = tokio::time::timeout(RELEASE_CAP, conn.elections()).await;
+        self.settle(answer, RELEASE_CAP, "reading the table")
+    }
+
+    /// The outcome of one statement run under `limit`: a failure or a
+    /// timeout drops the connection, cancelling what the server may still
+    /// be running (not after an error it answered).
+    fn settle<T>(
+        &mut self,
+        outcome: Result<Result<T, StoreError>, tokio::time::error::Elapsed>,
+        limit: Duration,
+        what: &str,
+    ) -> Result<T, String> {
+        match outcome {
+            Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => {
-                self.drop_connection(unanswered(&e).then_some(RELEASE_CAP));
+                self.drop_connection((!e.answered()).then_some(limit));
                 Err(e.to_string())
             }
             Err(_) => {
-                self.drop_connection(Some(RELEASE_CAP));
-                Err(format!("reading the table timed out after {RELEASE_CAP:?}"))
+                self.drop_connection(Some(limit));
+                Err(format!("{what} timed out after {limit:?}"))
             }
         }
     }
-}
-
-/// Whether a statement may still be running on the server after this error
-/// (so it is worth cancelling): the server did not answer it.
-fn unanswered(e: &StoreError) -> bool {
-    !e.answered()
 }
 
 fn fail(job: Job, reason: &str, sent: bool) {

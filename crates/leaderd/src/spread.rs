@@ -175,10 +175,7 @@ impl Spread {
         let hold = t.heartbeat() * 2;
         for &i in leading.iter().rev().take(p.hand_over) {
             let shared = self.daemon.all()[i].clone();
-            tokio::spawn(async move {
-                let (reply, _answer) = tokio::sync::oneshot::channel();
-                shared.control(Control::Release { hold, reply }).await;
-            });
+            tokio::spawn(async move { shared.release(hold).await });
         }
     }
 

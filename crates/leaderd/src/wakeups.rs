@@ -15,6 +15,19 @@ use tracing::{debug, info};
 use crate::daemon::Daemon;
 use crate::settings::DatabaseSource;
 
+/// Whether the backend needs a presence (MySQL's named lock), which also
+/// says whether its release waiter is per election. The backend cannot
+/// change under a running daemon; a URL file that is not readable yet (a
+/// Secret mounted late) is waited for.
+async fn presence_needed(source: &DatabaseSource) -> bool {
+    loop {
+        match source.resolve() {
+            Ok(url) => return Presence::needed(&url),
+            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+}
+
 /// Wakes each election's loop when a release of it is announced. On
 /// PostgreSQL and SQLite one waiter serves every election (one `LISTEN`
 /// connection, one file watch); MySQL's wait is on one election's named
@@ -25,16 +38,9 @@ pub async fn wait_for_releases(
     heartbeat: Duration,
     shutdown: CancellationToken,
 ) {
-    // The backend cannot change under a running daemon; a URL file that is
-    // not readable yet (a Secret mounted late) is waited for.
-    let per_election = loop {
-        match source.resolve() {
-            Ok(url) => break Presence::needed(&url),
-            Err(_) => tokio::select! {
-                () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(Duration::from_millis(500)) => {}
-            },
-        }
+    let per_election = tokio::select! {
+        () = shutdown.cancelled() => return,
+        needed = presence_needed(&source) => needed,
     };
     if !per_election {
         return wait_for(source, daemon, None, heartbeat, shutdown).await;
@@ -130,14 +136,8 @@ pub async fn keep_presence(
     mut leading: watch::Receiver<bool>,
     held: watch::Sender<Option<Instant>>,
 ) {
-    // The backend cannot change under a running daemon; a URL file that is
-    // not readable yet (a Secret mounted late) is waited for.
-    loop {
-        match source.resolve() {
-            Ok(url) if !Presence::needed(&url) => return,
-            Ok(_) => break,
-            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
-        }
+    if !presence_needed(&source).await {
+        return;
     }
     let mut presence: Option<Presence> = None;
     loop {
