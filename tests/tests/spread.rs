@@ -161,3 +161,39 @@ fn six_elections_share_one_connection_and_one_renewal_statement() {
     assert_eq!(db.scalar(ours), "2", "connections");
     assert_eq!(a.leading().unwrap().len(), 6);
 }
+
+/// A thousand elections on SQLite, one daemon: held without a loss, and
+/// on SIGTERM every row released within the shutdown's budget. A
+/// renewal round, and a shutdown's releases, are one transaction (one
+/// commit); a commit each (each waiting for the disk under `synchronous =
+/// FULL`) ran a thousand releases past the budget, leaving rows to expire.
+#[test]
+fn a_thousand_elections_on_sqlite_are_held_and_released_together() {
+    let _s = serial();
+    let db = TempDb::sqlite();
+    let dir = Scratch::new();
+    let names: Vec<String> = (0..1000).map(|i| format!("job-{i:04}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let mut a = Daemon::launch(&db.url, "a", &dir, "a", &["--no-spread"])
+        .without_flag_file()
+        .elections(&refs)
+        .start();
+    wait_for(Duration::from_secs(30), "a to lead all 1,000", || {
+        (a.leading()?.len() == names.len()).then_some(())
+    });
+    // A window of several renew intervals (400 ms each) in which nothing
+    // may be lost.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(a.leading().unwrap().len(), names.len());
+    let lost = a
+        .log_events()
+        .iter()
+        .filter(|e| e["message"] == "lost leadership")
+        .count();
+    assert_eq!(lost, 0, "leases lost while held");
+    a.sigterm();
+    let exited = a.wait_exit(Duration::from_secs(2));
+    assert!(exited.is_some(), "exit within 2 s of SIGTERM");
+    let held = db.scalar("SELECT count(*) FROM service_leader_lock WHERE holder IS NOT NULL");
+    assert_eq!(held, "0", "rows left held after the shutdown");
+}

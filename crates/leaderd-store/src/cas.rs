@@ -26,6 +26,72 @@ pub(crate) trait CasOps {
     /// Inserts the missing row, free and blocked for one ttl; a concurrent
     /// insert of the same row is not an error.
     async fn create(&mut self, req: &LeaseRequest<'_>) -> Result<(), StoreError>;
+    /// [`CasOps::renew`] for several leases (`(request, token held)`);
+    /// whether each matched. One after the other unless the backend knows
+    /// better.
+    async fn renew_all(
+        &mut self,
+        items: &[(&LeaseRequest<'_>, i64)],
+    ) -> Result<Vec<bool>, StoreError>
+    where
+        Self: Sized,
+    {
+        renew_each(self, items).await
+    }
+}
+
+/// [`CasOps::renew`] for each item, stopping at the first error.
+pub(crate) async fn renew_each(
+    ops: &mut impl CasOps,
+    items: &[(&LeaseRequest<'_>, i64)],
+) -> Result<Vec<bool>, StoreError> {
+    let mut out = Vec::with_capacity(items.len());
+    for (req, token) in items {
+        out.push(ops.renew(req, *token).await?);
+    }
+    Ok(out)
+}
+
+/// Acquire-or-renew for several elections: the renewals together
+/// ([`CasOps::renew_all`]), then the rest one by one, as
+/// [`acquire_or_renew`] alone would. Stops at the first failure that is
+/// not the row's own (see [`crate::Connection::acquire_or_renew_many`]).
+pub(crate) async fn acquire_or_renew_many(
+    ops: &mut impl CasOps,
+    reqs: &[LeaseRequest<'_>],
+) -> Vec<Result<Attempt, StoreError>> {
+    let mut renewed = vec![false; reqs.len()];
+    let renewing: Vec<(usize, i64)> = reqs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| r.held_token.map(|token| (i, token)))
+        .collect();
+    if renewing.len() > 1 {
+        let items: Vec<_> = renewing.iter().map(|&(i, t)| (&reqs[i], t)).collect();
+        match ops.renew_all(&items).await {
+            Ok(matched) => {
+                for (&(i, _), ok) in renewing.iter().zip(matched) {
+                    renewed[i] = ok;
+                }
+            }
+            Err(e) => return vec![Err(e)],
+        }
+    }
+    let mut out = Vec::with_capacity(reqs.len());
+    for (req, renewed) in reqs.iter().zip(renewed) {
+        let one = match req.held_token {
+            Some(token) if renewed => Ok(Attempt::Granted { token }),
+            // Not renewed together: the whole path (a renewal that did not
+            // match is tried once more, harmlessly, then the row is read).
+            _ => acquire_or_renew(ops, req).await,
+        };
+        let fatal = matches!(&one, Err(e) if !matches!(e, StoreError::Busy));
+        out.push(one);
+        if fatal {
+            break;
+        }
+    }
+    out
 }
 
 pub(crate) async fn acquire_or_renew(

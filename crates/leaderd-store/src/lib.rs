@@ -286,27 +286,18 @@ impl Connection {
     /// that request's alone.
     ///
     /// PostgreSQL renews every held lease in one statement and attempts the
-    /// rest in one more (see `pg`). MySQL and SQLite run the requests one
-    /// after the other on this connection: still one connection, not yet
-    /// one statement.
+    /// rest in one more (see `pg`). SQLite renews them in one transaction
+    /// (one commit); MySQL runs the requests one after the other on this
+    /// connection. Elsewhere than PostgreSQL, followers' attempts run one
+    /// by one (reads).
     pub async fn acquire_or_renew_many(
         &mut self,
         reqs: &[LeaseRequest<'_>],
     ) -> Result<Vec<Result<Attempt, StoreError>>, StoreError> {
         let mut results = match self {
             Connection::Postgres(c) => c.acquire_or_renew_many(reqs).await?,
-            _ => {
-                let mut out = Vec::with_capacity(reqs.len());
-                for req in reqs {
-                    let one = self.acquire_or_renew(req).await;
-                    let fatal = matches!(&one, Err(e) if !matches!(e, StoreError::Busy));
-                    out.push(one);
-                    if fatal {
-                        break;
-                    }
-                }
-                out
-            }
+            Connection::Mysql(c) => cas::acquire_or_renew_many(c, reqs).await,
+            Connection::Sqlite(c) => cas::acquire_or_renew_many(c, reqs).await,
         };
         // Anything but a row's own lock is the connection's (or the
         // answer's) fault: the whole batch fails, and its connection with it.
@@ -320,10 +311,13 @@ impl Connection {
     }
 
     /// Releases several elections (each by its instance) at once; whether
-    /// each was released. One statement on PostgreSQL, one each elsewhere.
+    /// each was released. One statement on PostgreSQL, one transaction on
+    /// SQLite, one statement each on MySQL.
     pub async fn release_many(&mut self, items: &[(&str, &str)]) -> Result<Vec<bool>, StoreError> {
-        if let Connection::Postgres(c) = self {
-            return c.release_many(items).await;
+        match self {
+            Connection::Postgres(c) => return c.release_many(items).await,
+            Connection::Sqlite(c) => return c.release_many(items).await,
+            Connection::Mysql(_) => {}
         }
         let mut out = Vec::with_capacity(items.len());
         for (election, instance) in items {

@@ -595,7 +595,13 @@ impl PgStore {
             return Ok(vec![self.acquire_or_renew(one).await]);
         }
         let mut out: Vec<Option<Result<Attempt, StoreError>>> = reqs.iter().map(|_| None).collect();
-        let index = |name: &str| reqs.iter().position(|r| r.election == name);
+        // By name in a map: a batch may hold thousands of elections.
+        let slots: std::collections::HashMap<&str, usize> = reqs
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.election, i))
+            .collect();
+        let index = |name: &str| slots.get(name).copied();
         let ttl_us = reqs.first().map_or(0, LeaseRequest::ttl_us);
         let renewing: Vec<&LeaseRequest<'_>> =
             reqs.iter().filter(|r| r.held_token.is_some()).collect();

@@ -232,6 +232,11 @@ impl Shared {
         self.engine.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether this replica leads at `now` (cheaper than a [`View`]).
+    pub fn is_leader(&self, now: BootTime) -> bool {
+        self.engine().is_leader(now)
+    }
+
     /// Leadership as of this instant.
     pub fn view(&self) -> View {
         self.engine().view(boot_now())

@@ -17,7 +17,7 @@
 //! [`Connector`]. An attempt made while there is no connection fails at once
 //! without being sent; a release or a read waits for one.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -124,6 +124,11 @@ impl Link {
             connector,
             conn: None,
             pending: VecDeque::new(),
+            slots: elections
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (s.election.clone(), i))
+                .collect(),
             elections,
         };
         tokio::spawn(task.run());
@@ -205,6 +210,8 @@ struct Task {
     conn: Option<Connection>,
     pending: VecDeque<Job>,
     elections: Vec<Arc<Shared>>,
+    /// Each election's index in `elections`.
+    slots: HashMap<String, usize>,
 }
 
 impl Task {
@@ -351,37 +358,44 @@ impl Task {
     /// leads to renew now, and waits (briefly) for their attempts.
     async fn align(&mut self) {
         // A renewal of one of the elections (not of the spread's presence,
-        // which keeps its own rhythm).
-        let ours = |name: &str| self.elections.iter().any(|s| s.election == name);
-        let renewing = self.pending.iter().any(
-            |j| matches!(j, Job::Attempt { req, .. } if req.held_token.is_some() && ours(&req.election)),
-        );
+        // which keeps its own rhythm). Elections are found by index: with
+        // thousands of them, comparing names pairwise cost a core.
+        let mut queued = vec![false; self.elections.len()];
+        let mut renewing = false;
+        for job in &self.pending {
+            if let Job::Attempt { req, .. } = job {
+                if let Some(&i) = self.slots.get(&req.election) {
+                    queued[i] = true;
+                    renewing |= req.held_token.is_some();
+                }
+            }
+        }
         if !renewing {
             return;
         }
-        let queued = |pending: &VecDeque<Job>, name: &str| {
-            pending
-                .iter()
-                .any(|j| matches!(j, Job::Attempt { req, .. } if req.election == name))
-        };
-        let mut missing: Vec<&Arc<Shared>> = self
-            .elections
-            .iter()
-            .filter(|s| !queued(&self.pending, &s.election) && s.view().is_leader)
-            .collect();
-        if missing.is_empty() {
-            return;
-        }
-        for shared in &missing {
-            shared.renew_soon();
+        let now = boot_now();
+        let mut asked = vec![false; self.elections.len()];
+        let mut missing = 0usize;
+        for (i, shared) in self.elections.iter().enumerate() {
+            if !queued[i] && shared.is_leader(now) {
+                shared.renew_soon();
+                asked[i] = true;
+                missing += 1;
+            }
         }
         let until = tokio::time::Instant::now() + ALIGN_WAIT;
-        while !missing.is_empty() {
-            match tokio::time::timeout_at(until, self.rx.recv()).await {
-                Ok(Some(job)) => self.pending.push_back(job),
+        while missing > 0 {
+            let job = match tokio::time::timeout_at(until, self.rx.recv()).await {
+                Ok(Some(job)) => job,
                 Ok(None) | Err(_) => return,
+            };
+            if let Job::Attempt { req, .. } = &job {
+                let slot = self.slots.get(&req.election).copied();
+                if slot.is_some_and(|i| std::mem::take(&mut asked[i])) {
+                    missing -= 1;
+                }
             }
-            missing.retain(|s| !queued(&self.pending, &s.election));
+            self.pending.push_back(job);
         }
     }
 

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use leaderd_core::spread::PRESENCE_PREFIX;
@@ -110,7 +111,9 @@ pub struct Settings {
     pub election: String,
     /// Every election this daemon runs, in the configured order, without
     /// repeats; never empty.
-    pub elections: Vec<String>,
+    /// Shared: every election's settings carry the list, and a copy each
+    /// would cost E² names.
+    pub elections: Arc<[String]>,
     /// Whether the elections are spread across the live replicas.
     pub spread: bool,
     pub id: String,
@@ -524,7 +527,7 @@ fn validate(
     Some(Settings {
         database: database?,
         election: elections.as_ref()?.first()?.clone(),
-        elections: elections?,
+        elections: elections?.into(),
         spread: spread?,
         id: id?,
         timing: timing?,
@@ -1023,15 +1026,15 @@ mod tests {
     fn several_elections_from_each_source() {
         let s = load(&["--election", "a", "--election", "b"], &env(&[])).unwrap();
         assert_eq!(
-            (s.election.as_str(), s.elections.clone()),
-            ("a", vec!["a".into(), "b".into()])
+            (s.election.as_str(), s.elections.to_vec()),
+            ("a", vec!["a".to_owned(), "b".to_owned()])
         );
         assert!(s.spread);
         let s = load(&[], &env(&[("LEADERD_ELECTIONS", "mailer, reports,jobs")])).unwrap();
-        assert_eq!(s.elections, ["mailer", "reports", "jobs"]);
+        assert_eq!(*s.elections, ["mailer", "reports", "jobs"]);
         let (dir, file) = config_file("e.toml", "elections = [\"x\", \"y\"]\nspread = false\n");
         let s = load(&["--config", file.to_str().unwrap()], &env(&[])).unwrap();
-        assert_eq!(s.elections, ["x", "y"]);
+        assert_eq!(*s.elections, ["x", "y"]);
         assert!(!s.spread);
         // A flag beats the file.
         let s = load(
@@ -1039,12 +1042,12 @@ mod tests {
             &env(&[]),
         )
         .unwrap();
-        assert_eq!(s.elections, ["z"]);
+        assert_eq!(*s.elections, ["z"]);
         std::fs::remove_dir_all(dir).unwrap();
         let s = load(&["--no-spread"], &env(&[])).unwrap();
         assert_eq!(
-            (s.elections.clone(), s.spread),
-            (vec!["default".into()], false)
+            (s.elections.to_vec(), s.spread),
+            (vec!["default".to_owned()], false)
         );
     }
 

@@ -16,6 +16,7 @@
 //! hand-over is the ordinary release. A daemon that cannot read the table
 //! stops yielding, so balance never costs an election its leader.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -134,27 +135,35 @@ impl Spread {
     /// Plans on what the table showed and tells the loops.
     async fn act(&mut self, rows: &[ElectionRow]) {
         let id = self.settings.id.as_str();
-        let peers: Vec<(&str, usize)> = rows
-            .iter()
-            .filter(|r| r.name.starts_with(&self.prefix))
-            .filter_map(ElectionRow::live_holder)
-            .filter(|holder| *holder != id)
-            .map(|peer| {
-                let leads = rows
-                    .iter()
-                    .filter(|r| self.settings.elections.contains(&r.name))
-                    .filter(|r| r.live_holder() == Some(peer))
-                    .count();
-                (peer, leads)
-            })
+        // One pass over the rows: who is present, and how many of our
+        // elections each live holder leads (thousands of rows and
+        // elections: no pairwise scans).
+        let ours: HashSet<&str> = self.settings.elections.iter().map(String::as_str).collect();
+        let mut leads: HashMap<&str, usize> = HashMap::new();
+        let mut present: Vec<&str> = Vec::new();
+        for row in rows {
+            let Some(holder) = row.live_holder() else {
+                continue;
+            };
+            if row.name.starts_with(&self.prefix) {
+                if holder != id {
+                    present.push(holder);
+                }
+            } else if ours.contains(row.name.as_str()) {
+                *leads.entry(holder).or_default() += 1;
+            }
+        }
+        let peers: Vec<(&str, usize)> = present
+            .into_iter()
+            .map(|peer| (peer, leads.get(peer).copied().unwrap_or(0)))
             .collect();
+        let now = boot_now();
         let leading: Vec<usize> = (0..self.daemon.all().len())
-            .filter(|&i| self.daemon.all()[i].view().is_leader)
+            .filter(|&i| self.daemon.all()[i].is_leader(now))
             .collect();
         let p = plan(self.settings.elections.len(), id, leading.len(), &peers);
         let peer_counts: Vec<usize> = peers.iter().map(|&(_, n)| n).collect();
         self.set_yielding(p.yield_free).await;
-        let now = boot_now();
         let t = self.settings.timing;
         let cooled = self
             .last_hand_over
