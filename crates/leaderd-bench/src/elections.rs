@@ -186,7 +186,7 @@ fn idle_rss(n: usize, settle: Duration) -> Result<f64> {
 
 /// Prints the part's table; returns its rows for the plot.
 pub fn run(size: Size) -> Result<Vec<Step>> {
-    let ns: Vec<usize> = size.pick(vec![1, 10, 100, 1000, 3000], vec![1, 4]);
+    let ns: Vec<usize> = size.pick(vec![1, 10, 100, 1000, 3000, 10_000], vec![1, 4]);
     let window = size.pick(Duration::from_secs(20), Duration::from_secs(2));
     let mut steps = Vec::new();
     let mut unsettled = None;

@@ -74,6 +74,9 @@ pub(crate) async fn acquire_or_renew_many(
                     renewed[i] = ok;
                 }
             }
+            // A row locked elsewhere: each goes alone, and only that one
+            // is answered busy.
+            Err(StoreError::Busy) => {}
             Err(e) => return vec![Err(e)],
         }
     }

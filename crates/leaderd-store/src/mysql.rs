@@ -35,7 +35,7 @@ struct Sql {
 }
 
 macro_rules! bounded {
-    ($verb:literal, $rest:literal) => {
+    ($verb:literal, $rest:expr) => {
         Sql {
             mariadb: concat!(
                 "SET STATEMENT innodb_lock_wait_timeout = 0, lock_wait_timeout = 1 FOR ",
@@ -47,15 +47,59 @@ macro_rules! bounded {
     };
 }
 
+/// What a renewal sets (one bind: ttl µs); shared by [`RENEW`] and
+/// [`renew_many_sql`].
+macro_rules! renew_set {
+    () => {
+        " service_leader_lock \
+        SET renewed_at = UTC_TIMESTAMP(6), \
+            expires_at = GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) "
+    };
+}
+
 /// Extends this instance's live lease, if its token is still the one it
 /// holds. Binds: ttl µs, election, instance, token.
 const RENEW: Sql = bounded!(
     "UPDATE",
-    " service_leader_lock \
-    SET renewed_at = UTC_TIMESTAMP(6), \
-        expires_at = GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
-    WHERE name = ? AND instance = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)"
+    concat!(
+        renew_set!(),
+        "WHERE name = ? AND instance = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)"
+    )
 );
+
+/// The most leases one renewal statement carries (three binds each, far
+/// below the server's 65,535).
+const RENEW_MANY_MAX: usize = 1024;
+
+/// [`RENEW`] for `rows` leases at once, each matched on its own name,
+/// instance and token and judged by the server's clock. Binds: ttl µs, then
+/// (election, instance, token) per lease. `rows` is a power of two (a batch
+/// is padded by repeating its last lease), so a connection prepares a
+/// handful of these texts, not one per batch size.
+fn renew_many_sql(rows: usize, mariadb: bool) -> &'static str {
+    static TEXTS: std::sync::Mutex<Vec<(usize, bool, &'static str)>> =
+        std::sync::Mutex::new(Vec::new());
+    let mut texts = TEXTS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, _, sql)) = texts.iter().find(|(r, m, _)| (*r, *m) == (rows, mariadb)) {
+        return sql;
+    }
+    let tuples = vec!["(?, ?, ?)"; rows].join(", ");
+    let rest = format!(
+        "{}WHERE (name, instance, token) IN ({tuples}) AND expires_at > UTC_TIMESTAMP(6)",
+        renew_set!()
+    );
+    let sql = if mariadb {
+        format!(
+            "SET STATEMENT innodb_lock_wait_timeout = 0, lock_wait_timeout = 1 FOR UPDATE{rest}"
+        )
+    } else {
+        format!("UPDATE /*+ SET_VAR(lock_wait_timeout = 1) */{rest}")
+    };
+    // At most two per power of two up to RENEW_MANY_MAX, for the process.
+    let sql: &'static str = Box::leak(sql.into_boxed_str());
+    texts.push((rows, mariadb, sql));
+    sql
+}
 
 const OBSERVE: Sql = bounded!(
     "SELECT",
@@ -265,6 +309,38 @@ fn lock_busy(e: &diesel::result::Error) -> bool {
 }
 
 impl CasOps for MysqlStore {
+    /// One statement per [`RENEW_MANY_MAX`] leases. When it matches fewer
+    /// rows than it carries, the leases are renewed one by one to learn
+    /// which (renewing one twice is harmless: same token, a later expiry).
+    async fn renew_all(
+        &mut self,
+        items: &[(&LeaseRequest<'_>, i64)],
+    ) -> Result<Vec<bool>, StoreError> {
+        let mut out = Vec::with_capacity(items.len());
+        for chunk in items.chunks(RENEW_MANY_MAX) {
+            let rows = chunk.len().next_power_of_two();
+            let mut binds = vec![Bind::BigInt(chunk[0].0.ttl_us())];
+            for i in 0..rows {
+                let (req, token) = chunk[i.min(chunk.len() - 1)];
+                binds.extend([
+                    Bind::Text(req.election),
+                    Bind::Text(req.instance),
+                    Bind::BigInt(token),
+                ]);
+            }
+            let n = Stmt::<()>::new(renew_many_sql(rows, self.mariadb), binds)
+                .execute(&mut self.conn)
+                .await;
+            match n {
+                Ok(n) if n == chunk.len() => out.extend(std::iter::repeat_n(true, n)),
+                Ok(_) => out.extend(cas::renew_each(self, chunk).await?),
+                Err(e) if lock_busy(&e) => return Err(StoreError::Busy),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(out)
+    }
+
     async fn renew(&mut self, req: &LeaseRequest<'_>, token: i64) -> Result<bool, StoreError> {
         let n = Stmt::<()>::new(
             self.sql(&RENEW),

@@ -291,12 +291,23 @@ pub async fn run(shared: Arc<Shared>, settings: Settings, link: Link, shutdown: 
     }
     let (leading, leading_rx) = watch::channel(false);
     let (presence_tx, presence_held) = watch::channel(None);
-    let presence = tokio::spawn(wakeups::keep_presence(
-        settings.database.clone(),
-        shared.election.clone(),
-        leading_rx,
-        presence_tx,
-    ));
+    // Not even a task where the backend needs no presence (a task each
+    // costs kilobytes with thousands of elections); when the URL cannot be
+    // read yet, the task finds out.
+    let presence = match settings.database.resolve() {
+        Ok(url) if !leaderd_store::Presence::needed(&url) => {
+            // Closed: a release waits for no presence (see
+            // `wakeups::presence_noticed`).
+            drop(presence_tx);
+            None
+        }
+        _ => Some(tokio::spawn(wakeups::keep_presence(
+            settings.database.clone(),
+            shared.election.clone(),
+            leading_rx,
+            presence_tx,
+        ))),
+    };
     let control = shared.take_control();
     let mut lp = Loop {
         db: Db {
@@ -321,14 +332,16 @@ pub async fn run(shared: Arc<Shared>, settings: Settings, link: Link, shutdown: 
     lp.elect(control, &shutdown).await;
     lp.report.step_down(&lp.shared);
     let instance = lp.shared.engine().instance().to_owned();
-    lp.release_row(&instance).await;
+    Box::pin(lp.release_row(&instance)).await;
     // The named lock (MySQL) goes with the process anyway; letting it go
     // first wakes the others a little sooner. The flag file, if the disk
     // allows, should not outlive the process.
-    let _ = tokio::join!(
-        tokio::time::timeout(PRESENCE_BUDGET, presence),
-        lp.report.flag_removed(PRESENCE_BUDGET)
-    );
+    let presence_gone = async {
+        if let Some(presence) = presence {
+            let _ = tokio::time::timeout(PRESENCE_BUDGET, presence).await;
+        }
+    };
+    let _ = tokio::join!(presence_gone, lp.report.flag_removed(PRESENCE_BUDGET));
 }
 
 struct Loop {
@@ -387,7 +400,9 @@ impl Loop {
             // one another without a pause, and a release or an unhealthy
             // app must not wait for them to speed up.
             if let Ok(request) = control.try_recv() {
-                self.on_control(request).await;
+                // Boxed, as every rare path here: the loop's own future,
+                // one per election, stays small.
+                Box::pin(self.on_control(request)).await;
                 continue;
             }
             let due = self.shared.engine().attempt_due(now);
@@ -448,7 +463,7 @@ impl Loop {
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return,
-                Some(request) = control.recv() => self.on_control(request).await,
+                Some(request) = control.recv() => Box::pin(self.on_control(request)).await,
                 () = self.shared.release_notice.notified() => self.shared.engine().on_release_notice(boot_now()),
                 changed = self.db.link.changed() => self.on_link(changed),
                 () = self.shared.renew_soon.notified() => {
