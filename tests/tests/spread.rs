@@ -162,6 +162,54 @@ fn six_elections_share_one_connection_and_one_renewal_statement() {
     assert_eq!(a.leading().unwrap().len(), 6);
 }
 
+/// One daemon with six elections on MariaDB, leading all six, holds three
+/// connections: the lock table's, one looking at the leaders' named locks
+/// for release wake-ups, and one holding its own six (not one waiter and
+/// one named-lock holder per election: thirteen, and a few hundred
+/// elections used up the server's 151). A release still wakes the other
+/// daemon within a handover.
+#[test]
+fn six_elections_on_mysql_hold_three_connections_and_still_wake() {
+    let _s = serial();
+    let db = TempDb::mysql();
+    let dir = Scratch::new();
+    let a = Daemon::launch(&db.url, "a", &dir, "a", &["--no-spread"])
+        .elections(&ELECTIONS)
+        .start();
+    wait_counts(&[&a], &[6], Duration::from_secs(15), "a to lead all six");
+    // Our own look at the count is one more connection.
+    let ours = "SELECT COUNT(*) - 1 FROM information_schema.processlist WHERE db = DATABASE()";
+    wait_for(Duration::from_secs(10), "three connections", || {
+        (db.scalar(ours) == "3").then_some(())
+    });
+    let b = Daemon::launch(&db.url, "b", &dir, "b", &["--no-spread"])
+        .elections(&ELECTIONS)
+        .start();
+    // b leads nothing yet: its link and its waiter (a presence connection
+    // opens when it first leads).
+    wait_for(Duration::from_secs(10), "b to wait", || {
+        (db.scalar(ours) == "5").then_some(())
+    });
+    // A release of one election (held for a minute, so only b can take
+    // it): b leads it within a handover of the release, by its wake-up,
+    // not its next poll a heartbeat later.
+    a.release("?election=mailer&hold=60s");
+    wait_for(Duration::from_secs(5), "b to lead mailer", || {
+        (b.leading()? == ["mailer"]).then_some(())
+    });
+    let mut all: Vec<Interval> = [&a, &b]
+        .iter()
+        .flat_map(|d| intervals_of(d, "mailer"))
+        .collect();
+    check(&mut all);
+    let gap = Duration::from_micros(all[1].start.saturating_sub(all[0].end));
+    eprintln!("mailer handed from a to b in {gap:?}");
+    assert!(gap <= HANDOVER, "{gap:?} without a leader");
+    wait_for(Duration::from_secs(5), "b's presence connection", || {
+        (db.scalar(ours) == "6").then_some(())
+    });
+}
+
 /// A thousand elections on SQLite, one daemon: held without a loss, and
 /// on SIGTERM every row released within the shutdown's budget. A
 /// renewal round, and a shutdown's releases, are one transaction (one

@@ -713,6 +713,36 @@ mod sqlite_safety {
         assert_eq!(t, 8);
     }
 
+    /// A daemon's elections share one connection: rows of two elections
+    /// from another boot, looked at in turn, are each taken once unchanged
+    /// for a lease (one wait for all of them restarted at every look at the
+    /// other's row, and neither was ever taken).
+    #[tokio::test]
+    async fn rows_of_several_elections_from_another_boot_are_each_taken() {
+        let db = TempDb::sqlite();
+        let mut a = migrated(&db.url).await;
+        db.exec(&[
+            "INSERT INTO service_leader_lock (name, holder, instance, token, renewed_at, expires_at, boot_id) \
+             VALUES ('e1', 'other', 'io', 7, 1000000, 1800000, 'another-boot'), \
+                    ('e2', 'other', 'io', 3, 1000000, 1800000, 'another-boot')",
+        ]);
+        let reqs = [req("e1", "a", "ia"), req("e2", "a", "ia")];
+        let mut tokens = [None, None];
+        let deadline = Instant::now() + TTL * 5;
+        while tokens.iter().any(Option::is_none) {
+            assert!(Instant::now() < deadline, "not taken: {tokens:?}");
+            for (r, token) in reqs.iter().zip(&mut tokens) {
+                if token.is_none() {
+                    if let Attempt::Granted { token: t } = a.acquire_or_renew(r).await.unwrap() {
+                        *token = Some(t);
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(tokens, [Some(8), Some(4)]);
+    }
+
     /// A database made by an earlier leaderd (no kept tokens yet) is
     /// brought up to date by the migration at start.
     #[tokio::test]

@@ -286,10 +286,9 @@ impl Connection {
     /// that request's alone.
     ///
     /// PostgreSQL renews every held lease in one statement and attempts the
-    /// rest in one more (see `pg`). SQLite renews them in one transaction
-    /// (one commit); MySQL runs the requests one after the other on this
-    /// connection. Elsewhere than PostgreSQL, followers' attempts run one
-    /// by one (reads).
+    /// rest in one more (see `pg`). MySQL renews them in one statement per
+    /// 1,024, SQLite in one transaction (one commit); there, followers'
+    /// attempts run one by one (reads).
     pub async fn acquire_or_renew_many(
         &mut self,
         reqs: &[LeaseRequest<'_>],

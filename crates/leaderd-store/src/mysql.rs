@@ -51,8 +51,7 @@ macro_rules! bounded {
 /// [`renew_many_sql`].
 macro_rules! renew_set {
     () => {
-        " service_leader_lock \
-        SET renewed_at = UTC_TIMESTAMP(6), \
+        "SET renewed_at = UTC_TIMESTAMP(6), \
             expires_at = GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) "
     };
 }
@@ -62,20 +61,25 @@ macro_rules! renew_set {
 const RENEW: Sql = bounded!(
     "UPDATE",
     concat!(
+        " service_leader_lock ",
         renew_set!(),
         "WHERE name = ? AND instance = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)"
     )
 );
 
-/// The most leases one renewal statement carries (three binds each, far
+/// The most leases one renewal statement carries (four binds each, far
 /// below the server's 65,535).
 const RENEW_MANY_MAX: usize = 1024;
 
 /// [`RENEW`] for `rows` leases at once, each matched on its own name,
-/// instance and token and judged by the server's clock. Binds: ttl µs, then
-/// (election, instance, token) per lease. `rows` is a power of two (a batch
-/// is padded by repeating its last lease), so a connection prepares a
-/// handful of these texts, not one per batch size.
+/// instance and token and judged by the server's clock. Binds: ttl µs, the
+/// names, then (election, instance, token) per lease. The names' own list
+/// and the index hint keep it on the name index: without them the servers
+/// chose to scan (and, under REPEATABLE READ, lock) the whole table once a
+/// batch was a fair share of it, so one replica's renewal made the others'
+/// statements busy. `rows` is a power of two (a batch is padded by
+/// repeating its last lease), so a connection prepares a handful of these
+/// texts, not one per batch size.
 fn renew_many_sql(rows: usize, mariadb: bool) -> &'static str {
     static TEXTS: std::sync::Mutex<Vec<(usize, bool, &'static str)>> =
         std::sync::Mutex::new(Vec::new());
@@ -83,9 +87,12 @@ fn renew_many_sql(rows: usize, mariadb: bool) -> &'static str {
     if let Some((_, _, sql)) = texts.iter().find(|(r, m, _)| (*r, *m) == (rows, mariadb)) {
         return sql;
     }
+    let names = vec!["?"; rows].join(", ");
     let tuples = vec!["(?, ?, ?)"; rows].join(", ");
     let rest = format!(
-        "{}WHERE (name, instance, token) IN ({tuples}) AND expires_at > UTC_TIMESTAMP(6)",
+        " service_leader_lock FORCE INDEX (service_leader_lock_name) {}\
+         WHERE name IN ({names}) AND (name, instance, token) IN ({tuples}) \
+         AND expires_at > UTC_TIMESTAMP(6)",
         renew_set!()
     );
     let sql = if mariadb {
@@ -267,6 +274,28 @@ impl MysqlStore {
         }
     }
 
+    /// The renewal statement for `items` (distinct leases, one ttl); the
+    /// number of rows it matched.
+    async fn renew_together(
+        &mut self,
+        items: &[(&LeaseRequest<'_>, i64)],
+    ) -> Result<usize, diesel::result::Error> {
+        let rows = items.len().next_power_of_two();
+        let padded = || (0..rows).map(|i| items[i.min(items.len() - 1)]);
+        let mut binds = vec![Bind::BigInt(items[0].0.ttl_us())];
+        binds.extend(padded().map(|(req, _)| Bind::Text(req.election)));
+        for (req, token) in padded() {
+            binds.extend([
+                Bind::Text(req.election),
+                Bind::Text(req.instance),
+                Bind::BigInt(token),
+            ]);
+        }
+        Stmt::<()>::new(renew_many_sql(rows, self.mariadb), binds)
+            .execute(&mut self.conn)
+            .await
+    }
+
     pub(crate) async fn acquire_or_renew(
         &mut self,
         req: &LeaseRequest<'_>,
@@ -309,32 +338,32 @@ fn lock_busy(e: &diesel::result::Error) -> bool {
 }
 
 impl CasOps for MysqlStore {
-    /// One statement per [`RENEW_MANY_MAX`] leases. When it matches fewer
-    /// rows than it carries, the leases are renewed one by one to learn
-    /// which (renewing one twice is harmless: same token, a later expiry).
+    /// One statement per [`RENEW_MANY_MAX`] leases. When one matches fewer
+    /// rows than it carries, each half is sent again, down to single leases,
+    /// to learn which (renewing one twice is harmless: same token, a later
+    /// expiry): one lease lost costs about 2 log2(n) statements, not n. A
+    /// part refused as busy (a row locked elsewhere) is answered "not
+    /// renewed", so each of its leases goes alone and only the locked one is
+    /// answered busy.
     async fn renew_all(
         &mut self,
         items: &[(&LeaseRequest<'_>, i64)],
     ) -> Result<Vec<bool>, StoreError> {
-        let mut out = Vec::with_capacity(items.len());
-        for chunk in items.chunks(RENEW_MANY_MAX) {
-            let rows = chunk.len().next_power_of_two();
-            let mut binds = vec![Bind::BigInt(chunk[0].0.ttl_us())];
-            for i in 0..rows {
-                let (req, token) = chunk[i.min(chunk.len() - 1)];
-                binds.extend([
-                    Bind::Text(req.election),
-                    Bind::Text(req.instance),
-                    Bind::BigInt(token),
-                ]);
-            }
-            let n = Stmt::<()>::new(renew_many_sql(rows, self.mariadb), binds)
-                .execute(&mut self.conn)
-                .await;
-            match n {
-                Ok(n) if n == chunk.len() => out.extend(std::iter::repeat_n(true, n)),
-                Ok(_) => out.extend(cas::renew_each(self, chunk).await?),
-                Err(e) if lock_busy(&e) => return Err(StoreError::Busy),
+        let mut out = vec![false; items.len()];
+        let mut parts: Vec<std::ops::Range<usize>> = (0..items.len())
+            .step_by(RENEW_MANY_MAX)
+            .map(|start| start..(start + RENEW_MANY_MAX).min(items.len()))
+            .collect();
+        while let Some(part) = parts.pop() {
+            match self.renew_together(&items[part.clone()]).await {
+                Ok(n) if n == part.len() => out[part].fill(true),
+                Ok(n) if n > 0 && part.len() > 1 => {
+                    let mid = part.start + part.len() / 2;
+                    parts.extend([part.start..mid, mid..part.end]);
+                }
+                // None of them: not renewed.
+                Ok(_) => {}
+                Err(e) if lock_busy(&e) => {}
                 Err(e) => return Err(e.into()),
             }
         }
@@ -513,34 +542,92 @@ impl LockWaiter {
     }
 }
 
-/// A leader's named lock (see [`LockWaiter`]), held on its own connection
-/// while it leads and freed when it stops or its process dies.
+/// Which named locks of the table's elections are held now: one statement
+/// whatever their number (a plain read; the row's name gives the lock's).
+const LOCKS_HELD: &str = concat!(
+    "SELECT name, IS_USED_LOCK(",
+    "CONCAT('leaderd:', SHA1(CONCAT(DATABASE(), '/', name)))",
+    ") IS NOT NULL FROM service_leader_lock"
+);
+
+/// Wake-ups for several elections on one connection: `GET_LOCK` waits for
+/// one lock per session, so instead the leaders' locks are all looked at
+/// together every [`IDLE_SOON`] (longer beyond 200 elections), and each one
+/// seen held and then free is a release (or a leader gone).
+pub struct LocksWatcher {
+    conn: AsyncMysqlConnection,
+    /// The locks held at the last look.
+    held: std::collections::HashSet<String>,
+    /// Freed ones not yet returned.
+    freed: std::collections::VecDeque<String>,
+    every: std::time::Duration,
+}
+
+opaque_debug!(LocksWatcher);
+
+impl LocksWatcher {
+    pub(crate) async fn connect(url: &DatabaseUrl, elections: usize) -> Result<Self, StoreError> {
+        // Each look reads every row: keep the reads per second bounded.
+        let every = IDLE_SOON * u32::try_from(elections.div_ceil(200).max(1)).unwrap_or(u32::MAX);
+        Ok(Self {
+            conn: establish(url).await?,
+            held: std::collections::HashSet::new(),
+            freed: std::collections::VecDeque::new(),
+            every,
+        })
+    }
+
+    /// The next election whose leader's lock was freed.
+    pub(crate) async fn next(&mut self) -> Result<String, StoreError> {
+        loop {
+            if let Some(name) = self.freed.pop_front() {
+                return Ok(name);
+            }
+            let rows: Vec<(String, bool)> =
+                Stmt::<(Text, diesel::sql_types::Bool)>::new(LOCKS_HELD, [])
+                    .load(&mut self.conn)
+                    .await?;
+            let held: std::collections::HashSet<String> = rows
+                .into_iter()
+                .filter_map(|(name, held)| held.then_some(name))
+                .collect();
+            self.freed.extend(self.held.difference(&held).cloned());
+            self.held = held;
+            if self.freed.is_empty() {
+                tokio::time::sleep(self.every).await;
+            }
+        }
+    }
+}
+
+/// A leader's named locks (see [`LockWaiter`]), one per election it leads,
+/// all held on one connection of the daemon's while it leads them, and
+/// freed when it stops or its process dies.
 pub struct Presence {
     conn: AsyncMysqlConnection,
-    election: String,
 }
 
 opaque_debug!(Presence);
 
 impl Presence {
-    pub(crate) async fn connect(url: &DatabaseUrl, election: &str) -> Result<Self, StoreError> {
+    pub(crate) async fn connect(url: &DatabaseUrl) -> Result<Self, StoreError> {
         Ok(Self {
             conn: establish(url).await?,
-            election: election.to_owned(),
         })
     }
 
-    /// Takes the lock without waiting; whether this session holds it now (a
-    /// follower that just woke may hold it for an instant: try again).
-    pub(crate) async fn hold(&mut self) -> Result<bool, StoreError> {
-        let got: i64 = Stmt::<BigInt>::new(TAKE_LOCK, [Bind::Text(&self.election)])
+    /// Takes the election's lock without waiting; whether this session
+    /// holds it now (a follower that just woke may hold it for an instant:
+    /// try again).
+    pub(crate) async fn hold(&mut self, election: &str) -> Result<bool, StoreError> {
+        let got: i64 = Stmt::<BigInt>::new(TAKE_LOCK, [Bind::Text(election)])
             .get_result(&mut self.conn)
             .await?;
         Ok(got == 1)
     }
 
-    /// Frees the lock, waking one waiter (who wakes the next).
-    pub(crate) async fn let_go(&mut self) -> Result<(), StoreError> {
-        let_go(&mut self.conn, &self.election).await
+    /// Frees the election's lock, waking one waiter (who wakes the next).
+    pub(crate) async fn let_go(&mut self, election: &str) -> Result<(), StoreError> {
+        let_go(&mut self.conn, election).await
     }
 }

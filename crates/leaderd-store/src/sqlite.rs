@@ -299,8 +299,11 @@ pub struct SqliteStore {
     boot_id: String,
     /// The row as last observed.
     seen: Option<SeenRow>,
-    /// A row from another boot that has not changed since `since_us`.
-    foreign: Option<Foreign>,
+    /// Per election, its row from another boot that has not changed since
+    /// `since_us`. One per election: the daemon's elections share this
+    /// connection, and one slot for all restarted every election's wait at
+    /// each look at another's row, so after a reboot none was ever taken.
+    foreign: std::collections::HashMap<String, Foreign>,
 }
 
 opaque_debug!(SqliteStore);
@@ -323,7 +326,7 @@ impl SqliteStore {
             path,
             boot_id,
             seen: None,
-            foreign: None,
+            foreign: std::collections::HashMap::new(),
         })
     }
 
@@ -407,10 +410,15 @@ impl SqliteStore {
     /// `result` is an error.
     async fn end<T>(&mut self, result: Result<T, StoreError>) -> Result<T, StoreError> {
         match result {
-            Ok(value) => {
-                self.conn.batch_execute("COMMIT").await?;
-                Ok(value)
-            }
+            Ok(value) => match self.conn.batch_execute("COMMIT").await {
+                Ok(()) => Ok(value),
+                Err(e) => {
+                    // Never leave it open: what it wrote must not look
+                    // committed to a later statement on this connection.
+                    let _ = self.conn.batch_execute("ROLLBACK").await;
+                    Err(e.into())
+                }
+            },
             Err(e) => {
                 let _ = self.conn.batch_execute("ROLLBACK").await;
                 Err(e)
@@ -437,18 +445,21 @@ impl SqliteStore {
     /// Same boot: its expiry. Another boot: at least the row's own lease
     /// length (and our ttl) after we first saw it unchanged, since any holder
     /// renews well within its lease.
-    fn remaining_us(&mut self, row: &SeenRow, ttl_us: i64, now: i64) -> i64 {
+    fn remaining_us(&mut self, election: &str, row: &SeenRow, ttl_us: i64, now: i64) -> i64 {
         if row.boot_id == self.boot_id {
-            self.foreign = None;
+            self.foreign.remove(election);
             return row.expires_at - now;
         }
-        let since = match &self.foreign {
+        let since = match self.foreign.get(election) {
             Some(f) if f.row == *row => f.since_us,
             _ => {
-                self.foreign = Some(Foreign {
-                    row: row.clone(),
-                    since_us: now,
-                });
+                self.foreign.insert(
+                    election.to_owned(),
+                    Foreign {
+                        row: row.clone(),
+                        since_us: now,
+                    },
+                );
                 now
             }
         };
@@ -524,7 +535,7 @@ impl CasOps for SqliteStore {
             expires_at,
             renewed_at,
         };
-        let remaining_us = self.remaining_us(&row, req.ttl_us(), now);
+        let remaining_us = self.remaining_us(req.election, &row, req.ttl_us(), now);
         self.seen = Some(row);
         Ok(Some(observed((holder, instance, token, remaining_us))))
     }
@@ -552,7 +563,7 @@ impl CasOps for SqliteStore {
         )
         .execute(&mut self.conn)
         .await?;
-        self.foreign = None;
+        self.foreign.remove(req.election);
         Ok(n > 0)
     }
 

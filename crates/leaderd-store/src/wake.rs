@@ -7,8 +7,12 @@
 //!   at start with a notification to itself, since transaction-pooling
 //!   proxies drop them silently.
 //! - MySQL/MariaDB: a named lock the leader holds while it leads
-//!   ([`Presence`]); followers wait on it with `GET_LOCK`, which returns when
-//!   it is freed, by a release or by the leader's session ending.
+//!   ([`Presence`], one connection for all the elections a daemon leads);
+//!   a follower of one election waits on it with `GET_LOCK`, which returns
+//!   when it is freed, by a release or by the leader's session ending; a
+//!   daemon of several elections looks at all the locks together (one
+//!   connection, one statement every 20 ms), as `GET_LOCK` waits for one
+//!   lock per session.
 //! - SQLite: inotify on the database's directory for a file that a release
 //!   rewrites beside the database (processes on one host).
 
@@ -16,28 +20,33 @@ use std::time::Duration;
 
 use crate::{mysql, pg, sqlite, Backend, DatabaseUrl, StoreError};
 
-/// The follower side: waits for releases of one election.
+/// The follower side: waits for releases of a daemon's elections, on one
+/// connection (or file watch) for all of them.
 #[derive(Debug)]
 pub enum Waiter {
     Postgres(pg::Listener),
     Mysql(mysql::LockWaiter),
+    MysqlSeveral(mysql::LocksWatcher),
     Sqlite(sqlite::FileWaiter),
 }
 
 impl Waiter {
-    /// Connects (or starts watching). `heartbeat` bounds each server-side
-    /// wait.
+    /// Connects (or starts watching) for `elections` (never empty).
+    /// `heartbeat` bounds each server-side wait.
     pub async fn connect(
         url: &DatabaseUrl,
-        election: &str,
+        elections: &[String],
         heartbeat: Duration,
     ) -> Result<Self, StoreError> {
-        Ok(match url.backend() {
-            Backend::Postgres => Waiter::Postgres(pg::Listener::connect(url).await?),
-            Backend::Mysql => {
-                Waiter::Mysql(mysql::LockWaiter::connect(url, election, heartbeat).await?)
+        Ok(match (url.backend(), elections) {
+            (Backend::Postgres, _) => Waiter::Postgres(pg::Listener::connect(url).await?),
+            (Backend::Mysql, [one]) => {
+                Waiter::Mysql(mysql::LockWaiter::connect(url, one, heartbeat).await?)
             }
-            Backend::Sqlite => Waiter::Sqlite(sqlite::FileWaiter::watch(url)?),
+            (Backend::Mysql, several) => {
+                Waiter::MysqlSeveral(mysql::LocksWatcher::connect(url, several.len()).await?)
+            }
+            (Backend::Sqlite, _) => Waiter::Sqlite(sqlite::FileWaiter::watch(url)?),
         })
     }
 
@@ -46,7 +55,7 @@ impl Waiter {
     pub async fn probe(&mut self, within: Duration, nonce: &str) -> Result<pg::Probe, StoreError> {
         match self {
             Waiter::Postgres(l) => l.probe(within, nonce).await,
-            Waiter::Mysql(_) | Waiter::Sqlite(_) => Ok(pg::Probe {
+            Waiter::Mysql(_) | Waiter::MysqlSeveral(_) | Waiter::Sqlite(_) => Ok(pg::Probe {
                 delivered: true,
                 others: Vec::new(),
             }),
@@ -65,14 +74,15 @@ impl Waiter {
         match self {
             Waiter::Postgres(l) => l.next().await,
             Waiter::Mysql(w) => w.next().await,
+            Waiter::MysqlSeveral(w) => w.next().await,
             Waiter::Sqlite(w) => w.next().await,
         }
     }
 }
 
 /// The leader side: what a leader holds while it leads so that its end wakes
-/// the others. Only MySQL/MariaDB needs one; elsewhere the release itself
-/// announces.
+/// the others; one connection for every election the daemon leads. Only
+/// MySQL/MariaDB needs one; elsewhere the release itself announces.
 #[derive(Debug)]
 pub struct Presence(mysql::Presence);
 
@@ -88,17 +98,17 @@ impl Presence {
     }
 
     /// Connects; only for a backend that [needs](Presence::needed) one.
-    pub async fn connect(url: &DatabaseUrl, election: &str) -> Result<Self, StoreError> {
-        Ok(Presence(mysql::Presence::connect(url, election).await?))
+    pub async fn connect(url: &DatabaseUrl) -> Result<Self, StoreError> {
+        Ok(Presence(mysql::Presence::connect(url).await?))
     }
 
-    /// Takes the lock without waiting; whether it is held now.
-    pub async fn hold(&mut self) -> Result<bool, StoreError> {
-        self.0.hold().await
+    /// Takes the election's lock without waiting; whether it is held now.
+    pub async fn hold(&mut self, election: &str) -> Result<bool, StoreError> {
+        self.0.hold(election).await
     }
 
-    /// Frees the lock, waking the waiters.
-    pub async fn let_go(&mut self) -> Result<(), StoreError> {
-        self.0.let_go().await
+    /// Frees the election's lock, waking the waiters.
+    pub async fn let_go(&mut self, election: &str) -> Result<(), StoreError> {
+        self.0.let_go(election).await
     }
 }

@@ -272,7 +272,13 @@ impl Shared {
 }
 
 /// Runs the election until `shutdown` fires, then releases the row.
-pub async fn run(shared: Arc<Shared>, settings: Settings, link: Link, shutdown: CancellationToken) {
+pub async fn run(
+    shared: Arc<Shared>,
+    settings: Settings,
+    link: Link,
+    presences: Arc<wakeups::Presences>,
+    shutdown: CancellationToken,
+) {
     let flag =
         settings
             .flag_file
@@ -303,6 +309,7 @@ pub async fn run(shared: Arc<Shared>, settings: Settings, link: Link, shutdown: 
         }
         _ => Some(tokio::spawn(wakeups::keep_presence(
             settings.database.clone(),
+            presences,
             shared.election.clone(),
             leading_rx,
             presence_tx,

@@ -187,17 +187,19 @@ async fn run(settings: Settings, command: Option<Vec<OsString>>) -> anyhow::Resu
         connector::Connector::new(settings.database.clone(), settings.migrate, settings.timing),
         daemon.all().to_vec(),
     );
+    let presences = Arc::new(wakeups::Presences::default());
     let loops: Vec<_> = daemon
         .all()
         .iter()
         .map(|shared| {
             let (shared, shutdown, link) = (shared.clone(), shutdown.clone(), link.clone());
+            let presences = presences.clone();
             let settings = settings.for_election(&shared.election);
             tokio::spawn(async move {
                 // Should a loop fail (a panic), nothing may run on as if it
                 // led: cancel the run on the way out.
                 let _stop = shutdown.clone().drop_guard();
-                election::run(shared, settings, link, shutdown).await;
+                election::run(shared, settings, link, presences, shutdown).await;
             })
         })
         .collect();

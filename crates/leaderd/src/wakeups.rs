@@ -28,42 +28,15 @@ async fn presence_needed(source: &DatabaseSource) -> bool {
     }
 }
 
-/// Wakes each election's loop when a release of it is announced. On
-/// PostgreSQL and SQLite one waiter serves every election (one `LISTEN`
-/// connection, one file watch); MySQL's wait is on one election's named
-/// lock, so there each election has a waiter (and a connection) of its own.
+/// Wakes each election's loop when a release of it is announced: one
+/// waiter for every election (one `LISTEN` connection, one connection
+/// looking at MySQL's named locks, one file watch). At start it checks that
+/// PostgreSQL notifications arrive at all; when they do not (a
+/// transaction-pooling proxy drops them silently) it gives up and the loops
+/// rely on polling, which they do anyway.
 pub async fn wait_for_releases(
     source: DatabaseSource,
     daemon: Arc<Daemon>,
-    heartbeat: Duration,
-    shutdown: CancellationToken,
-) {
-    let per_election = tokio::select! {
-        () = shutdown.cancelled() => return,
-        needed = presence_needed(&source) => needed,
-    };
-    if !per_election {
-        return wait_for(source, daemon, None, heartbeat, shutdown).await;
-    }
-    let waiters: Vec<_> = (0..daemon.all().len())
-        .map(|i| {
-            let (source, daemon, shutdown) = (source.clone(), daemon.clone(), shutdown.clone());
-            tokio::spawn(wait_for(source, daemon, Some(i), heartbeat, shutdown))
-        })
-        .collect();
-    for w in waiters {
-        let _ = w.await;
-    }
-}
-
-/// One waiter: for the election at `only` (MySQL), or for all. Checks at
-/// start that PostgreSQL notifications arrive at all; when they do not (a
-/// transaction-pooling proxy drops them silently) it gives up and the loops
-/// rely on polling, which they do anyway.
-async fn wait_for(
-    source: DatabaseSource,
-    daemon: Arc<Daemon>,
-    only: Option<usize>,
     heartbeat: Duration,
     shutdown: CancellationToken,
 ) {
@@ -72,14 +45,14 @@ async fn wait_for(
             shared.release_notice.notify_one();
         }
     };
-    let election = daemon.all()[only.unwrap_or(0)].election.clone();
+    let elections: Vec<String> = daemon.all().iter().map(|s| s.election.clone()).collect();
     let nonce = uuid::Uuid::new_v4().to_string();
     let mut backoff = Duration::from_millis(100);
     let mut checked = false;
     while !shutdown.is_cancelled() {
         let result: Result<(), String> = async {
             let url = source.resolve()?;
-            let mut waiter = Waiter::connect(&url, &election, heartbeat)
+            let mut waiter = Waiter::connect(&url, &elections, heartbeat)
                 .await
                 .map_err(|e| e.to_string())?;
             if !checked {
@@ -103,13 +76,12 @@ async fn wait_for(
             let exact = waiter.names_every_release();
             loop {
                 let released = waiter.next().await.map_err(|e| e.to_string())?;
-                match only {
-                    Some(_) if released != election => {}
-                    Some(_) => notify(&released),
+                if exact {
+                    notify(&released);
+                } else {
                     // Another release may hide behind this one: wake all
                     // (a woken follower's attempt is a cheap refusal).
-                    None if !exact => daemon.all().iter().for_each(|s| s.release_notice.notify_one()),
-                    None => notify(&released),
+                    daemon.all().iter().for_each(|s| s.release_notice.notify_one());
                 }
             }
         }
@@ -126,12 +98,61 @@ async fn wait_for(
     }
 }
 
+/// The daemon's presence connection (MySQL's named locks), shared by every
+/// election's [`keep_presence`]: one connection whatever their number.
+#[derive(Debug, Default)]
+pub struct Presences {
+    conn: tokio::sync::Mutex<Option<Presence>>,
+    /// Bumped when the connection is dropped: the locks held on it are
+    /// gone, and the elections that still lead take theirs again.
+    generation: watch::Sender<u64>,
+}
+
+impl Presences {
+    /// Takes `election`'s lock without waiting (connecting first if
+    /// needed); whether it is held now.
+    async fn hold(&self, source: &DatabaseSource, election: &str) -> Result<bool, String> {
+        let mut conn = self.conn.lock().await;
+        if conn.is_none() {
+            let url = source.resolve()?;
+            *conn = Some(Presence::connect(&url).await.map_err(|e| e.to_string())?);
+        }
+        let held = conn.as_mut().expect("connected above").hold(election).await;
+        self.settle(&mut conn, held)
+    }
+
+    /// Frees `election`'s lock (nothing to do without a connection: the
+    /// lock went with the last one).
+    async fn let_go(&self, election: &str) -> Result<(), String> {
+        let mut conn = self.conn.lock().await;
+        let Some(presence) = conn.as_mut() else {
+            return Ok(());
+        };
+        let done = presence.let_go(election).await;
+        self.settle(&mut conn, done)
+    }
+
+    /// A failed statement drops the connection, and with it every lock.
+    fn settle<T>(
+        &self,
+        conn: &mut Option<Presence>,
+        outcome: Result<T, leaderd_store::StoreError>,
+    ) -> Result<T, String> {
+        outcome.map_err(|e| {
+            *conn = None;
+            self.generation.send_modify(|g| *g += 1);
+            e.to_string()
+        })
+    }
+}
+
 /// Holds the election's named lock while `leading` is true (MySQL/MariaDB;
-/// returns at once on the other backends, which need none), and says in
-/// `held` since when it holds it. Ends when the loop drops its end of
-/// `leading`, letting the lock go.
+/// returns at once on the other backends, which need none), on the
+/// daemon's one presence connection, and says in `held` since when it holds
+/// it. Ends when the loop drops its end of `leading`, letting the lock go.
 pub async fn keep_presence(
     source: DatabaseSource,
+    presences: Arc<Presences>,
     election: String,
     mut leading: watch::Receiver<bool>,
     held: watch::Sender<Option<Instant>>,
@@ -139,39 +160,35 @@ pub async fn keep_presence(
     if !presence_needed(&source).await {
         return;
     }
-    let mut presence: Option<Presence> = None;
+    let mut generation = presences.generation.subscribe();
     loop {
         if leading.wait_for(|l| *l).await.is_err() {
             return;
         }
+        generation.borrow_and_update();
         let kept: Result<(), String> = async {
-            if presence.is_none() {
-                let url = source.resolve()?;
-                let connected = Presence::connect(&url, &election).await;
-                presence = Some(connected.map_err(|e| e.to_string())?);
-            }
-            let p = presence.as_mut().expect("connected above");
             // A follower that just woke holds the lock for an instant.
             while *leading.borrow() {
-                if p.hold().await.map_err(|e| e.to_string())? {
+                if presences.hold(&source, &election).await? {
                     held.send_replace(Some(Instant::now()));
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            let _ = leading.wait_for(|l| !*l).await;
+            tokio::select! {
+                _ = leading.wait_for(|l| !*l) => {}
+                // The connection was dropped (by any election's failure):
+                // take the lock again on the next one.
+                _ = generation.changed() => return Ok(()),
+            }
             held.send_replace(None);
-            p.let_go().await.map_err(|e| e.to_string())
+            presences.let_go(&election).await
         }
         .await;
         held.send_replace(None);
-        match kept {
-            Ok(()) => {}
-            Err(e) => {
-                debug!(error = %e, "leader presence failed; reconnecting");
-                presence = None;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+        if let Err(e) = kept {
+            debug!(error = %e, "leader presence failed; reconnecting");
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 }
