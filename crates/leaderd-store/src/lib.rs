@@ -313,6 +313,10 @@ impl Connection {
     /// each was released. One statement on PostgreSQL, one transaction on
     /// SQLite, one statement each on MySQL.
     pub async fn release_many(&mut self, items: &[(&str, &str)]) -> Result<Vec<bool>, StoreError> {
+        // One alone takes the single statement (prepared, and announced).
+        if let [(election, instance)] = items {
+            return Ok(vec![self.release(election, instance).await?]);
+        }
         match self {
             Connection::Postgres(c) => return c.release_many(items).await,
             Connection::Sqlite(c) => return c.release_many(items).await,

@@ -683,9 +683,6 @@ impl PgStore {
         &mut self,
         items: &[(&str, &str)],
     ) -> Result<Vec<bool>, StoreError> {
-        if let [(election, instance)] = items {
-            return Ok(vec![self.release(election, instance).await?]);
-        }
         let names: Vec<&str> = items.iter().map(|(n, _)| *n).collect();
         let insts: Vec<&str> = items.iter().map(|(_, i)| *i).collect();
         let rows = self

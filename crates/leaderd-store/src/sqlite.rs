@@ -350,16 +350,13 @@ impl SqliteStore {
     }
 
     /// [`SqliteStore::release`] for several elections, in one transaction
-    /// (one commit: a commit each took a shutdown of hundreds of elections
-    /// past its budget), with one wake-up (the waiters wake every election
-    /// on any: see [`FileWaiter`]).
+    /// (one commit, where a commit each would wait for the disk once per
+    /// election within the shutdown's budget), with one wake-up (the
+    /// waiters wake every election on any: see [`FileWaiter`]).
     pub(crate) async fn release_many(
         &mut self,
         items: &[(&str, &str)],
     ) -> Result<Vec<bool>, StoreError> {
-        if let [(election, instance)] = items {
-            return Ok(vec![self.release(election, instance).await?]);
-        }
         self.begin().await?;
         let released = self.release_each(items).await;
         let released = self.end(released).await?;

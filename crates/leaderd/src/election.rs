@@ -232,6 +232,11 @@ impl Shared {
         self.engine.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The token this replica leads under at `now`, if it leads.
+    pub fn token_held(&self, now: BootTime) -> Option<i64> {
+        self.engine().lease(now).map(|(token, _)| token)
+    }
+
     /// Whether this replica leads at `now` (cheaper than a [`View`]).
     pub fn is_leader(&self, now: BootTime) -> bool {
         self.engine().is_leader(now)

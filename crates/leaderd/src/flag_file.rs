@@ -5,13 +5,16 @@
 //! removed at start. Readers must still check `expires_at_unix_ms`: after
 //! SIGKILL or SIGSTOP the file can outlive the lease.
 //!
-//! The file system is touched only by a thread of its own ([`FlagWriter`]):
-//! a stalled or fsync-heavy disk delays the file, never the election loop.
+//! The file system is touched only by a thread of its own ([`FlagWriter`];
+//! one for every flag file of the process): a stalled or fsync-heavy disk
+//! delays the files, never the election loops.
 //! Only a release waits for the file's removal (bounded): the row is freed
 //! for a successor only once no file says this replica leads.
 
+use std::collections::VecDeque;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -67,8 +70,10 @@ impl FlagFile {
     }
 }
 
-/// Keeps the flag file in the state last asked for, on a thread of its own.
-/// Requests never wait: a newer one replaces one not yet carried out.
+/// Keeps the flag file in the state last asked for, on the process's flag
+/// thread (one for every flag file: a daemon of a thousand elections has a
+/// thousand files, not a thousand threads). Requests never wait: a newer
+/// one replaces one not yet carried out.
 #[derive(Debug, Clone)]
 pub struct FlagWriter {
     inner: Arc<Inner>,
@@ -76,8 +81,13 @@ pub struct FlagWriter {
 
 #[derive(Debug)]
 struct Inner {
+    file: FlagFile,
     wanted: Mutex<Wanted>,
-    changed: Condvar,
+    /// Waiting in the thread's queue: a request while it waits needs no
+    /// second place (the thread reads the latest when it comes to it).
+    queued: AtomicBool,
+    /// The last attempt failed (logged once per change, not per renewal).
+    failing: AtomicBool,
     /// The generation last carried out, and whether the file is as it
     /// asked (a failed removal leaves a file naming this replica).
     done: watch::Sender<(u64, bool)>,
@@ -91,18 +101,65 @@ struct Wanted {
     generation: u64,
 }
 
-impl FlagWriter {
-    /// Starts the thread for `file`.
-    pub fn start(file: FlagFile) -> io::Result<Self> {
-        let inner = Arc::new(Inner {
-            wanted: Mutex::new(Wanted::default()),
-            changed: Condvar::new(),
-            done: watch::Sender::new((0, true)),
-        });
-        let worker = inner.clone();
+/// The flag thread's queue of files with a request to carry out.
+#[derive(Debug, Default)]
+struct Worker {
+    queue: Mutex<VecDeque<Arc<Inner>>>,
+    changed: Condvar,
+}
+
+impl Worker {
+    /// The process's flag thread, started on first use.
+    fn get() -> io::Result<&'static Worker> {
+        static WORKER: Mutex<Option<&'static Worker>> = Mutex::new(None);
+        let mut worker = WORKER.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(w) = *worker {
+            return Ok(w);
+        }
+        let w: &'static Worker = Box::leak(Box::default());
         std::thread::Builder::new()
             .name("leaderd-flag".into())
-            .spawn(move || worker.apply_forever(&file))?;
+            .spawn(move || w.apply_forever())?;
+        *worker = Some(w);
+        Ok(w)
+    }
+
+    fn push(&self, inner: Arc<Inner>) {
+        let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        queue.push_back(inner);
+        self.changed.notify_one();
+    }
+
+    fn apply_forever(&self) {
+        loop {
+            let inner = {
+                let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+                loop {
+                    if let Some(inner) = queue.pop_front() {
+                        break inner;
+                    }
+                    queue = self.changed.wait(queue).unwrap_or_else(|e| e.into_inner());
+                }
+            };
+            // Before reading what is wanted: a request from here on queues
+            // the file again.
+            inner.queued.store(false, Ordering::SeqCst);
+            inner.apply();
+        }
+    }
+}
+
+impl FlagWriter {
+    /// A writer for `file` on the flag thread (started if need be).
+    pub fn start(file: FlagFile) -> io::Result<Self> {
+        Worker::get()?;
+        let inner = Arc::new(Inner {
+            file,
+            wanted: Mutex::new(Wanted::default()),
+            queued: AtomicBool::new(false),
+            failing: AtomicBool::new(false),
+            done: watch::Sender::new((0, true)),
+        });
         Ok(Self { inner })
     }
 
@@ -135,46 +192,50 @@ impl FlagWriter {
     }
 
     fn want(&self, body: Option<Vec<u8>>) -> u64 {
-        let mut wanted = self.inner.wanted.lock().unwrap_or_else(|e| e.into_inner());
-        wanted.body = body;
-        wanted.generation += 1;
-        self.inner.changed.notify_one();
-        wanted.generation
+        let generation = {
+            let mut wanted = self.inner.wanted.lock().unwrap_or_else(|e| e.into_inner());
+            wanted.body = body;
+            wanted.generation += 1;
+            wanted.generation
+        };
+        if !self.inner.queued.swap(true, Ordering::SeqCst) {
+            // Started in `start`, so there is one.
+            if let Ok(worker) = Worker::get() {
+                worker.push(self.inner.clone());
+            }
+        }
+        generation
     }
 }
 
 impl Inner {
-    fn apply_forever(&self, file: &FlagFile) {
-        let mut applied = 0;
-        let mut failing = false;
-        loop {
-            let (body, generation) = {
-                let mut wanted = self.wanted.lock().unwrap_or_else(|e| e.into_inner());
-                while wanted.generation == applied {
-                    wanted = self.changed.wait(wanted).unwrap_or_else(|e| e.into_inner());
-                }
-                (wanted.body.clone(), wanted.generation)
-            };
-            let result = match &body {
-                Some(body) => file.write_body(body),
-                None => file.remove(),
-            };
-            let ok = result.is_ok();
-            match result {
-                // Once per change, not at every renewal.
-                Err(e) if !failing => {
-                    failing = true;
-                    error!(path = %file.path().display(), error = %e, "cannot update the flag file");
-                }
-                Ok(()) if failing => {
-                    failing = false;
-                    info!(path = %file.path().display(), "the flag file is updated again");
-                }
-                _ => {}
-            }
-            applied = generation;
-            self.done.send_replace((generation, ok));
+    /// Carries out the latest request, unless it already is.
+    fn apply(&self) {
+        let (body, generation) = {
+            let wanted = self.wanted.lock().unwrap_or_else(|e| e.into_inner());
+            (wanted.body.clone(), wanted.generation)
+        };
+        if self.done.borrow().0 >= generation {
+            return;
         }
+        let file = &self.file;
+        let result = match &body {
+            Some(body) => file.write_body(body),
+            None => file.remove(),
+        };
+        let ok = result.is_ok();
+        let was_failing = self.failing.swap(!ok, Ordering::Relaxed);
+        match result {
+            // Once per change, not at every renewal.
+            Err(e) if !was_failing => {
+                error!(path = %file.path().display(), error = %e, "cannot update the flag file");
+            }
+            Ok(()) if was_failing => {
+                info!(path = %file.path().display(), "the flag file is updated again");
+            }
+            _ => {}
+        }
+        self.done.send_replace((generation, ok));
     }
 }
 
@@ -216,6 +277,46 @@ mod tests {
         assert!(flag.removed(Duration::from_secs(5)).await);
         assert!(flag.removed(Duration::from_secs(5)).await);
         assert!(!path.exists());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// A daemon of many elections keeps many files on one thread, each file
+    /// as asked.
+    #[tokio::test]
+    async fn many_files_share_one_thread() {
+        let dir = std::env::temp_dir().join(format!("leaderd-flag-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let writers: Vec<FlagWriter> = (0..50)
+            .map(|i| FlagWriter::start(FlagFile::new(dir.join(format!("f{i}")))).unwrap())
+            .collect();
+        for (token, w) in (0..).zip(&writers) {
+            w.write("e", "pod-a", token, 1_000);
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        for i in 0..writers.len() {
+            let path = dir.join(format!("f{i}"));
+            let token = loop {
+                let read = std::fs::read(&path).ok();
+                let v: Option<serde_json::Value> =
+                    read.and_then(|b| serde_json::from_slice(&b).ok());
+                if let Some(v) = v {
+                    break v["token"].clone();
+                }
+                assert!(std::time::Instant::now() < deadline, "f{i} not written");
+                std::thread::sleep(Duration::from_millis(1));
+            };
+            assert_eq!(token, i);
+        }
+        let flag_threads = std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .filter(|comm| comm.trim() == "leaderd-flag")
+            .count();
+        assert_eq!(flag_threads, 1);
+        for w in &writers {
+            assert!(w.removed(Duration::from_secs(5)).await);
+        }
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
         std::fs::remove_dir_all(dir).unwrap();
     }
 

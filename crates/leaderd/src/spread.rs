@@ -67,6 +67,7 @@ pub async fn run(daemon: Arc<Daemon>, settings: Settings, link: Link, shutdown: 
         held_token: None,
         link,
         yielding: vec![false; daemon.all().len()],
+        led_since: vec![None; daemon.all().len()],
         last_hand_over: None,
         daemon,
         settings,
@@ -100,6 +101,9 @@ struct Spread {
     /// What each election's loop was last told.
     yielding: Vec<bool>,
     last_hand_over: Option<BootTime>,
+    /// Per election, the token this daemon leads it under and since when
+    /// (as first seen here, within a renew interval).
+    led_since: Vec<Option<(i64, BootTime)>>,
 }
 
 impl Spread {
@@ -134,6 +138,8 @@ impl Spread {
 
     /// Plans on what the table showed and tells the loops.
     async fn act(&mut self, rows: &[ElectionRow]) {
+        let now = boot_now();
+        let leading = self.leading(now);
         let id = self.settings.id.as_str();
         // One pass over the rows: who is present, and how many of our
         // elections each live holder leads (thousands of rows and
@@ -141,12 +147,20 @@ impl Spread {
         let ours: HashSet<&str> = self.settings.elections.iter().map(String::as_str).collect();
         let mut leads: HashMap<&str, usize> = HashMap::new();
         let mut present: Vec<&str> = Vec::new();
+        // A live replica renews its presence every renew interval, so its
+        // row has more than this left; one that missed two renewals is
+        // counted out (likely dead) before its lease runs out: yielding to
+        // it, or handing it elections, left them leaderless up to a
+        // heartbeat.
+        let t = self.settings.timing;
+        let fresh = t.ttl().saturating_sub(t.renew_every() * 2);
+        let fresh_us = i64::try_from(fresh.as_micros()).unwrap_or(i64::MAX);
         for row in rows {
             let Some(holder) = row.live_holder() else {
                 continue;
             };
             if row.name.starts_with(&self.prefix) {
-                if holder != id {
+                if holder != id && row.remaining_us > fresh_us {
                     present.push(holder);
                 }
             } else if ours.contains(row.name.as_str()) {
@@ -157,18 +171,31 @@ impl Spread {
             .into_iter()
             .map(|peer| (peer, leads.get(peer).copied().unwrap_or(0)))
             .collect();
-        let now = boot_now();
-        let leading: Vec<usize> = (0..self.daemon.all().len())
-            .filter(|&i| self.daemon.all()[i].is_leader(now))
-            .collect();
         let p = plan(self.settings.elections.len(), id, leading.len(), &peers);
         let peer_counts: Vec<usize> = peers.iter().map(|&(_, n)| n).collect();
         self.set_yielding(p.yield_free).await;
         let t = self.settings.timing;
+        let settle = t.ttl() + t.heartbeat();
         let cooled = self
             .last_hand_over
-            .is_none_or(|at| now.saturating_since(at) >= t.ttl() + t.heartbeat());
-        if p.hand_over == 0 || !cooled {
+            .is_none_or(|at| now.saturating_since(at) >= settle);
+        // The last ones led, in the configured order, but none led for less
+        // than a cool-down: one just received may have come from a replica
+        // that still holds off from it (two replicas that counted a dead
+        // one differently handed one election back and forth, and the
+        // second hand-over went to the one holding off: 2 s without a
+        // leader). Each loop releases its own row and holds off, so the
+        // replica below takes it.
+        let handed: Vec<usize> = leading
+            .iter()
+            .rev()
+            .copied()
+            .filter(|&i| {
+                self.led_since[i].is_some_and(|(_, at)| now.saturating_since(at) >= settle)
+            })
+            .take(p.hand_over)
+            .collect();
+        if handed.is_empty() || !cooled {
             return;
         }
         self.last_hand_over = Some(now);
@@ -176,16 +203,30 @@ impl Spread {
             leading = leading.len(),
             share = p.share,
             peers = ?peer_counts,
-            hand_over = p.hand_over,
+            hand_over = handed.len(),
             "handing elections over to a replica below its share"
         );
-        // The last ones led, in the configured order; each loop releases
-        // its own row and holds off, so the replica below takes it.
         let hold = t.heartbeat() * 2;
-        for &i in leading.iter().rev().take(p.hand_over) {
+        for i in handed {
             let shared = self.daemon.all()[i].clone();
             tokio::spawn(async move { shared.release(hold).await });
         }
+    }
+
+    /// The elections this daemon leads at `now`, by index, noting since
+    /// when each has been led under its current token.
+    fn leading(&mut self, now: BootTime) -> Vec<usize> {
+        let mut leading = Vec::new();
+        for (i, shared) in self.daemon.all().iter().enumerate() {
+            let token = shared.token_held(now);
+            if token != self.led_since[i].map(|(t, _)| t) {
+                self.led_since[i] = token.map(|t| (t, now));
+            }
+            if token.is_some() {
+                leading.push(i);
+            }
+        }
+        leading
     }
 
     /// Tells every loop whether to yield, when that changed.
