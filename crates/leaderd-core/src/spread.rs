@@ -18,9 +18,32 @@
 //! presence row in the lock table, named [`PRESENCE_PREFIX`] + group +
 //! its id, leased and judged by the database's clock like any election.
 
+use std::time::Duration;
+
+use crate::Timing;
+
 /// Lock-table names that start with this are presence rows, not elections;
 /// no election may be named so.
 pub const PRESENCE_PREFIX: &str = "leaderd-presence/";
+
+/// Whether a presence row with `remaining` of its lease (by the database's
+/// clock) counts its replica as live. A live replica renews it every renew
+/// interval, so it has more than `ttl - 2 × renew interval` left; one that
+/// missed two renewals is counted out before its lease runs out (likely
+/// dead: yielding to it, or handing it elections, left them leaderless up
+/// to a heartbeat).
+pub fn present(remaining: Duration, timing: Timing) -> bool {
+    remaining > timing.ttl().saturating_sub(timing.renew_every() * 2)
+}
+
+/// Whether an election this replica has led for `led_for` may be handed
+/// over: not before a cool-down of `ttl + heartbeat` (one just received may
+/// come from a replica still holding off from it; two replicas that counted
+/// a dead peer differently handed one back and forth into a 2 s gap). The
+/// same cool-down separates one replica's hand-overs.
+pub fn settled(led_for: Duration, timing: Timing) -> bool {
+    led_for >= timing.ttl() + timing.heartbeat()
+}
 
 /// What the spread asks of one replica now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -68,6 +91,27 @@ pub fn plan(elections: usize, me: &str, mine: usize, peers: &[(&str, usize)]) ->
 
 #[cfg(test)]
 mod tests {
+    use super::{present, settled, Duration, Timing};
+
+    #[test]
+    fn a_presence_that_missed_two_renewals_is_counted_out() {
+        // Defaults: ttl 1.2 s, renewed every 400 ms: a live replica's row
+        // has 800 ms or more left; below 400 ms it missed two renewals.
+        let t = Timing::new(Duration::from_millis(1000), Duration::from_millis(1200)).unwrap();
+        assert!(present(Duration::from_millis(800), t));
+        assert!(present(Duration::from_millis(401), t));
+        assert!(!present(Duration::from_millis(400), t));
+        assert!(!present(Duration::ZERO, t));
+    }
+
+    #[test]
+    fn an_election_is_handed_over_only_once_led_for_a_cool_down() {
+        let t = Timing::new(Duration::from_millis(1000), Duration::from_millis(1200)).unwrap();
+        assert!(!settled(Duration::ZERO, t));
+        assert!(!settled(Duration::from_millis(2199), t));
+        assert!(settled(Duration::from_millis(2200), t));
+    }
+
     use super::*;
 
     #[test]

@@ -20,7 +20,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use leaderd_core::spread::{plan, PRESENCE_PREFIX};
+use leaderd_core::spread::{plan, present, settled, PRESENCE_PREFIX};
 use leaderd_core::{Attempt, BootTime};
 use leaderd_store::ElectionRow;
 use tokio_util::sync::CancellationToken;
@@ -146,28 +146,21 @@ impl Spread {
         // elections: no pairwise scans).
         let ours: HashSet<&str> = self.settings.elections.iter().map(String::as_str).collect();
         let mut leads: HashMap<&str, usize> = HashMap::new();
-        let mut present: Vec<&str> = Vec::new();
-        // A live replica renews its presence every renew interval, so its
-        // row has more than this left; one that missed two renewals is
-        // counted out (likely dead) before its lease runs out: yielding to
-        // it, or handing it elections, left them leaderless up to a
-        // heartbeat.
-        let t = self.settings.timing;
-        let fresh = t.ttl().saturating_sub(t.renew_every() * 2);
-        let fresh_us = i64::try_from(fresh.as_micros()).unwrap_or(i64::MAX);
+        let mut live: Vec<&str> = Vec::new();
         for row in rows {
             let Some(holder) = row.live_holder() else {
                 continue;
             };
             if row.name.starts_with(&self.prefix) {
-                if holder != id && row.remaining_us > fresh_us {
-                    present.push(holder);
+                let remaining = Duration::from_micros(row.remaining_us.unsigned_abs());
+                if holder != id && present(remaining, self.settings.timing) {
+                    live.push(holder);
                 }
             } else if ours.contains(row.name.as_str()) {
                 *leads.entry(holder).or_default() += 1;
             }
         }
-        let peers: Vec<(&str, usize)> = present
+        let peers: Vec<(&str, usize)> = live
             .into_iter()
             .map(|peer| (peer, leads.get(peer).copied().unwrap_or(0)))
             .collect();
@@ -175,23 +168,18 @@ impl Spread {
         let peer_counts: Vec<usize> = peers.iter().map(|&(_, n)| n).collect();
         self.set_yielding(p.yield_free).await;
         let t = self.settings.timing;
-        let settle = t.ttl() + t.heartbeat();
         let cooled = self
             .last_hand_over
-            .is_none_or(|at| now.saturating_since(at) >= settle);
-        // The last ones led, in the configured order, but none led for less
-        // than a cool-down: one just received may have come from a replica
-        // that still holds off from it (two replicas that counted a dead
-        // one differently handed one election back and forth, and the
-        // second hand-over went to the one holding off: 2 s without a
-        // leader). Each loop releases its own row and holds off, so the
-        // replica below takes it.
+            .is_none_or(|at| settled(now.saturating_since(at), t));
+        // The last ones led, in the configured order, but only ones led
+        // for a while (see `settled`). Each loop releases its own row and
+        // holds off, so the replica below takes it.
         let handed: Vec<usize> = leading
             .iter()
             .rev()
             .copied()
             .filter(|&i| {
-                self.led_since[i].is_some_and(|(_, at)| now.saturating_since(at) >= settle)
+                self.led_since[i].is_some_and(|(_, at)| settled(now.saturating_since(at), t))
             })
             .take(p.hand_over)
             .collect();
