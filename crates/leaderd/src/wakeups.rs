@@ -175,11 +175,14 @@ pub async fn keep_presence(
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
+            // Until it stops leading, or the connection is dropped (by any
+            // election's failure), when the lock is taken again on the next
+            // one: there it may already be held (taken after the drop), and
+            // a session that takes a named lock twice must free it twice.
+            // Either way, free it.
             tokio::select! {
                 _ = leading.wait_for(|l| !*l) => {}
-                // The connection was dropped (by any election's failure):
-                // take the lock again on the next one.
-                _ = generation.changed() => return Ok(()),
+                _ = generation.changed() => {}
             }
             held.send_replace(None);
             presences.let_go(&election).await
