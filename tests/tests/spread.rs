@@ -39,6 +39,16 @@ fn wait_counts(ds: &[&Daemon], counts: &[usize], within: Duration, what: &str) -
     started.elapsed()
 }
 
+/// One daemon, `a`, running the six elections without the spread, once it
+/// leads all six.
+fn alone(db: &TempDb, dir: &Scratch) -> Daemon {
+    let a = Daemon::launch(&db.url, "a", dir, "a", &["--no-spread"])
+        .elections(&ELECTIONS)
+        .start();
+    wait_counts(&[&a], &[6], Duration::from_secs(15), "a to lead all six");
+    a
+}
+
 /// Per election: the intervals of every daemon, checked for overlap and
 /// tokens going back; the gaps between one leader and the next, each with
 /// the id of the leader that ended it.
@@ -129,10 +139,7 @@ fn six_elections_share_one_connection_and_one_renewal_statement() {
     let _s = serial();
     let db = TempDb::postgres();
     let dir = Scratch::new();
-    let a = Daemon::launch(&db.url, "a", &dir, "a", &["--no-spread"])
-        .elections(&ELECTIONS)
-        .start();
-    wait_counts(&[&a], &[6], Duration::from_secs(15), "a to lead all six");
+    let a = alone(&db, &dir);
     // Connects beside a slow one may linger for a moment: wait for two.
     let ours = "SELECT count(*) FROM pg_stat_activity \
                 WHERE datname = current_database() AND application_name = 'leaderd'";
@@ -173,10 +180,7 @@ fn six_elections_on_mysql_hold_three_connections_and_still_wake() {
     let _s = serial();
     let db = TempDb::mysql();
     let dir = Scratch::new();
-    let a = Daemon::launch(&db.url, "a", &dir, "a", &["--no-spread"])
-        .elections(&ELECTIONS)
-        .start();
-    wait_counts(&[&a], &[6], Duration::from_secs(15), "a to lead all six");
+    let a = alone(&db, &dir);
     // Our own look at the count is one more connection.
     let ours = "SELECT COUNT(*) - 1 FROM information_schema.processlist WHERE db = DATABASE()";
     wait_for(Duration::from_secs(10), "three connections", || {
