@@ -528,14 +528,24 @@ impl Launch {
     }
 
     /// Listens on every address (`0.0.0.0`, as in Kubernetes) rather than on
-    /// loopback; the port stays the same.
+    /// loopback, on a port whose next one is free too.
     pub fn listen_everywhere(mut self) -> Self {
+        // `POST /release` then goes on loopback at the next port (leaderd's
+        // default): pick a port whose next one is free too (a busy one made
+        // the daemon exit at start, one CI run in many).
+        let port = loop {
+            let p = free_port();
+            if p < u16::MAX && TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
+                break p;
+            }
+        };
         let loopback = format!("127.0.0.1:{}", self.port);
         for a in &mut self.args {
             if *a == loopback {
-                *a = format!("0.0.0.0:{}", self.port);
+                *a = format!("0.0.0.0:{port}");
             }
         }
+        self.port = port;
         self
     }
 
