@@ -88,9 +88,10 @@ struct Inner {
     queued: AtomicBool,
     /// The last attempt failed (logged once per change, not per renewal).
     failing: AtomicBool,
-    /// The generation last carried out, and whether the file is as it
-    /// asked (a failed removal leaves a file naming this replica).
-    done: watch::Sender<(u64, bool)>,
+    /// The generation last carried out, whether the file is as it asked (a
+    /// failed removal leaves a file naming this replica), and whether it
+    /// asked for no file.
+    done: watch::Sender<(u64, bool, bool)>,
 }
 
 #[derive(Debug, Default)]
@@ -101,11 +102,19 @@ struct Wanted {
     generation: u64,
 }
 
-/// The flag thread's queue of files with a request to carry out.
+/// The flag thread's queues of files with a request to carry out.
 #[derive(Debug, Default)]
 struct Worker {
-    queue: Mutex<VecDeque<Arc<Inner>>>,
+    queue: Mutex<Queues>,
     changed: Condvar,
+}
+
+/// Removals go first: a release waits (briefly) for its file's removal,
+/// and must not wait behind every other election's renewal write.
+#[derive(Debug, Default)]
+struct Queues {
+    removals: VecDeque<Arc<Inner>>,
+    writes: VecDeque<Arc<Inner>>,
 }
 
 impl Worker {
@@ -124,21 +133,26 @@ impl Worker {
         Ok(w)
     }
 
-    fn push(&self, inner: Arc<Inner>) {
-        let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        queue.push_back(inner);
+    fn push(&self, inner: Arc<Inner>, removal: bool) {
+        let mut queues = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        if removal {
+            queues.removals.push_back(inner);
+        } else {
+            queues.writes.push_back(inner);
+        }
         self.changed.notify_one();
     }
 
     fn apply_forever(&self) {
         loop {
             let inner = {
-                let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+                let mut queues = self.queue.lock().unwrap_or_else(|e| e.into_inner());
                 loop {
-                    if let Some(inner) = queue.pop_front() {
+                    let next = queues.removals.pop_front();
+                    if let Some(inner) = next.or_else(|| queues.writes.pop_front()) {
                         break inner;
                     }
-                    queue = self.changed.wait(queue).unwrap_or_else(|e| e.into_inner());
+                    queues = self.changed.wait(queues).unwrap_or_else(|e| e.into_inner());
                 }
             };
             // Before reading what is wanted: a request from here on queues
@@ -158,7 +172,7 @@ impl FlagWriter {
             wanted: Mutex::new(Wanted::default()),
             queued: AtomicBool::new(false),
             failing: AtomicBool::new(false),
-            done: watch::Sender::new((0, true)),
+            done: watch::Sender::new((0, true, true)),
         });
         Ok(Self { inner })
     }
@@ -187,21 +201,29 @@ impl FlagWriter {
     pub async fn removed(&self, within: Duration) -> bool {
         let generation = self.want(None);
         let mut done = self.inner.done.subscribe();
-        let waited = tokio::time::timeout(within, done.wait_for(|(g, _)| *g >= generation)).await;
-        matches!(waited, Ok(Ok(state)) if state.1)
+        let waited =
+            tokio::time::timeout(within, done.wait_for(|(g, _, _)| *g >= generation)).await;
+        // Only a removal that took effect: a later write carried out instead
+        // leaves a file.
+        matches!(waited, Ok(Ok(state)) if state.1 && state.2)
     }
 
     fn want(&self, body: Option<Vec<u8>>) -> u64 {
+        let body_is_none = body.is_none();
         let generation = {
             let mut wanted = self.inner.wanted.lock().unwrap_or_else(|e| e.into_inner());
             wanted.body = body;
             wanted.generation += 1;
             wanted.generation
         };
-        if !self.inner.queued.swap(true, Ordering::SeqCst) {
+        // A removal always takes a place of its own at the front, even when
+        // the file already waits behind writes (carrying out a request
+        // already carried out does nothing, see `Inner::apply`).
+        let removal = body_is_none;
+        if removal || !self.inner.queued.swap(true, Ordering::SeqCst) {
             // Started in `start`, so there is one.
             if let Ok(worker) = Worker::get() {
-                worker.push(self.inner.clone());
+                worker.push(self.inner.clone(), removal);
             }
         }
         generation
@@ -235,7 +257,7 @@ impl Inner {
             }
             _ => {}
         }
-        self.done.send_replace((generation, ok));
+        self.done.send_replace((generation, ok, body.is_none()));
     }
 }
 

@@ -72,16 +72,20 @@ pub async fn run(daemon: Arc<Daemon>, settings: Settings, link: Link, shutdown: 
         daemon,
         settings,
     };
-    let every = spread.settings.timing.renew_every();
+    // At a fixed rate, not a pause after each round: the others count this
+    // replica out when its presence misses two renewals (see
+    // `leaderd_core::spread::present`), and a slow round must not look so.
+    let mut every = tokio::time::interval(spread.settings.timing.renew_every());
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            _ = every.tick() => {}
+        }
         if let Err(e) = spread.round().await {
             debug!(error = %e, "spread: cannot read the table; not yielding");
             spread.held_token = None;
             spread.set_yielding(false).await;
-        }
-        tokio::select! {
-            () = shutdown.cancelled() => break,
-            () = tokio::time::sleep(every) => {}
         }
     }
     spread.leave().await;
