@@ -126,29 +126,25 @@ pub fn footprint(size: Size) -> Result<()> {
     );
     println!("| connection | RSS MiB | peak RSS MiB | CPU % of one core | release binary MiB |");
     println!("|---|---:|---:|---:|---:|");
+    let ticks_per_s = rustix::param::clock_ticks_per_second() as f64;
+    let bin = std::fs::metadata(leaderd_bin())?.len();
     for (name, params) in [
         ("TLS (sslmode=prefer)", ""),
         ("plain (sslmode=disable)", "sslmode=disable"),
     ] {
-        let db = if params.is_empty() {
-            TempDb::postgres()
-        } else {
-            TempDb::postgres_with(params)
-        };
+        let db = TempDb::postgres_with(params);
         let dir = Scratch::new();
         let d = Daemon::start(&db.url, "idle", &dir, &[]);
         wait_for(Duration::from_secs(5), "leadership", || {
             d.is_leader().then_some(())
         });
         let pid = d.pid();
-        let ticks_per_s = rustix::param::clock_ticks_per_second() as f64;
         let (c0, t0) = (cpu_ticks(pid)?, Instant::now());
         std::thread::sleep(Duration::from_secs(secs));
         let (c1, elapsed) = (cpu_ticks(pid)?, t0.elapsed());
         let cpu = (c1 - c0) as f64 / ticks_per_s / elapsed.as_secs_f64() * 100.0;
         let rss = status_kib(pid, "VmRSS:")?;
         let hwm = status_kib(pid, "VmHWM:")?;
-        let bin = std::fs::metadata(leaderd_bin())?.len();
         println!(
             "| {name} | {:.1} | {:.1} | {cpu:.2} | {:.1} |",
             rss as f64 / 1024.0,

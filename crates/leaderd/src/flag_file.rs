@@ -77,6 +77,7 @@ impl FlagFile {
 #[derive(Debug, Clone)]
 pub struct FlagWriter {
     inner: Arc<Inner>,
+    worker: &'static Worker,
 }
 
 #[derive(Debug)]
@@ -166,7 +167,7 @@ impl Worker {
 impl FlagWriter {
     /// A writer for `file` on the flag thread (started if need be).
     pub fn start(file: FlagFile) -> io::Result<Self> {
-        Worker::get()?;
+        let worker = Worker::get()?;
         let inner = Arc::new(Inner {
             file,
             wanted: Mutex::new(Wanted::default()),
@@ -174,7 +175,7 @@ impl FlagWriter {
             failing: AtomicBool::new(false),
             done: watch::Sender::new((0, true, true)),
         });
-        Ok(Self { inner })
+        Ok(Self { inner, worker })
     }
 
     /// Asks for the file to say this replica leads with `token` until
@@ -221,10 +222,7 @@ impl FlagWriter {
         // already carried out does nothing, see `Inner::apply`).
         let removal = body_is_none;
         if removal || !self.inner.queued.swap(true, Ordering::SeqCst) {
-            // Started in `start`, so there is one.
-            if let Ok(worker) = Worker::get() {
-                worker.push(self.inner.clone(), removal);
-            }
+            self.worker.push(self.inner.clone(), removal);
         }
         generation
     }
