@@ -489,7 +489,7 @@ impl Daemon {
         Launch {
             cmd,
             args,
-            command: Vec::new(),
+            command: None,
             undrained: false,
             id: id.to_owned(),
             port,
@@ -504,8 +504,9 @@ impl Daemon {
 pub struct Launch {
     cmd: Command,
     args: Vec<String>,
-    /// Under `exec`: the command to run while leading.
-    command: Vec<String>,
+    /// Under `exec`: the command to run while leading (every election's
+    /// unless `--exec` gives one its own; none when each has its own).
+    command: Option<Vec<String>>,
     /// stderr on a pipe that nobody reads (see [`Launch::stderr_undrained`]).
     undrained: bool,
     id: String,
@@ -523,7 +524,17 @@ impl Launch {
 
     /// Runs `leaderd exec … -- command` instead of `leaderd run`.
     pub fn exec(mut self, command: &[&str]) -> Self {
-        self.command = command.iter().map(|a| a.to_string()).collect();
+        self.command = Some(command.iter().map(|a| a.to_string()).collect());
+        self
+    }
+
+    /// Runs `leaderd exec --exec NAME=CMD …`: each election its own command.
+    pub fn exec_each(mut self, commands: &[(&str, String)]) -> Self {
+        for (name, command) in commands {
+            self.args
+                .extend(["--exec".into(), format!("{name}={command}")]);
+        }
+        self.command.get_or_insert_with(Vec::new);
         self
     }
 
@@ -594,11 +605,11 @@ impl Launch {
             flag,
             log,
         } = self;
-        if command.is_empty() {
-            cmd.arg("run").args(args);
-        } else {
-            cmd.arg("exec").args(args).arg("--").args(command);
-        }
+        match command {
+            None => cmd.arg("run").args(args),
+            Some(c) if c.is_empty() => cmd.arg("exec").args(args),
+            Some(c) => cmd.arg("exec").args(args).arg("--").args(c),
+        };
         let log_file = std::fs::File::create(&log).expect("log file");
         // The read end of an undrained pipe stays open in `Child::stderr`.
         let stderr = if undrained {

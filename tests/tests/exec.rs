@@ -421,3 +421,103 @@ fn a_stalled_stderr_delays_no_safety_action() {
         .expect("SIGTERM ends leaderd within 2 s");
     eprintln!("exited {:?} after SIGTERM", started.elapsed());
 }
+
+/// `/leader?election=NAME`'s token at `port`, when that replica leads it.
+fn token_of(port: u16, election: &str) -> Option<i64> {
+    let (200, body) = leaderd_tests::http_get(port, &format!("/leader?election={election}"))?
+    else {
+        return None;
+    };
+    serde_json::from_str::<serde_json::Value>(&body).ok()?["token"].as_i64()
+}
+
+/// Several elections under one `leaderd exec` (spec: "one command per
+/// election"), each command with a lock directory of its own: it runs only
+/// while its replica leads its election, under that election's token; when
+/// the spread moves an election to a second replica, its command moves
+/// with it and the other runs on undisturbed; a command exiting by itself
+/// ends its replica's run with its status, the other command stopped first.
+#[test]
+fn several_elections_each_run_their_own_command() {
+    let _s = serial();
+    let db = leaderd_tests::TempDb::postgres();
+    let dir = Scratch::new();
+    let names = ["jobs", "mailer"];
+    let dirs = [Scratch::new(), Scratch::new()];
+    let commands: Vec<(&str, String)> = names
+        .iter()
+        .zip(&dirs)
+        .map(|(name, d)| (*name, format!("{CHILD} {}", d.0.display())))
+        .collect();
+    let start = |id: &str| {
+        Daemon::launch(&db.url, id, &dir, id, &[])
+            .elections(&names)
+            .exec_each(&commands)
+            .start()
+    };
+    let mut a = start("a");
+    let first: Vec<Life> = dirs
+        .iter()
+        .map(|d| nth_start(d, 1, Duration::from_secs(10)))
+        .collect();
+    for (name, life) in names.iter().zip(&first) {
+        assert_eq!(life.id, "a", "a leads both and runs both commands");
+        assert_eq!(token_of(a.port, name), Some(life.token), "{name}'s token");
+    }
+
+    let mut b = start("b");
+    let moved = wait_for(
+        Duration::from_secs(15),
+        "one election's command to move to b",
+        || {
+            dirs.iter()
+                .position(|d| starts(d).last().is_some_and(|l| l.id == "b"))
+        },
+    );
+    let stayed = 1 - moved;
+    assert!(
+        !alive(first[moved].pid),
+        "a's command of the moved election is gone"
+    );
+    assert!(alive(first[stayed].pid), "the other runs on undisturbed");
+    assert_eq!(starts(&dirs[stayed]).len(), 1, "{:?}", lives(&dirs[stayed]));
+    let on_b = starts(&dirs[moved]).last().cloned().expect("b's command");
+    assert_eq!(token_of(b.port, names[moved]), Some(on_b.token));
+
+    // b's command exits by itself: b exits with its status, and a takes the
+    // election (and starts its command) back.
+    std::fs::write(dirs[moved].path("exit-now"), b"").unwrap();
+    let status = b.wait_exit(Duration::from_secs(3)).expect("b exits");
+    assert_eq!(status.code(), Some(3), "the command's own status");
+    let back = nth_start(&dirs[moved], 3, TTL + SLACK);
+    assert_eq!(back.id, "a");
+
+    // Now one of a's two commands exits by itself: the other is stopped
+    // before a exits, with the status of the one that ended the run.
+    std::fs::write(dirs[stayed].path("exit-now"), b"").unwrap();
+    let status = a.wait_exit(Duration::from_secs(3)).expect("a exits");
+    assert_eq!(status.code(), Some(3));
+    assert!(!alive(back.pid), "the other command was stopped first");
+    for d in &dirs {
+        assert_no_overlap(d);
+    }
+}
+
+/// `leaderd exec` with several elections and a command missing for one:
+/// exit 2 naming it, before anything starts.
+#[test]
+fn exec_names_the_elections_left_without_a_command() {
+    let out = std::process::Command::new(leaderd_tests::leaderd_bin())
+        .args(["exec", "--database-url", "sqlite:///nonexistent/x.db"])
+        .args(["--election", "jobs", "--election", "mailer"])
+        .args(["--exec", "mailer=/bin/true"])
+        .env_remove("LEADERD_ELECTIONS")
+        .output()
+        .expect("run leaderd");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("none is given for: jobs") && !stderr.contains("mailer,"),
+        "{stderr}"
+    );
+}

@@ -39,8 +39,9 @@ pub enum Command {
     /// started at each gain of leadership, stopped before the lease ends.
     /// Exits with the command's status when it exits by itself.
     Exec {
-        /// The command and its arguments, after `--`.
-        #[arg(last = true, required = true, value_name = "COMMAND")]
+        /// The command and its arguments, after `--`: every election's,
+        /// unless `--exec NAME=CMD` gives one its own.
+        #[arg(last = true, value_name = "COMMAND")]
         command: Vec<std::ffi::OsString>,
     },
     /// Ask the local daemon (at its release address) to step down: exit 0 released,
@@ -110,6 +111,11 @@ pub struct ConfigArgs {
     /// Do not spread: every replica takes any free election.
     #[arg(long, global = true)]
     pub no_spread: bool,
+    /// exec only: the command of election NAME, split into words as a shell
+    /// would (nothing expanded); repeat it once per election [default: the
+    /// command after `--`, for every election]
+    #[arg(long, global = true, value_name = "NAME=CMD")]
+    pub exec: Vec<String>,
     /// exec only: SIGTERM the command this long before the local deadline
     /// when renewals fail [default: ttl / 4]
     #[arg(long, global = true, value_name = "DURATION")]

@@ -1,5 +1,9 @@
 //! `leaderd exec -- CMD`: runs CMD only while this replica leads.
 //!
+//! With several elections each gets its own command (`--exec NAME=CMD`, or
+//! the one after `--` for every election without one), supervised on its
+//! own lease exactly as a single one is; see [`supervise_all`].
+//!
 //! This is the adapter around [`ChildTimer`], which decides when a child
 //! starts, gets SIGTERM and gets SIGKILL; here the child is spawned (in its
 //! own process group, with `LEADERD_ELECTION`, `LEADERD_ID` and
@@ -31,6 +35,7 @@ use tracing::{error, info, warn};
 
 use crate::clock::{boot_now, BootTimer};
 use crate::election::Shared;
+use crate::settings::Settings;
 
 /// What ended a run of `exec`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +69,84 @@ impl Outcome {
     }
 }
 
+/// Every election's command, in the configured order: its own (`exec`
+/// setting) or else `default` (the words after `--`). `Err` names the
+/// elections left without one.
+pub fn commands(settings: &Settings, default: &[OsString]) -> Result<Vec<Vec<OsString>>, String> {
+    let mut missing = Vec::new();
+    let commands = settings
+        .elections
+        .iter()
+        .map(|election| {
+            let own = settings.exec.iter().find(|(name, _)| name == election);
+            match own {
+                Some((_, words)) => words.iter().map(OsString::from).collect(),
+                None => {
+                    if default.is_empty() {
+                        missing.push(election.as_str());
+                    }
+                    default.to_vec()
+                }
+            }
+        })
+        .collect();
+    match missing.as_slice() {
+        [] => Ok(commands),
+        [one] if settings.elections.len() == 1 => Err(format!(
+            "exec needs a command: `leaderd exec -- CMD [ARGS…]` (or --exec {one}=CMD)"
+        )),
+        _ => Err(format!(
+            "exec needs a command for every election, and none is given for: {} \
+             (give --exec NAME=CMD for each, or one command after `--` for all)",
+            missing.join(", ")
+        )),
+    }
+}
+
+/// Supervises every election's command at once (see [`supervise`]); awaited
+/// on the main thread as that is. The exit code: that of the command that
+/// ended the run (exited by itself or could not start; the first in the
+/// configured order should several), else the first non-zero one (commands
+/// stopped by a signal to leaderd), else 0.
+pub async fn supervise_all(
+    elections: &[Arc<Shared>],
+    commands: Vec<Vec<OsString>>,
+    hidden_env: &[&str],
+    stop_grace: Duration,
+    shutdown: CancellationToken,
+) -> u8 {
+    let runs = elections.iter().zip(commands).map(|(shared, command)| {
+        supervise(
+            shared.clone(),
+            command,
+            hidden_env,
+            stop_grace,
+            shutdown.clone(),
+        )
+    });
+    // Polled here, on this task: never spawned (see the module docs).
+    let ends = futures_util::future::join_all(runs).await;
+    exit_code(&ends)
+}
+
+/// The run's exit code from every command's end (see [`supervise_all`]).
+fn exit_code(ends: &[End]) -> u8 {
+    let ended = ends.iter().find(|e| e.ended_run);
+    ended
+        .map(|e| e.outcome.code())
+        .or_else(|| ends.iter().map(|e| e.outcome.code()).find(|&c| c != 0))
+        .unwrap_or(0)
+}
+
+/// How one command's supervision ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct End {
+    pub outcome: Outcome,
+    /// This command ended the run (exited by itself, could not start or be
+    /// waited for), rather than being stopped by it.
+    pub ended_run: bool,
+}
+
 /// How often what is left of a command's process group is looked at, once
 /// the command's own process has exited.
 const GROUP_POLL: Duration = Duration::from_millis(10);
@@ -78,7 +161,7 @@ pub async fn supervise(
     hidden_env: &[&str],
     stop_grace: Duration,
     shutdown: CancellationToken,
-) -> Outcome {
+) -> End {
     // Processes the command starts are re-parented to leaderd when it exits
     // before them, so that what is left of its group can be stopped and
     // reaped before the row is released.
@@ -90,6 +173,7 @@ pub async fn supervise(
     let mut changes = shared.subscribe();
     let mut running: Option<Running> = None;
     let mut outcome = Outcome::Idle;
+    let mut ended_run = false;
     loop {
         if let Some(r) = running.as_ref().filter(|r| r.child.is_none()) {
             if !group_alive(r.pgid) {
@@ -101,7 +185,7 @@ pub async fn supervise(
         if shutdown.is_cancelled() {
             timer.stop();
             if running.is_none() {
-                return outcome;
+                return End { outcome, ended_run };
             }
         }
         changes.mark_unchanged();
@@ -119,6 +203,7 @@ pub async fn supervise(
                         timer.exited();
                         timer.gone();
                         outcome = Outcome::NotStarted(code);
+                        ended_run = true;
                         shutdown.cancel();
                     }
                 }
@@ -152,6 +237,7 @@ pub async fn supervise(
                         // lose track of one.
                         error!(error = %e, "cannot wait for the command");
                         outcome = Outcome::Failed;
+                        ended_run = true;
                         shutdown.cancel();
                         continue;
                     }
@@ -170,6 +256,7 @@ pub async fn supervise(
                 }
                 if by_itself {
                     info!(election = %shared.election, "the command exited by itself; stepping down and exiting");
+                    ended_run = true;
                     shutdown.cancel();
                 }
             }
@@ -309,6 +396,56 @@ fn die_with_parent(cmd: &mut Command) {
 mod tests {
     use super::*;
     use std::os::unix::process::ExitStatusExt;
+
+    fn settings(argv: &[&str]) -> Settings {
+        use clap::Parser;
+        let cli =
+            crate::cli::Cli::try_parse_from(std::iter::once("leaderd").chain(argv.iter().copied()))
+                .unwrap();
+        Settings::load(&cli.config, &crate::settings::ProcessEnv).unwrap()
+    }
+
+    fn os(words: &[&str]) -> Vec<OsString> {
+        words.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn each_election_gets_its_own_command_or_the_default() {
+        let s = settings(&["--election", "a", "--election", "b", "--exec", "b=run b"]);
+        assert_eq!(
+            commands(&s, &os(&["all"])).unwrap(),
+            [os(&["all"]), os(&["run", "b"])]
+        );
+        let msg = commands(&s, &[]).unwrap_err();
+        assert!(
+            msg.contains("none is given for: a") && msg.contains("--exec NAME=CMD"),
+            "{msg}"
+        );
+        let one = settings(&["--election", "solo"]);
+        let msg = commands(&one, &[]).unwrap_err();
+        assert!(msg.contains("leaderd exec -- CMD"), "{msg}");
+        assert_eq!(commands(&one, &os(&["x"])).unwrap(), [os(&["x"])]);
+    }
+
+    #[test]
+    fn the_command_that_ended_the_run_gives_the_exit_code() {
+        let child = |code: i32| Outcome::Child(ExitStatus::from_raw(code << 8));
+        let end = |outcome, ended_run| End { outcome, ended_run };
+        // b exited by itself with 0; a was stopped for it (143).
+        let stopped = Outcome::Child(ExitStatus::from_raw(15));
+        assert_eq!(exit_code(&[end(stopped, false), end(child(0), true)]), 0);
+        assert_eq!(exit_code(&[end(child(4), false), end(child(3), true)]), 3);
+        // Stopped by a signal to leaderd: the first non-zero status.
+        assert_eq!(
+            exit_code(&[end(Outcome::Idle, false), end(stopped, false)]),
+            143
+        );
+        assert_eq!(exit_code(&[end(Outcome::Idle, false)]), 0);
+        assert_eq!(
+            exit_code(&[end(Outcome::NotStarted(127), true), end(stopped, false)]),
+            127
+        );
+    }
 
     #[test]
     fn exit_codes_follow_the_shell() {

@@ -68,14 +68,21 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if matches!(cli.command, Some(Command::Exec { .. })) && settings.elections.len() > 1 {
-        eprintln!(
-            "leaderd: exec runs one command for one election, and {} are configured ({}); \
-             run one `leaderd exec --election NAME` per election",
-            settings.elections.len(),
-            settings.elections.join(", ")
-        );
-        return ExitCode::from(2);
+    let commands = match &cli.command {
+        Some(Command::Exec { command }) => match exec::commands(&settings, command) {
+            Ok(commands) => Some(commands),
+            Err(e) => {
+                eprintln!("leaderd: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        _ => None,
+    };
+    let mut settings = settings;
+    if commands.is_none() && !settings.exec.is_empty() {
+        settings
+            .warnings
+            .push("`exec` is set, but commands run only under `leaderd exec`; ignoring it".into());
     }
     logging::init(settings.log_format);
     for w in &settings.warnings {
@@ -94,8 +101,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command.unwrap_or(Command::Run) {
-            Command::Run => run(settings, None).await,
-            Command::Exec { command } => run(settings, Some(command)).await,
+            Command::Run | Command::Exec { .. } => run(settings, commands).await,
             Command::Migrate => migrate(settings).await.map(|()| 0),
             Command::Status { json } => status(settings, json).await.map(|()| 0),
             Command::Release { .. } => unreachable!("handled before the runtime starts"),
@@ -129,9 +135,10 @@ fn raise_open_files_limit() {
     }
 }
 
-/// Runs the daemon; with `command`, as `exec` (see `exec.rs`). Returns the
-/// exit code: 0, or under `exec` the command's.
-async fn run(settings: Settings, command: Option<Vec<OsString>>) -> anyhow::Result<u8> {
+/// Runs the daemon; with `commands` (one per election), as `exec` (see
+/// `exec.rs`). Returns the exit code: 0, or under `exec` the commands' (see
+/// `exec::supervise_all`).
+async fn run(settings: Settings, commands: Option<Vec<Vec<OsString>>>) -> anyhow::Result<u8> {
     raise_open_files_limit();
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
@@ -215,13 +222,13 @@ async fn run(settings: Settings, command: Option<Vec<OsString>>) -> anyhow::Resu
         link,
         shutdown.clone(),
     ));
-    let outcome = match command {
+    let code = match commands {
         None => None,
         // Here, on the main thread: see `exec` on the parent-death signal.
-        Some(command) => Some(
-            exec::supervise(
-                daemon.first().clone(),
-                command,
+        Some(commands) => Some(
+            exec::supervise_all(
+                daemon.all(),
+                commands,
                 &settings.secret_env,
                 settings.stop_grace,
                 shutdown.clone(),
@@ -240,7 +247,7 @@ async fn run(settings: Settings, command: Option<Vec<OsString>>) -> anyhow::Resu
     if let Some(e) = failed {
         return Err(e).context("an election loop failed");
     }
-    let code = outcome.map_or(0, |o| o.code());
+    let code = code.unwrap_or(0);
     // Leadership is already given up and the row released; stop serving.
     http_stop.cancel();
     let _ = tokio::time::timeout(Duration::from_millis(300), server).await;

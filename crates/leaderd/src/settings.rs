@@ -37,6 +37,7 @@ pub const KEYS: &[&str] = &[
     "app_health",
     "app_health_failures",
     "stop_grace",
+    "exec",
     "spread",
 ];
 
@@ -132,6 +133,9 @@ pub struct Settings {
     /// `exec` only: how long before the local deadline a child is told to
     /// stop when renewals fail.
     pub stop_grace: Duration,
+    /// `exec` only: each election's own command (`NAME=CMD`), in the
+    /// configured order of the elections it names. Shared, as `elections`.
+    pub exec: Arc<[(String, Vec<String>)]>,
     /// Environment variables that carried leaderd's database URL: `exec`
     /// keeps them from the command (they may hold a password).
     pub secret_env: Vec<&'static str>,
@@ -283,6 +287,10 @@ fn layer(
         ("app_health_failures", args.app_health_failures.clone()),
         ("stop_grace", args.stop_grace.clone()),
         (
+            "exec",
+            (!args.exec.is_empty()).then(|| args.exec.join("\n")),
+        ),
+        (
             "spread",
             match (args.spread, args.no_spread) {
                 (true, _) => Some("true".to_owned()),
@@ -362,6 +370,10 @@ fn read_file(path: &Path) -> Vec<Result<(&'static str, String), String>> {
             let boolean = matches!(*known, "migrate" | "spread");
             let text = if boolean {
                 value.into_bool().map(|b| b.to_string())
+            } else if *known == "exec" {
+                return exec_table(value)
+                    .map(|t| ("exec", t))
+                    .map_err(|why| format!("config file {shown}: `exec` must be {why}"));
             } else if *known == "elections" {
                 value.into_array().and_then(|names| {
                     let names: Result<Vec<String>, _> =
@@ -514,6 +526,7 @@ fn validate(
         // Judged against the timing, which has its own problem.
         (None, _) => None,
     };
+    let exec = exec_key(layers, elections.as_deref(), problems);
     // The app's own `DATABASE_URL` is passed on when leaderd did not use it.
     let mut secret_env = vec!["LEADERD_DATABASE_URL"];
     let from_url = matches!(database, Some(DatabaseSource::Url(_)));
@@ -539,6 +552,7 @@ fn validate(
         app_health: app_health?,
         app_health_failures: app_health_failures?,
         stop_grace: stop_grace?,
+        exec: exec?.into(),
         secret_env,
         warnings,
     })
@@ -792,6 +806,77 @@ fn elections_key(layers: &Layers, problems: &mut Vec<String>) -> Option<Vec<Stri
         }
     }
     ok.then_some(names)
+}
+
+/// The file's `exec` table (election name → command, as one string split
+/// the way a shell splits words, or as a list of arguments) as the lines
+/// `NAME=CMD` that `--exec` and `LEADERD_EXEC` give.
+fn exec_table(value: config::Value) -> Result<String, &'static str> {
+    const EXPECTED: &str = "a table of election name = command (a string or a list of strings)";
+    let table = value.into_table().map_err(|_| EXPECTED)?;
+    let mut lines = Vec::new();
+    for (name, command) in table {
+        let command = match command.clone().into_array() {
+            Ok(words) => {
+                let words: Result<Vec<String>, _> =
+                    words.into_iter().map(|w| w.into_string()).collect();
+                shell_words::join(words.map_err(|_| EXPECTED)?)
+            }
+            Err(_) => command.into_string().map_err(|_| EXPECTED)?,
+        };
+        if command.contains('\n') || name.contains('\n') {
+            return Err("one line per command (no line breaks)");
+        }
+        lines.push(format!("{name}={command}"));
+    }
+    lines.sort();
+    Ok(lines.join("\n"))
+}
+
+/// `exec`: one `NAME=CMD` per line (`--exec` given once per election), each
+/// naming a configured election once, CMD split into words as a shell
+/// would (quotes and backslashes; nothing expanded). Ordered as the
+/// elections are.
+fn exec_key(
+    layers: &Layers,
+    elections: Option<&[String]>,
+    problems: &mut Vec<String>,
+) -> Option<Vec<(String, Vec<String>)>> {
+    let Some(s) = layers.get("exec") else {
+        return Some(Vec::new());
+    };
+    let elections = elections?;
+    let mut commands: Vec<(String, Vec<String>)> = Vec::new();
+    let mut ok = true;
+    for line in s.value.lines().filter(|l| !l.trim().is_empty()) {
+        let mut bad = |why: String| {
+            problem(problems, "exec", s, line, why);
+            ok = false;
+        };
+        let Some((name, command)) = line.split_once('=') else {
+            bad("expected NAME=COMMAND".into());
+            continue;
+        };
+        let name = name.trim();
+        if !elections.iter().any(|e| e == name) {
+            bad(format!(
+                "no election {name:?} is configured (elections: {})",
+                elections.join(", ")
+            ));
+            continue;
+        }
+        if commands.iter().any(|(n, _)| n == name) {
+            bad(format!("election {name:?} has two commands"));
+            continue;
+        }
+        match shell_words::split(command) {
+            Ok(words) if !words.is_empty() => commands.push((name.to_owned(), words)),
+            Ok(_) => bad("the command is empty".into()),
+            Err(e) => bad(format!("cannot split the command into words: {e}")),
+        }
+    }
+    commands.sort_by_key(|(name, _)| elections.iter().position(|e| e == name));
+    ok.then_some(commands)
 }
 
 /// A boolean key, `true` when unset.
@@ -1049,6 +1134,80 @@ mod tests {
             (s.elections.to_vec(), s.spread),
             (vec!["default".to_owned()], false)
         );
+    }
+
+    #[test]
+    fn exec_commands_from_each_source_in_election_order() {
+        let words = |s: &Settings| -> Vec<(String, Vec<String>)> { s.exec.to_vec() };
+        let flags = [
+            "--election",
+            "Mailer",
+            "--election",
+            "reports",
+            "--exec",
+            "reports=/bin/report --out 'a b'",
+            "--exec",
+            "Mailer = mail\\ er",
+        ];
+        let s = load(&flags, &env(&[])).unwrap();
+        assert_eq!(
+            words(&s),
+            [
+                ("Mailer".to_owned(), vec!["mail er".to_owned()]),
+                (
+                    "reports".to_owned(),
+                    vec!["/bin/report".into(), "--out".into(), "a b".into()]
+                ),
+            ]
+        );
+        let vars = [
+            ("LEADERD_ELECTIONS", "a,b"),
+            ("LEADERD_EXEC", "b=run b\n\na=run a\n"),
+        ];
+        let s = load(&[], &env(&vars)).unwrap();
+        assert_eq!(s.exec[0], ("a".to_owned(), vec!["run".into(), "a".into()]));
+        assert_eq!(s.exec[1].0, "b");
+        // A file's table: a string or a list of words; names keep their case.
+        let text = "elections = [\"Jobs\", \"mail\"]\n[exec]\nJobs = \"jobs --all\"\nmail = [\"mail\", \"x y\"]\n";
+        let (dir, file) = config_file("x.toml", text);
+        let s = load(&["--config", file.to_str().unwrap()], &env(&[])).unwrap();
+        assert_eq!(
+            words(&s),
+            [
+                ("Jobs".to_owned(), vec!["jobs".into(), "--all".into()]),
+                ("mail".to_owned(), vec!["mail".into(), "x y".into()]),
+            ]
+        );
+        // Flags replace the file's whole table, as every key's value.
+        let s = load(
+            &["--config", file.to_str().unwrap(), "--exec", "mail=m"],
+            &env(&[]),
+        )
+        .unwrap();
+        assert_eq!(words(&s), [("mail".to_owned(), vec!["m".to_owned()])]);
+        std::fs::remove_dir_all(dir).unwrap();
+        assert!(load(&[], &env(&[])).unwrap().exec.is_empty());
+    }
+
+    #[test]
+    fn bad_exec_commands_are_named() {
+        let two = ["--election", "a", "--election", "b"];
+        let with = |extra: &[&str]| problems(&[&two[..], extra].concat(), &env(&[]));
+        let msg = with(&["--exec", "c=x"]);
+        assert!(
+            msg.contains("`exec`") && msg.contains("no election \"c\"") && msg.contains("a, b"),
+            "{msg}"
+        );
+        let msg = with(&["--exec", "a=x", "--exec", "a=y"]);
+        assert!(msg.contains("two commands"), "{msg}");
+        assert!(with(&["--exec", "a"]).contains("expected NAME=COMMAND"));
+        assert!(with(&["--exec", "a= "]).contains("the command is empty"));
+        let msg = with(&["--exec", "a=run 'unclosed"]);
+        assert!(msg.contains("cannot split"), "{msg}");
+        let (dir, file) = config_file("e.toml", "exec = \"run\"\n");
+        let msg = problems(&["--config", file.to_str().unwrap()], &env(&[]));
+        assert!(msg.contains("`exec` must be a table"), "{msg}");
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
