@@ -130,6 +130,30 @@ fn spread_and_rebalance_on_sqlite() {
     spread_and_rebalance(TempDb::sqlite());
 }
 
+/// Replicas come and go under new names (pods of a Deployment get new ones
+/// at every rollout), and the spread's presence rows do not pile up: a new
+/// replica takes the slot a killed one left, so the group has as many
+/// presence rows as it ever had replicas at once.
+#[test]
+fn presence_slots_are_reused_by_replicas_under_new_names() {
+    let _s = serial();
+    let db = TempDb::sqlite();
+    let dir = Scratch::new();
+    let a = start(&db, &dir, "a");
+    let b = start(&db, &dir, "b");
+    wait_counts(&[&a, &b], &[3, 3], Duration::from_secs(15), "3/3");
+    b.sigkill();
+    wait_counts(&[&a], &[6], TTL * 5, "a to take b's three");
+    let c = start(&db, &dir, "c");
+    wait_counts(&[&a, &c], &[3, 3], Duration::from_secs(15), "3/3 with c");
+    let presence = "FROM service_leader_lock WHERE name LIKE 'leaderd-presence/%'";
+    assert_eq!(db.scalar(&format!("SELECT COUNT(*) {presence}")), "2");
+    let holders = db.scalar(&format!(
+        "SELECT GROUP_CONCAT(holder, ',') FROM (SELECT holder {presence} ORDER BY holder)"
+    ));
+    assert_eq!(holders, "a,c", "c took the slot b left");
+}
+
 /// One daemon with six elections on PostgreSQL holds one connection for the
 /// lock table and one for release wake-ups (not one each per election), and
 /// renews all six in one statement per renew interval (400 ms with the

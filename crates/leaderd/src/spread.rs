@@ -4,11 +4,14 @@
 //! itself is in `leaderd-core`; this is only the I/O around it.
 //!
 //! Presence is a row of the lock table named
-//! `leaderd-presence/<group>/<replica>`, leased like an election (so judged
+//! `leaderd-presence/<group>/slot-<n>`, leased like an election (so judged
 //! by the database's clock, and held by this process instance only), renewed
 //! every renew interval and released at shutdown. `<group>` is a hash of the
 //! set of elections, so daemons that run different sets do not count one
-//! another. A daemon whose app fails its health check keeps no presence (it
+//! another. A daemon takes the lowest slot no live replica holds: pod names
+//! change at every rollout, and a row per name would stay in the table for
+//! good (earlier versions named the row after the replica; such rows count
+//! as presence all the same). A daemon whose app fails its health check keeps no presence (it
 //! is not waiting for anything). With one election, or `spread = false`,
 //! nothing of this runs.
 //!
@@ -61,7 +64,7 @@ pub async fn run(daemon: Arc<Daemon>, settings: Settings, link: Link, shutdown: 
     }
     let prefix = group_prefix(&settings.elections);
     let mut spread = Spread {
-        presence_name: format!("{prefix}{:016x}", fnv1a(settings.id.as_bytes())),
+        presence_name: None,
         prefix,
         instance: uuid::Uuid::new_v4().to_string(),
         held_token: None,
@@ -95,7 +98,8 @@ struct Spread {
     daemon: Arc<Daemon>,
     settings: Settings,
     prefix: String,
-    presence_name: String,
+    /// The presence slot held or to take next; none before the first read.
+    presence_name: Option<String>,
     instance: String,
     /// The presence row's token while this instance holds it.
     held_token: Option<i64>,
@@ -117,9 +121,10 @@ impl Spread {
             self.link.want_connection();
             return Err("no connection".into());
         }
-        if self.daemon.first().app_healthy() {
+        let healthy = self.daemon.first().app_healthy();
+        if let (true, Some(name)) = (healthy, self.presence_name.clone()) {
             let req = Request {
-                election: self.presence_name.clone(),
+                election: name,
                 holder: self.settings.id.clone(),
                 instance: self.instance.clone(),
                 ttl: self.settings.timing.ttl(),
@@ -131,9 +136,9 @@ impl Spread {
                 Attempt::Granted { token } => Some(token),
                 Attempt::Refused(_) | Attempt::Created => None,
             };
-        } else if self.held_token.take().is_some() {
+        } else if !healthy && self.held_token.is_some() {
             // Not waiting for anything: others must not hand over to us.
-            let _ = self.link.release(&self.presence_name, &self.instance).await;
+            self.leave_presence().await;
         }
         let rows = self.link.read().await?;
         self.act(&rows).await;
@@ -142,6 +147,9 @@ impl Spread {
 
     /// Plans on what the table showed and tells the loops.
     async fn act(&mut self, rows: &[ElectionRow]) {
+        if self.held_token.is_none() {
+            self.presence_name = Some(free_slot(&self.prefix, rows));
+        }
         let now = boot_now();
         let leading = self.leading(now);
         let id = self.settings.id.as_str();
@@ -164,6 +172,10 @@ impl Spread {
                 *leads.entry(holder).or_default() += 1;
             }
         }
+        // A replica may show in two slots for up to a ttl (one it lost, one
+        // it took since): it is one replica.
+        live.sort_unstable();
+        live.dedup();
         let peers: Vec<(&str, usize)> = live
             .into_iter()
             .map(|peer| (peer, leads.get(peer).copied().unwrap_or(0)))
@@ -232,21 +244,79 @@ impl Spread {
 
     /// Frees the presence row so the others count this daemon out at once.
     async fn leave(&mut self) {
-        if self.held_token.is_none() {
-            return;
+        if self.held_token.is_some() {
+            self.leave_presence().await;
         }
-        let released = tokio::time::timeout(
-            RELEASE_BUDGET,
-            self.link.release(&self.presence_name, &self.instance),
-        )
-        .await;
+    }
+
+    /// Lets the presence slot go (within [`RELEASE_BUDGET`]).
+    async fn leave_presence(&mut self) {
+        self.held_token = None;
+        let Some(name) = &self.presence_name else {
+            return;
+        };
+        let released =
+            tokio::time::timeout(RELEASE_BUDGET, self.link.release(name, &self.instance)).await;
         debug!(released = ?released, "spread: presence let go");
     }
+}
+
+/// The presence slot to take: the lowest-numbered one that no live replica
+/// holds in `rows` (free, expired or not there yet). Slots are reused, so a
+/// group never has more presence rows than it ever had live replicas at
+/// once, whatever the replicas were called.
+fn free_slot(prefix: &str, rows: &[ElectionRow]) -> String {
+    let taken: HashSet<u64> = rows
+        .iter()
+        .filter(|r| r.live_holder().is_some())
+        .filter_map(|r| {
+            r.name
+                .strip_prefix(prefix)?
+                .strip_prefix("slot-")?
+                .parse()
+                .ok()
+        })
+        .collect();
+    let n = (0..).find(|n| !taken.contains(n)).unwrap_or_default();
+    format!("{prefix}slot-{n}")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_replica_takes_the_lowest_slot_no_live_replica_holds() {
+        let row = |name: &str, holder: Option<&str>, remaining_us: i64| ElectionRow {
+            name: name.into(),
+            holder: holder.map(Into::into),
+            token: 1,
+            remaining_us,
+        };
+        let p = "leaderd-presence/0123456789abcdef/";
+        assert_eq!(free_slot(p, &[]), format!("{p}slot-0"));
+        let rows = [
+            row(&format!("{p}slot-0"), Some("a"), 900_000),
+            // Expired (a replica killed): its slot is free again.
+            row(&format!("{p}slot-1"), Some("gone"), -5),
+            row(&format!("{p}slot-2"), Some("b"), 1),
+            // Another group's slot, an older version's row, an election.
+            row(
+                "leaderd-presence/ffffffffffffffff/slot-1",
+                Some("x"),
+                900_000,
+            ),
+            row(&format!("{p}00000000deadbeef"), Some("old"), 900_000),
+            row("slot-1", Some("c"), 900_000),
+        ];
+        assert_eq!(free_slot(p, &rows), format!("{p}slot-1"));
+        let rows = [
+            row(&format!("{p}slot-0"), Some("a"), 900_000),
+            row(&format!("{p}slot-1"), Some("b"), 900_000),
+            row(&format!("{p}slot-2"), None, 0),
+        ];
+        assert_eq!(free_slot(p, &rows), format!("{p}slot-2"));
+    }
 
     #[test]
     fn the_group_is_the_set_of_elections_whatever_the_order() {
