@@ -321,7 +321,9 @@ fn spawn(
     hidden_env: &[&str],
     token: i64,
 ) -> Result<Running, u8> {
-    let (program, args) = command.split_first().expect("clap requires a command");
+    let (program, args) = command
+        .split_first()
+        .expect("`commands` gives every election a non-empty command");
     let mut cmd = Command::new(program);
     cmd.args(args)
         .env("LEADERD_ELECTION", &shared.election)

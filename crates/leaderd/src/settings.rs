@@ -816,13 +816,16 @@ fn exec_table(value: config::Value) -> Result<String, &'static str> {
     let table = value.into_table().map_err(|_| EXPECTED)?;
     let mut lines = Vec::new();
     for (name, command) in table {
-        let command = match command.clone().into_array() {
-            Ok(words) => {
-                let words: Result<Vec<String>, _> =
-                    words.into_iter().map(|w| w.into_string()).collect();
-                shell_words::join(words.map_err(|_| EXPECTED)?)
+        // Only text: `mailer = true` must not run `true`.
+        let word = |v: config::Value| match v.kind {
+            config::ValueKind::String(w) => Ok(w),
+            _ => Err(EXPECTED),
+        };
+        let command = match command.kind {
+            config::ValueKind::Array(words) => {
+                shell_words::join(words.into_iter().map(word).collect::<Result<Vec<_>, _>>()?)
             }
-            Err(_) => command.into_string().map_err(|_| EXPECTED)?,
+            _ => word(command)?,
         };
         if command.contains('\n') || name.contains('\n') {
             return Err("one line per command (no line breaks)");
@@ -848,23 +851,32 @@ fn exec_key(
     let elections = elections?;
     let mut commands: Vec<(String, Vec<String>)> = Vec::new();
     let mut ok = true;
+    // Longest names first: a name may itself hold `=` (`a` and `a=b`).
+    let mut by_length: Vec<&String> = elections.iter().collect();
+    by_length.sort_by_key(|n| std::cmp::Reverse(n.len()));
     for line in s.value.lines().filter(|l| !l.trim().is_empty()) {
+        let line = line.trim_start();
+        let found = by_length.iter().find_map(|name| {
+            let rest = line.strip_prefix(name.as_str())?.trim_start();
+            Some((name.as_str(), rest.strip_prefix('=')?))
+        });
+        // The command is not shown: it may carry a secret.
+        let shown = format!("{}=…", line.split('=').next().unwrap_or_default().trim());
         let mut bad = |why: String| {
-            problem(problems, "exec", s, line, why);
+            problem(problems, "exec", s, &shown, why);
             ok = false;
         };
-        let Some((name, command)) = line.split_once('=') else {
-            bad("expected NAME=COMMAND".into());
+        let Some((name, command)) = found else {
+            bad(match line.split_once('=') {
+                None => "expected NAME=COMMAND".into(),
+                Some((name, _)) => format!(
+                    "no election {:?} is configured (elections: {})",
+                    name.trim(),
+                    elections.join(", ")
+                ),
+            });
             continue;
         };
-        let name = name.trim();
-        if !elections.iter().any(|e| e == name) {
-            bad(format!(
-                "no election {name:?} is configured (elections: {})",
-                elections.join(", ")
-            ));
-            continue;
-        }
         if commands.iter().any(|(n, _)| n == name) {
             bad(format!("election {name:?} has two commands"));
             continue;
@@ -1204,10 +1216,41 @@ mod tests {
         assert!(with(&["--exec", "a= "]).contains("the command is empty"));
         let msg = with(&["--exec", "a=run 'unclosed"]);
         assert!(msg.contains("cannot split"), "{msg}");
-        let (dir, file) = config_file("e.toml", "exec = \"run\"\n");
-        let msg = problems(&["--config", file.to_str().unwrap()], &env(&[]));
-        assert!(msg.contains("`exec` must be a table"), "{msg}");
-        std::fs::remove_dir_all(dir).unwrap();
+        // The command is never shown (it may carry a secret).
+        let msg = with(&["--exec", "a=run 'S3cret"]);
+        assert!(!msg.contains("S3cret") && msg.contains("\"a=…\""), "{msg}");
+        for text in [
+            "exec = \"run\"\n",
+            "[exec]\nm = true\n",
+            "[exec]\nm = [\"x\", 1]\n",
+        ] {
+            let (dir, file) = config_file("e.toml", text);
+            let msg = problems(&["--config", file.to_str().unwrap()], &env(&[]));
+            assert!(msg.contains("`exec` must be a table"), "{text}: {msg}");
+            std::fs::remove_dir_all(dir).unwrap();
+        }
+        // A name holding `=`: the longest configured name that fits.
+        let s = load(
+            &[
+                "--election",
+                "a",
+                "--election",
+                "a=b",
+                "--exec",
+                "a=b=x",
+                "--exec",
+                "a=y",
+            ],
+            &env(&[]),
+        )
+        .unwrap();
+        assert_eq!(
+            s.exec.to_vec(),
+            [
+                ("a".to_owned(), vec!["y".to_owned()]),
+                ("a=b".to_owned(), vec!["x".to_owned()])
+            ]
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! by the database's clock, and held by this process instance only), renewed
 //! every renew interval and released at shutdown. `<group>` is a hash of the
 //! set of elections, so daemons that run different sets do not count one
-//! another. A daemon takes the lowest slot no live replica holds: pod names
+//! another. A daemon takes a low slot no live replica holds: pod names
 //! change at every rollout, and a row per name would stay in the table for
 //! good (earlier versions named the row after the replica; such rows count
 //! as presence all the same). A daemon whose app fails its health check keeps no presence (it
@@ -122,9 +122,33 @@ impl Spread {
             return Err("no connection".into());
         }
         let healthy = self.daemon.first().app_healthy();
-        if let (true, Some(name)) = (healthy, self.presence_name.clone()) {
+        if healthy {
+            if self.held_token.is_none() {
+                // Chosen from a fresh look and taken in this same round, so
+                // that replicas starting together are counted within a
+                // round or two.
+                let rows = self.link.read().await?;
+                self.presence_name = Some(free_slot(&self.prefix, &rows, &self.instance));
+            }
+            self.renew_presence().await?;
+        } else if self.held_token.is_some() {
+            // Not waiting for anything: others must not hand over to us.
+            self.leave_presence().await;
+        }
+        let rows = self.link.read().await?;
+        self.act(&rows).await;
+        Ok(())
+    }
+
+    /// Takes or renews the presence slot; a slot row made just now (the
+    /// attempt creates it free) is taken at once.
+    async fn renew_presence(&mut self) -> Result<(), String> {
+        let Some(name) = self.presence_name.clone() else {
+            return Ok(());
+        };
+        for _ in 0..2 {
             let req = Request {
-                election: name,
+                election: name.clone(),
                 holder: self.settings.id.clone(),
                 instance: self.instance.clone(),
                 ttl: self.settings.timing.ttl(),
@@ -134,22 +158,16 @@ impl Spread {
             let answer = self.link.attempt(req, until).await.map_err(|f| f.reason)?;
             self.held_token = match answer {
                 Attempt::Granted { token } => Some(token),
-                Attempt::Refused(_) | Attempt::Created => None,
+                Attempt::Refused(_) => None,
+                Attempt::Created => continue,
             };
-        } else if !healthy && self.held_token.is_some() {
-            // Not waiting for anything: others must not hand over to us.
-            self.leave_presence().await;
+            break;
         }
-        let rows = self.link.read().await?;
-        self.act(&rows).await;
         Ok(())
     }
 
     /// Plans on what the table showed and tells the loops.
     async fn act(&mut self, rows: &[ElectionRow]) {
-        if self.held_token.is_none() {
-            self.presence_name = Some(free_slot(&self.prefix, rows));
-        }
         let now = boot_now();
         let leading = self.leading(now);
         let id = self.settings.id.as_str();
@@ -243,10 +261,10 @@ impl Spread {
     }
 
     /// Frees the presence row so the others count this daemon out at once.
+    /// A failed round forgets the token, not the slot: the release frees
+    /// it only if this instance still holds it.
     async fn leave(&mut self) {
-        if self.held_token.is_some() {
-            self.leave_presence().await;
-        }
+        self.leave_presence().await;
     }
 
     /// Lets the presence slot go (within [`RELEASE_BUDGET`]).
@@ -261,11 +279,13 @@ impl Spread {
     }
 }
 
-/// The presence slot to take: the lowest-numbered one that no live replica
-/// holds in `rows` (free, expired or not there yet). Slots are reused, so a
-/// group never has more presence rows than it ever had live replicas at
-/// once, whatever the replicas were called.
-fn free_slot(prefix: &str, rows: &[ElectionRow]) -> String {
+/// The presence slot to take: one that no live replica holds in `rows`
+/// (free, expired or not there yet), among the lowest `live + 1` slots, so
+/// a group never has more presence rows than it ever had live replicas at
+/// once, whatever the replicas were called. Which free one is picked by
+/// `instance`, so that replicas starting together mostly pick different
+/// ones (the loser of a tie is refused and picks again next round).
+fn free_slot(prefix: &str, rows: &[ElectionRow], instance: &str) -> String {
     let taken: HashSet<u64> = rows
         .iter()
         .filter(|r| r.live_holder().is_some())
@@ -277,7 +297,11 @@ fn free_slot(prefix: &str, rows: &[ElectionRow]) -> String {
                 .ok()
         })
         .collect();
-    let n = (0..).find(|n| !taken.contains(n)).unwrap_or_default();
+    let free: Vec<u64> = (0..=taken.len() as u64)
+        .filter(|n| !taken.contains(n))
+        .collect();
+    // Never empty: `taken.len() + 1` slots cannot all be taken.
+    let n = free[usize::try_from(fnv1a(instance.as_bytes()) % free.len() as u64).unwrap_or(0)];
     format!("{prefix}slot-{n}")
 }
 
@@ -286,7 +310,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_replica_takes_the_lowest_slot_no_live_replica_holds() {
+    fn a_replica_takes_a_low_slot_no_live_replica_holds() {
         let row = |name: &str, holder: Option<&str>, remaining_us: i64| ElectionRow {
             name: name.into(),
             holder: holder.map(Into::into),
@@ -294,7 +318,7 @@ mod tests {
             remaining_us,
         };
         let p = "leaderd-presence/0123456789abcdef/";
-        assert_eq!(free_slot(p, &[]), format!("{p}slot-0"));
+        assert_eq!(free_slot(p, &[], "i"), format!("{p}slot-0"));
         let rows = [
             row(&format!("{p}slot-0"), Some("a"), 900_000),
             // Expired (a replica killed): its slot is free again.
@@ -309,13 +333,24 @@ mod tests {
             row(&format!("{p}00000000deadbeef"), Some("old"), 900_000),
             row("slot-1", Some("c"), 900_000),
         ];
-        assert_eq!(free_slot(p, &rows), format!("{p}slot-1"));
+        assert_eq!(free_slot(p, &rows, "i"), format!("{p}slot-1"));
+        // Two live slots (0 and 5): the free ones among the lowest three,
+        // 1 and 2, each picked by some newcomers.
+        let rows = [
+            row(&format!("{p}slot-0"), Some("a"), 900_000),
+            row(&format!("{p}slot-5"), Some("b"), 900_000),
+        ];
+        let picks: HashSet<String> = (0..40)
+            .map(|i| free_slot(p, &rows, &format!("instance-{i}")))
+            .collect();
+        let want: HashSet<String> = [1, 2].map(|n| format!("{p}slot-{n}")).into();
+        assert_eq!(picks, want, "newcomers spread over the free slots");
         let rows = [
             row(&format!("{p}slot-0"), Some("a"), 900_000),
             row(&format!("{p}slot-1"), Some("b"), 900_000),
             row(&format!("{p}slot-2"), None, 0),
         ];
-        assert_eq!(free_slot(p, &rows), format!("{p}slot-2"));
+        assert_eq!(free_slot(p, &rows, "i"), format!("{p}slot-2"));
     }
 
     #[test]
