@@ -11,8 +11,8 @@
 //! another. A daemon takes a low slot no live replica holds: pod names
 //! change at every rollout, and a row per name would stay in the table for
 //! good (earlier versions named the row after the replica; such rows count
-//! as presence all the same). A daemon whose app fails its health check keeps no presence (it
-//! is not waiting for anything). With one election, or `spread = false`,
+//! as presence all the same). A daemon whose app fails its health check
+//! keeps no presence (it is not waiting for anything). With one election, or `spread = false`,
 //! nothing of this runs.
 //!
 //! Nothing here can make two leaders: a yield only delays attempts, and a
