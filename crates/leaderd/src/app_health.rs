@@ -55,7 +55,10 @@ pub async fn watch(
             }
         }
         for shared in daemon.all() {
-            shared.metrics.app_healthy.set(i64::from(healthy));
+            shared
+                .metrics
+                .app_healthy
+                .store(healthy, std::sync::atomic::Ordering::Relaxed);
         }
         tokio::select! {
             () = shutdown.cancelled() => return,

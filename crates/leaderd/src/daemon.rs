@@ -8,8 +8,6 @@
 
 use std::sync::Arc;
 
-use prometheus::proto::MetricFamily;
-
 use crate::election::Shared;
 use crate::settings::Settings;
 
@@ -79,15 +77,16 @@ impl Daemon {
     /// Prometheus text for every election: one family per metric name, one
     /// series per election (a name must not appear twice in one scrape).
     pub fn render_metrics(&self) -> String {
-        let mut families: Vec<MetricFamily> = Vec::new();
-        for shared in &self.elections {
-            for mut family in shared.metrics.gather(&shared.view(), shared.db_up()) {
-                match families.iter_mut().find(|f| f.name() == family.name()) {
-                    Some(f) => f.mut_metric().extend(family.take_metric()),
-                    None => families.push(family),
-                }
-            }
-        }
-        crate::metrics::encode(&families)
+        let scraped: Vec<_> = self
+            .elections
+            .iter()
+            .map(|shared| crate::metrics::Scraped {
+                election: &shared.election,
+                metrics: &shared.metrics,
+                view: shared.view(),
+                db_up: shared.db_up(),
+            })
+            .collect();
+        crate::metrics::render(&scraped)
     }
 }

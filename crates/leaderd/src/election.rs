@@ -131,7 +131,7 @@ impl Shared {
             engine: Mutex::new(engine),
             last_db_ok: Mutex::new(None),
             last_progress: Mutex::new(now),
-            metrics: Metrics::new(&settings.election),
+            metrics: Metrics::default(),
             control,
             control_rx: Mutex::new(Some(control_rx)),
             changes: watch::Sender::new(Leadership::default()),
@@ -760,11 +760,7 @@ impl Report {
                         deadline_us = self.deadline.map(micros),
                         "acquired leadership"
                     );
-                    shared
-                        .metrics
-                        .transitions
-                        .with_label_values(&["acquired"])
-                        .inc();
+                    shared.metrics.acquired.inc();
                 }
                 Event::Renewed { token } => {
                     self.deadline = shared.engine().lease(now).map(|(_, d)| d);
@@ -787,11 +783,7 @@ impl Report {
                         deadline_us = self.deadline.take().map(micros),
                         "lost leadership"
                     );
-                    shared
-                        .metrics
-                        .transitions
-                        .with_label_values(&["lost"])
-                        .inc();
+                    shared.metrics.lost.inc();
                 }
                 Event::DuplicateId { instance } => {
                     shared.metrics.duplicate_id.inc();
