@@ -51,7 +51,7 @@ pub async fn watch(
             healthy = now_healthy;
             // The app serves every election: all stop (or start) competing.
             for shared in daemon.all() {
-                shared.control(Control::AppHealthy(healthy)).await;
+                shared.control(Control::AppHealthy(healthy));
             }
         }
         for shared in daemon.all() {

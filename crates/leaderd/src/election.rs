@@ -15,12 +15,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use leaderd_core::{BootTime, Engine, Event, Timing, View};
-use tokio::sync::{mpsc, oneshot, watch, Notify};
+use tokio::sync::{oneshot, watch, Notify};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::clock::{boot_now, micros, unix_ms, BootTimer};
 use crate::flag_file::{FlagFile, FlagWriter};
+use crate::inbox::Inbox;
 use crate::link::{Link, Request};
 use crate::metrics::Metrics;
 use crate::settings::Settings;
@@ -79,9 +80,8 @@ pub struct Shared {
     /// Last time the loop went round, for the `/healthz` watchdog.
     last_progress: Mutex<BootTime>,
     pub metrics: Metrics,
-    /// Requests to the loop; the receiver is taken by [`run`].
-    control: mpsc::Sender<Control>,
-    control_rx: Mutex<Option<mpsc::Receiver<Control>>>,
+    /// Requests to the loop (see [`Shared::control`]).
+    control: Inbox<Control>,
     /// What `/leader/watch` and `exec` react to; see [`Shared::publish`].
     changes: watch::Sender<Leadership>,
     /// Whether a command run under `exec` is alive: the row is not released
@@ -117,7 +117,6 @@ impl Shared {
     pub fn new(settings: &Settings) -> Self {
         let instance = uuid::Uuid::new_v4().to_string();
         let now = boot_now();
-        let (control, control_rx) = mpsc::channel(8);
         let mut engine = Engine::new(settings.timing, settings.id.clone(), instance, now);
         if settings.app_health.is_some() {
             // Not before the app's first check passes: an app that never
@@ -132,8 +131,7 @@ impl Shared {
             last_db_ok: Mutex::new(None),
             last_progress: Mutex::new(now),
             metrics: Metrics::default(),
-            control,
-            control_rx: Mutex::new(Some(control_rx)),
+            control: Inbox::default(),
             changes: watch::Sender::new(Leadership::default()),
             child_running: watch::Sender::new(false),
             renew_soon: Notify::new(),
@@ -196,8 +194,13 @@ impl Shared {
     }
 
     /// Sends a request to the election loop; `false` when it has stopped.
-    pub async fn control(&self, request: Control) -> bool {
-        self.control.send(request).await.is_ok()
+    pub fn control(&self, request: Control) -> bool {
+        self.control.send(request)
+    }
+
+    /// The next request to the loop (the loop's, or a test's stand-in).
+    pub async fn next_control(&self) -> Control {
+        self.control.recv().await
     }
 
     /// Asks the loop to step down (see [`Control::Release`]): `Ok` with the
@@ -205,19 +208,10 @@ impl Shared {
     /// `None` when the loop has stopped.
     pub async fn release(&self, hold: Duration) -> Option<Result<View, View>> {
         let (reply, answer) = oneshot::channel();
-        if !self.control(Control::Release { hold, reply }).await {
+        if !self.control(Control::Release { hold, reply }) {
             return None;
         }
         answer.await.ok()
-    }
-
-    /// The receiving end of [`Shared::control`], for the one election loop.
-    pub fn take_control(&self) -> mpsc::Receiver<Control> {
-        self.control_rx
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-            .expect("the election runs once per process")
     }
 
     /// Whether this replica competes (its app passes its health check, or
@@ -320,7 +314,8 @@ pub async fn run(
             presence_tx,
         ))),
     };
-    let control = shared.take_control();
+    // Requests stop being taken when the loop ends, however it ends.
+    let _closed = ClosedOnDrop(shared.clone());
     let mut lp = Loop {
         db: Db {
             link,
@@ -341,7 +336,7 @@ pub async fn run(
         leading,
         presence_held,
     };
-    lp.elect(control, &shutdown).await;
+    lp.elect(&shutdown).await;
     lp.report.step_down(&lp.shared);
     let instance = lp.shared.engine().instance().to_owned();
     Box::pin(lp.release_row(&instance)).await;
@@ -354,6 +349,15 @@ pub async fn run(
         }
     };
     let _ = tokio::join!(presence_gone, lp.report.flag_removed(PRESENCE_BUDGET));
+}
+
+/// Closes the loop's inbox when the loop ends (or unwinds).
+struct ClosedOnDrop(Arc<Shared>);
+
+impl Drop for ClosedOnDrop {
+    fn drop(&mut self) {
+        self.0.control.close();
+    }
 }
 
 struct Loop {
@@ -401,7 +405,7 @@ struct Report {
 }
 
 impl Loop {
-    async fn elect(&mut self, mut control: mpsc::Receiver<Control>, shutdown: &CancellationToken) {
+    async fn elect(&mut self, shutdown: &CancellationToken) {
         loop {
             let now = boot_now();
             self.shared.progress(now);
@@ -411,7 +415,7 @@ impl Loop {
             // Requests first: renewals slower than the renew interval follow
             // one another without a pause, and a release or an unhealthy
             // app must not wait for them to speed up.
-            if let Ok(request) = control.try_recv() {
+            if let Some(request) = self.shared.control.try_recv() {
                 // Boxed, as every rare path here: the loop's own future,
                 // one per election, stays small.
                 Box::pin(self.on_control(request)).await;
@@ -475,7 +479,7 @@ impl Loop {
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return,
-                Some(request) = control.recv() => Box::pin(self.on_control(request)).await,
+                request = self.shared.next_control() => Box::pin(self.on_control(request)).await,
                 () = self.shared.release_notice.notified() => self.shared.engine().on_release_notice(boot_now()),
                 changed = self.db.link.changed() => self.on_link(changed),
                 () = self.shared.renew_soon.notified() => {

@@ -291,10 +291,10 @@ mod tests {
         // Stand-ins for the election loops: they answer release requests as
         // followers do.
         for shared in daemon.all() {
-            let mut rx = shared.take_control();
+            let shared = shared.clone();
             tokio::spawn(async move {
-                while let Some(request) = rx.recv().await {
-                    if let Control::Release { reply, .. } = request {
+                loop {
+                    if let Control::Release { reply, .. } = shared.next_control().await {
                         let _ = reply.send(Err(leaderd_core::View {
                             is_leader: false,
                             leader: None,

@@ -16,6 +16,7 @@ mod exec;
 mod flag_file;
 mod http;
 mod http_client;
+mod inbox;
 mod link;
 mod logging;
 mod metrics;

@@ -254,7 +254,7 @@ impl Spread {
     /// Tells every loop whether to yield, when that changed.
     async fn set_yielding(&mut self, yielding: bool) {
         for (i, shared) in self.daemon.all().iter().enumerate() {
-            if self.yielding[i] != yielding && shared.control(Control::Yield(yielding)).await {
+            if self.yielding[i] != yielding && shared.control(Control::Yield(yielding)) {
                 self.yielding[i] = yielding;
             }
         }
