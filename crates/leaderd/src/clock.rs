@@ -2,7 +2,13 @@
 //! and converting one to wall-clock time for the flag file or to
 //! microseconds for the logs.
 
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::future::Future;
 use std::os::fd::OwnedFd;
+use std::pin::Pin;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use leaderd_core::BootTime;
@@ -11,44 +17,34 @@ use rustix::time::{
     timerfd_create, timerfd_settime, Itimerspec, TimerfdClockId, TimerfdFlags, TimerfdTimerFlags,
     Timespec,
 };
-use tokio::io::unix::AsyncFd;
 
 /// Waits for instants on `CLOCK_BOOTTIME`. tokio's timers run on
 /// `CLOCK_MONOTONIC`, which stops while the host is suspended: a deadline
 /// that passed during a suspend would be acted on only after its remaining
 /// time had passed *again* after resume (a command under `exec` killed late,
 /// the flag file and the watchers told late). A boot-clock timer fires at
-/// once on resume. Where no timerfd can be made (a sandbox refusing the
-/// syscall) it falls back to tokio's timer.
-#[derive(Debug)]
+/// once on resume.
+///
+/// Every wait of the process shares one timerfd, armed for the earliest of
+/// them and read by one thread (see [`Timers`]): with thousands of
+/// elections, a timerfd each (two per loop) cost two descriptors and a
+/// `timerfd_settime` per wait each (13 % of a daemon's CPU at 3,000). Where
+/// no timerfd can be made (a sandbox refusing the syscall) waits fall back
+/// to tokio's timer.
+#[derive(Debug, Default)]
 pub struct BootTimer {
-    fd: Option<AsyncFd<OwnedFd>>,
     /// Times round the waiting loop, for the tests.
     #[cfg(test)]
     rounds: u32,
 }
 
 impl BootTimer {
-    /// Needs a tokio runtime with I/O enabled.
     pub fn new() -> Self {
-        let fd = timerfd_create(
-            TimerfdClockId::Boottime,
-            TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC,
-        )
-        .ok()
-        .and_then(register);
-        if fd.is_none() {
-            fall_back("no boot-clock timer can be made");
-        }
-        Self {
-            fd,
-            #[cfg(test)]
-            rounds: 0,
-        }
+        Self::default()
     }
 
     /// Returns once the boot clock reads `at` or later (at once if it does
-    /// already). Cancel-safe: a later call re-arms the timer.
+    /// already). Cancel-safe.
     pub async fn sleep_until(&mut self, at: BootTime) {
         loop {
             #[cfg(test)]
@@ -59,27 +55,16 @@ impl BootTimer {
             if now >= at {
                 return;
             }
-            let Some(fd) = &self.fd else {
-                tokio::time::sleep(at.saturating_since(now)).await;
-                continue;
-            };
-            if arm(fd.get_ref(), at).is_err() {
-                self.fd = fall_back("arming the boot-clock timer failed");
-                continue;
-            }
-            // A stale expiry (of an earlier, cancelled wait) may wake this
-            // one early: the clock is read again above.
-            let Ok(mut guard) = fd.readable().await else {
-                self.fd = fall_back("waiting on the boot-clock timer failed");
-                continue;
-            };
-            let mut expiries = [0u8; 8];
-            // Nothing to read (the stale case) clears the readiness.
-            let read = guard.try_io(|fd| {
-                rustix::io::read(fd.get_ref(), &mut expiries).map_err(std::io::Error::from)
-            });
-            if let Ok(Err(_)) = read {
-                self.fd = fall_back("reading the boot-clock timer failed");
+            match Timers::global() {
+                Some(timers) => {
+                    Wait {
+                        timers,
+                        at,
+                        id: None,
+                    }
+                    .await
+                }
+                None => tokio::time::sleep(at.saturating_since(now)).await,
             }
         }
     }
@@ -93,55 +78,202 @@ impl BootTimer {
     }
 }
 
-impl Default for BootTimer {
-    fn default() -> Self {
-        Self::new()
+/// The process's one boot-clock timerfd and the waits on it: a heap of
+/// their instants, the fd armed for the earliest, and a thread that reads
+/// it (blocking) and wakes whoever is due. A thread rather than a task: it
+/// serves every runtime of the process (the tests have many) and costs no
+/// runtime's reactor anything.
+struct Timers {
+    fd: OwnedFd,
+    queue: Mutex<Queue>,
+}
+
+#[derive(Default)]
+struct Queue {
+    /// Instants and wait ids; an id no longer in `waiting` is stale.
+    heap: BinaryHeap<Reverse<(BootTime, u64)>>,
+    waiting: HashMap<u64, (BootTime, Waker)>,
+    next_id: u64,
+    /// What the fd is armed for (it may have fired since).
+    armed: Option<BootTime>,
+}
+
+impl Timers {
+    /// The process's timers; `None` (said once) where no timerfd or thread
+    /// can be made.
+    fn global() -> Option<&'static Timers> {
+        static TIMERS: OnceLock<Option<Timers>> = OnceLock::new();
+        TIMERS
+            .get_or_init(|| {
+                let fd = timerfd_create(TimerfdClockId::Boottime, TimerfdFlags::CLOEXEC);
+                let Ok(fd) = fd else {
+                    fall_back("no boot-clock timer can be made");
+                    return None;
+                };
+                Some(Timers {
+                    fd,
+                    queue: Mutex::new(Queue::default()),
+                })
+            })
+            .as_ref()
+            .filter(|timers| timers.started())
+    }
+
+    /// Starts the reading thread once; whether it runs.
+    fn started(&'static self) -> bool {
+        static STARTED: OnceLock<bool> = OnceLock::new();
+        *STARTED.get_or_init(|| {
+            let spawned = std::thread::Builder::new()
+                .name("leaderd-timer".into())
+                .spawn(move || self.serve());
+            if spawned.is_err() {
+                fall_back("the boot-clock timer thread cannot start");
+            }
+            spawned.is_ok()
+        })
+    }
+
+    fn queue(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Blocks on the fd, waking the waits that are due at each expiry.
+    fn serve(&self) {
+        let mut expiries = [0u8; 8];
+        loop {
+            // A blocking read: returns at an expiry (EINTR just loops).
+            let _ = rustix::io::read(&self.fd, &mut expiries);
+            let due = self.take_due(boot_now());
+            for waker in due {
+                waker.wake();
+            }
+        }
+    }
+
+    /// Removes the waits due at `now`, re-arming the fd for the next one.
+    fn take_due(&self, now: BootTime) -> Vec<Waker> {
+        let mut q = self.queue();
+        let mut due = Vec::new();
+        while let Some(&Reverse((at, id))) = q.heap.peek() {
+            let stale = q.waiting.get(&id).is_none_or(|(t, _)| *t != at);
+            if !stale && at > now {
+                break;
+            }
+            q.heap.pop();
+            if !stale {
+                if let Some((_, waker)) = q.waiting.remove(&id) {
+                    due.push(waker);
+                }
+            }
+        }
+        // Not for a cancelled wait's instant: the next live one.
+        while let Some(&Reverse((at, id))) = q.heap.peek() {
+            if q.waiting.get(&id).is_some_and(|(t, _)| *t == at) {
+                break;
+            }
+            q.heap.pop();
+        }
+        let next = q.heap.peek().map(|&Reverse((at, _))| at);
+        q.armed = next;
+        arm(&self.fd, next);
+        due
+    }
+
+    /// Registers (or updates) wait `id` for `at`, arming the fd if it is the
+    /// earliest.
+    fn register(&self, id: &mut Option<u64>, at: BootTime, waker: &Waker) {
+        let mut q = self.queue();
+        let known = id.and_then(|i| q.waiting.get_mut(&i));
+        if let Some((_, w)) = known {
+            if !w.will_wake(waker) {
+                w.clone_from(waker);
+            }
+            return;
+        }
+        let i = q.next_id;
+        q.next_id += 1;
+        *id = Some(i);
+        q.waiting.insert(i, (at, waker.clone()));
+        q.heap.push(Reverse((at, i)));
+        // Cancelled waits leave stale entries until their instant: rebuild
+        // the heap when they outnumber the live ones.
+        if q.heap.len() > 2 * q.waiting.len() + 1024 {
+            let live: Vec<_> = q
+                .waiting
+                .iter()
+                .map(|(&i, &(t, _))| Reverse((t, i)))
+                .collect();
+            q.heap = live.into();
+        }
+        if q.armed.is_none_or(|armed| at < armed) {
+            q.armed = Some(at);
+            arm(&self.fd, Some(at));
+        }
+    }
+
+    fn cancel(&self, id: u64) {
+        self.queue().waiting.remove(&id);
+    }
+}
+
+/// One wait on [`Timers`]: ready once woken at or after `at`.
+struct Wait {
+    timers: &'static Timers,
+    at: BootTime,
+    id: Option<u64>,
+}
+
+impl Future for Wait {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        if boot_now() >= this.at {
+            if let Some(id) = this.id.take() {
+                this.timers.cancel(id);
+            }
+            return Poll::Ready(());
+        }
+        this.timers.register(&mut this.id, this.at, cx.waker());
+        Poll::Pending
+    }
+}
+
+impl Drop for Wait {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            self.timers.cancel(id);
+        }
     }
 }
 
 /// Says (once per process) that waits fall back to tokio's timer, which
 /// stands still while the host is suspended.
-fn fall_back(why: &str) -> Option<AsyncFd<OwnedFd>> {
+fn fall_back(why: &str) {
     static SAID: std::sync::Once = std::sync::Once::new();
     SAID.call_once(|| {
         tracing::warn!(
             "{why}; waiting on CLOCK_MONOTONIC instead: after a host suspend, deadlines are acted on late"
         );
     });
-    None
-}
-
-/// Registers a timerfd with tokio's reactor (read interest only).
-#[allow(unsafe_code)]
-fn register(fd: OwnedFd) -> Option<AsyncFd<OwnedFd>> {
-    // SAFETY: an `OwnedFd` is an open descriptor that stays open, and its
-    // `as_raw_fd` the same, until it is dropped with the `AsyncFd`: the
-    // condition tokio states (its safe constructors are deprecated for
-    // types that could break it; `OwnedFd` cannot).
-    unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }.ok()
 }
 
 /// Arms `fd` to expire once, at `at` on the boot clock (never zero, which
-/// would disarm it: `at` is past the boot).
-fn arm(fd: &OwnedFd, at: BootTime) -> rustix::io::Result<()> {
-    let since_boot = at.since_boot().max(Duration::from_nanos(1));
-    let value = Timespec {
-        tv_sec: i64::try_from(since_boot.as_secs()).unwrap_or(i64::MAX),
-        tv_nsec: i64::from(since_boot.subsec_nanos()),
+/// would disarm it: `at` is past the boot), or disarms it for `None`.
+fn arm(fd: &OwnedFd, at: Option<BootTime>) {
+    let timespec = |d: Duration| Timespec {
+        tv_sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        tv_nsec: i64::from(d.subsec_nanos()),
     };
-    let zero = Timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
+    let value = at.map_or(Duration::ZERO, |at| {
+        at.since_boot().max(Duration::from_nanos(1))
+    });
+    let spec = Itimerspec {
+        it_interval: timespec(Duration::ZERO),
+        it_value: timespec(value),
     };
-    timerfd_settime(
-        fd,
-        TimerfdTimerFlags::ABSTIME,
-        &Itimerspec {
-            it_interval: zero,
-            it_value: value,
-        },
-    )
-    .map(|_| ())
+    // Cannot fail for a valid timerfd and a valid time.
+    let _ = timerfd_settime(fd, TimerfdTimerFlags::ABSTIME, &spec);
 }
 
 /// `at` as milliseconds since the Unix epoch, by this host's wall clock.
@@ -177,13 +309,8 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn wakes_at_the_boot_clock_instant_and_not_before() {
+        assert!(Timers::global().is_some(), "a boot-clock timerfd");
         let mut timer = BootTimer::new();
-        let fd = timer.fd.as_ref().expect("a boot-clock timerfd");
-        let flags = rustix::fs::fcntl_getfl(fd.get_ref()).expect("its flags");
-        assert!(
-            flags.contains(rustix::fs::OFlags::NONBLOCK),
-            "a blocking read would stall the runtime"
-        );
         for ms in [1, 30, 120] {
             let at = boot_now() + Duration::from_millis(ms);
             timer.rounds = 0;
@@ -192,8 +319,7 @@ mod tests {
             assert!(woke >= at, "woke {:?} early", at.saturating_since(woke));
             let late = woke.saturating_since(at);
             assert!(late < Duration::from_millis(500), "woke {late:?} late");
-            // Arm, wake, see the time: no spinning on a readiness never
-            // cleared.
+            // Arm, wake, see the time: no spinning.
             assert!(timer.rounds <= 3, "{} rounds for one wait", timer.rounds);
         }
     }
@@ -210,7 +336,7 @@ mod tests {
     #[tokio::test]
     async fn a_cancelled_wait_neither_fires_the_next_one_early_nor_blocks_it() {
         let mut timer = BootTimer::new();
-        // Armed for 40 ms, cancelled at 10 ms; its expiry is then stale.
+        // Armed for 40 ms, cancelled at 10 ms.
         let far = boot_now() + Duration::from_millis(40);
         let cut = tokio::time::timeout(Duration::from_millis(10), timer.sleep_until(far)).await;
         assert!(cut.is_err(), "the first wait was cancelled");
@@ -220,20 +346,41 @@ mod tests {
         bounded(&mut timer, at).await;
         assert!(boot_now() >= at, "a stale expiry woke the next wait early");
         assert!(timer.rounds <= 4, "{} rounds for one wait", timer.rounds);
-        assert!(timer.fd.is_some(), "fell back from the boot clock");
         // And a cancelled wait leaves the timer usable at once.
         let soon = boot_now() + Duration::from_millis(5);
         bounded(&mut timer, soon).await;
     }
 
-    #[tokio::test]
-    async fn without_a_timerfd_it_falls_back_to_tokio() {
-        let mut timer = BootTimer {
-            fd: None,
-            rounds: 0,
-        };
-        let at = boot_now() + Duration::from_millis(20);
-        bounded(&mut timer, at).await;
-        assert!(boot_now() >= at);
+    /// Many waits at once, on one fd: each wakes at its own instant,
+    /// whatever order they were made in and however many were cancelled
+    /// meanwhile.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn many_waits_share_the_one_timer() {
+        let start = boot_now();
+        let offsets = [70u64, 10, 50, 30, 90, 20, 80, 40, 60, 5];
+        let waits = offsets.map(|ms| {
+            tokio::spawn(async move {
+                let at = start + Duration::from_millis(ms);
+                BootTimer::new().sleep_until(at).await;
+                (ms, boot_now())
+            })
+        });
+        // Cancelled ones, earlier than all of them.
+        for _ in 0..100 {
+            let at = start + Duration::from_millis(2);
+            let _ = tokio::time::timeout(Duration::ZERO, BootTimer::new().sleep_until(at)).await;
+        }
+        for w in waits {
+            let (ms, woke) = tokio::time::timeout(Duration::from_secs(2), w)
+                .await
+                .expect("woke")
+                .expect("no panic");
+            let at = start + Duration::from_millis(ms);
+            assert!(woke >= at, "{ms} ms woke early");
+            assert!(
+                woke.saturating_since(at) < Duration::from_millis(500),
+                "{ms} ms woke late"
+            );
+        }
     }
 }
