@@ -270,14 +270,23 @@ impl Shared {
     }
 }
 
-/// Runs the election until `shutdown` fires, then releases the row.
-pub async fn run(
+/// One election's loop, ready to run (see [`Election::run`]).
+pub struct Election {
+    lp: Loop,
+    /// The wake-up presence's task (MySQL only).
+    presence: Option<tokio::task::JoinHandle<()>>,
+    /// Requests stop being taken when the loop ends, however it ends.
+    _closed: ClosedOnDrop,
+}
+
+/// Sets up `shared`'s loop (flag file, presence) without awaiting: the
+/// settings stay out of the loop's future, one of which lives per election.
+pub fn start(
     shared: Arc<Shared>,
-    settings: Settings,
+    settings: &Settings,
     link: Link,
     presences: Arc<wakeups::Presences>,
-    shutdown: CancellationToken,
-) {
+) -> Election {
     let flag =
         settings
             .flag_file
@@ -314,9 +323,8 @@ pub async fn run(
             presence_tx,
         ))),
     };
-    // Requests stop being taken when the loop ends, however it ends.
-    let _closed = ClosedOnDrop(shared.clone());
-    let mut lp = Loop {
+    let closed = ClosedOnDrop(shared.clone());
+    let lp = Loop {
         db: Db {
             link,
             statement_sent: false,
@@ -336,19 +344,39 @@ pub async fn run(
         leading,
         presence_held,
     };
-    lp.elect(&shutdown).await;
-    lp.report.step_down(&lp.shared);
-    let instance = lp.shared.engine().instance().to_owned();
-    Box::pin(lp.release_row(&instance)).await;
-    // The named lock (MySQL) goes with the process anyway; letting it go
-    // first wakes the others a little sooner. The flag file, if the disk
-    // allows, should not outlive the process.
-    let presence_gone = async {
-        if let Some(presence) = presence {
-            let _ = tokio::time::timeout(PRESENCE_BUDGET, presence).await;
-        }
-    };
-    let _ = tokio::join!(presence_gone, lp.report.flag_removed(PRESENCE_BUDGET));
+    Election {
+        lp,
+        presence,
+        _closed: closed,
+    }
+}
+
+impl Election {
+    /// Runs the election until `shutdown` fires, then releases the row.
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        self.lp.elect(&shutdown).await;
+        // Boxed, as every rare path: the future of the loop's life stays
+        // the size of its waiting.
+        Box::pin(self.finish()).await;
+    }
+
+    /// After the loop: stop claiming leadership, release the row, let the
+    /// presence and the flag file go.
+    async fn finish(mut self) {
+        let lp = &mut self.lp;
+        lp.report.step_down(&lp.shared);
+        let instance = lp.shared.engine().instance().to_owned();
+        lp.release_row(&instance).await;
+        // The named lock (MySQL) goes with the process anyway; letting it
+        // go first wakes the others a little sooner. The flag file, if the
+        // disk allows, should not outlive the process.
+        let presence_gone = async {
+            if let Some(presence) = self.presence {
+                let _ = tokio::time::timeout(PRESENCE_BUDGET, presence).await;
+            }
+        };
+        let _ = tokio::join!(presence_gone, lp.report.flag_removed(PRESENCE_BUDGET));
+    }
 }
 
 /// Closes the loop's inbox when the loop ends (or unwinds).
@@ -426,51 +454,9 @@ impl Loop {
                 self.db.wants_link = true;
                 self.db.link.want_connection();
             } else if due {
-                // This attempt answers any early renewal asked for.
-                self.shared.take_renew_asked();
-                // Read the clock before taking the connection: the lease is
-                // measured from here.
-                let sent_at = boot_now();
-                let timeout = self.shared.engine().attempt_timeout(sent_at);
-                let (result, stopping) = {
-                    let exchange = self.db.exchange(&self.shared, sent_at, sent_at + timeout);
-                    tokio::pin!(exchange);
-                    // The lease in force, which may run out before its
-                    // renewal is answered (see `Engine::attempt_timeout`).
-                    let mut deadline = self.shared.engine().lease(sent_at).map(|(_, d)| d);
-                    loop {
-                        tokio::select! {
-                        biased;
-                        () = shutdown.cancelled() => {
-                            // Stop claiming leadership first; then let the
-                            // statement in flight finish (it may be a take
-                            // that would otherwise land after our release)
-                            // so the release follows it on the same
-                            // connection.
-                            self.report.step_down(&self.shared);
-                            let finished = tokio::time::timeout(IN_FLIGHT_BUDGET, &mut exchange).await;
-                            break (finished.unwrap_or_else(|_| Err("shutdown: attempt abandoned".into())), true);
-                        }
-                        r = &mut exchange => break (r, false),
-                        // On the boot clock, as the lease is: an attempt
-                        // caught in a host's suspend ends at resume, and
-                        // with it a lease that lapsed meanwhile.
-                        () = self.timer.sleep_until(sent_at + timeout) => {
-                            break (Err(format!("attempt timed out after {timeout:?}")), false);
-                        }
-                        // Step down on time (watchers, flag file, the
-                        // presence); the renewal may still renew the lease.
-                        () = self.lease_timer.sleep_until_some(deadline) => {
-                            deadline = None;
-                            let events = self.shared.engine().poll(boot_now());
-                            self.report.handle(&self.shared, events.into_iter().collect());
-                            self.leading.send_if_modified(|l| std::mem::replace(l, false));
-                        }
-                        }
-                    }
-                };
-                self.finish_attempt(sent_at, result);
-                if stopping {
+                // Boxed: while it waits, the loop's own future (one per
+                // election) holds a pointer, not the attempt's state.
+                if Box::pin(self.attempt(shutdown)).await {
                     return;
                 }
                 continue;
@@ -490,6 +476,56 @@ impl Loop {
                 () = self.timer.sleep_until(wakeup) => {}
             }
         }
+    }
+
+    /// One acquire-or-renew, from reading the clock to feeding the answer
+    /// to the engine; `true` when shutdown came meanwhile (the loop ends).
+    async fn attempt(&mut self, shutdown: &CancellationToken) -> bool {
+        // This attempt answers any early renewal asked for.
+        self.shared.take_renew_asked();
+        // Read the clock before taking the connection: the lease is
+        // measured from here.
+        let sent_at = boot_now();
+        let timeout = self.shared.engine().attempt_timeout(sent_at);
+        let (result, stopping) = {
+            let exchange = self.db.exchange(&self.shared, sent_at, sent_at + timeout);
+            tokio::pin!(exchange);
+            // The lease in force, which may run out before its
+            // renewal is answered (see `Engine::attempt_timeout`).
+            let mut deadline = self.shared.engine().lease(sent_at).map(|(_, d)| d);
+            loop {
+                tokio::select! {
+                biased;
+                () = shutdown.cancelled() => {
+                    // Stop claiming leadership first; then let the
+                    // statement in flight finish (it may be a take
+                    // that would otherwise land after our release)
+                    // so the release follows it on the same
+                    // connection.
+                    self.report.step_down(&self.shared);
+                    let finished = tokio::time::timeout(IN_FLIGHT_BUDGET, &mut exchange).await;
+                    break (finished.unwrap_or_else(|_| Err("shutdown: attempt abandoned".into())), true);
+                }
+                r = &mut exchange => break (r, false),
+                // On the boot clock, as the lease is: an attempt
+                // caught in a host's suspend ends at resume, and
+                // with it a lease that lapsed meanwhile.
+                () = self.timer.sleep_until(sent_at + timeout) => {
+                    break (Err(format!("attempt timed out after {timeout:?}")), false);
+                }
+                // Step down on time (watchers, flag file, the
+                // presence); the renewal may still renew the lease.
+                () = self.lease_timer.sleep_until_some(deadline) => {
+                    deadline = None;
+                    let events = self.shared.engine().poll(boot_now());
+                    self.report.handle(&self.shared, events.into_iter().collect());
+                    self.leading.send_if_modified(|l| std::mem::replace(l, false));
+                }
+                }
+            }
+        };
+        self.finish_attempt(sent_at, result);
+        stopping
     }
 
     /// When the loop wakes next. While an attempt waits for a connection:

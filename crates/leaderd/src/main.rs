@@ -201,13 +201,13 @@ async fn run(settings: Settings, commands: Option<Vec<Vec<OsString>>>) -> anyhow
         .iter()
         .map(|shared| {
             let (shared, shutdown, link) = (shared.clone(), shutdown.clone(), link.clone());
-            let presences = presences.clone();
             let settings = settings.for_election(&shared.election);
+            let election = election::start(shared, &settings, link, presences.clone());
             tokio::spawn(async move {
                 // Should a loop fail (a panic), nothing may run on as if it
                 // led: cancel the run on the way out.
                 let _stop = shutdown.clone().drop_guard();
-                election::run(shared, settings, link, presences, shutdown).await;
+                election.run(shutdown).await;
             })
         })
         .collect();
