@@ -86,6 +86,9 @@ impl BootTimer {
 struct Timers {
     fd: OwnedFd,
     queue: Mutex<Queue>,
+    /// The fd failed (arming or reading it): every wait falls back to
+    /// tokio's timer from then on.
+    broken: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -113,10 +116,27 @@ impl Timers {
                 Some(Timers {
                     fd,
                     queue: Mutex::new(Queue::default()),
+                    broken: std::sync::atomic::AtomicBool::new(false),
                 })
             })
             .as_ref()
-            .filter(|timers| timers.started())
+            .filter(|timers| timers.started() && !timers.is_broken())
+    }
+
+    fn is_broken(&self) -> bool {
+        self.broken.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The fd cannot be trusted any more: says so once, and wakes every
+    /// wait, which goes on on tokio's timer (see [`BootTimer::sleep_until`]).
+    fn fail(&self, why: &str) {
+        self.broken
+            .store(true, std::sync::atomic::Ordering::Release);
+        fall_back(why);
+        let waiting = std::mem::take(&mut self.queue().waiting);
+        for (_, (_, waker)) in waiting {
+            waker.wake();
+        }
     }
 
     /// Starts the reading thread once; whether it runs.
@@ -141,8 +161,11 @@ impl Timers {
     fn serve(&self) {
         let mut expiries = [0u8; 8];
         loop {
-            // A blocking read: returns at an expiry (EINTR just loops).
-            let _ = rustix::io::read(&self.fd, &mut expiries);
+            // A blocking read: returns at an expiry.
+            match rustix::io::read(&self.fd, &mut expiries) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(_) => return self.fail("reading the boot-clock timer failed"),
+            }
             let due = self.take_due(boot_now());
             for waker in due {
                 waker.wake();
@@ -175,20 +198,32 @@ impl Timers {
         }
         let next = q.heap.peek().map(|&Reverse((at, _))| at);
         q.armed = next;
-        arm(&self.fd, next);
+        let armed = arm(&self.fd, next);
+        drop(q);
+        if armed.is_err() {
+            self.fail("arming the boot-clock timer failed");
+        }
         due
     }
 
     /// Registers (or updates) wait `id` for `at`, arming the fd if it is the
-    /// earliest.
-    fn register(&self, id: &mut Option<u64>, at: BootTime, waker: &Waker) {
+    /// earliest; `false` once the fd failed (the wait then falls back).
+    fn register(&self, id: &mut Option<u64>, at: BootTime, waker: &Waker) -> bool {
         let mut q = self.queue();
+        // Under the lock: `fail` marks the fd broken before it takes the
+        // waits, so a wait is either taken (and woken) or sees it broken.
+        if self.is_broken() {
+            return false;
+        }
         let known = id.and_then(|i| q.waiting.get_mut(&i));
         if let Some((_, w)) = known {
             if !w.will_wake(waker) {
-                w.clone_from(waker);
+                // Dropped after the lock: a waker's drop runs foreign code.
+                let old = std::mem::replace(w, waker.clone());
+                drop(q);
+                drop(old);
             }
-            return;
+            return true;
         }
         let i = q.next_id;
         q.next_id += 1;
@@ -207,12 +242,18 @@ impl Timers {
         }
         if q.armed.is_none_or(|armed| at < armed) {
             q.armed = Some(at);
-            arm(&self.fd, Some(at));
+            if arm(&self.fd, Some(at)).is_err() {
+                drop(q);
+                self.fail("arming the boot-clock timer failed");
+            }
         }
+        true
     }
 
     fn cancel(&self, id: u64) {
-        self.queue().waiting.remove(&id);
+        // The waker is dropped after the lock (see `register`).
+        let removed = self.queue().waiting.remove(&id);
+        drop(removed);
     }
 }
 
@@ -234,8 +275,12 @@ impl Future for Wait {
             }
             return Poll::Ready(());
         }
-        this.timers.register(&mut this.id, this.at, cx.waker());
-        Poll::Pending
+        if this.timers.register(&mut this.id, this.at, cx.waker()) {
+            Poll::Pending
+        } else {
+            // The fd failed: `sleep_until` goes on on tokio's timer.
+            Poll::Ready(())
+        }
     }
 }
 
@@ -260,7 +305,7 @@ fn fall_back(why: &str) {
 
 /// Arms `fd` to expire once, at `at` on the boot clock (never zero, which
 /// would disarm it: `at` is past the boot), or disarms it for `None`.
-fn arm(fd: &OwnedFd, at: Option<BootTime>) {
+fn arm(fd: &OwnedFd, at: Option<BootTime>) -> rustix::io::Result<()> {
     let timespec = |d: Duration| Timespec {
         tv_sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
         tv_nsec: i64::from(d.subsec_nanos()),
@@ -272,8 +317,7 @@ fn arm(fd: &OwnedFd, at: Option<BootTime>) {
         it_interval: timespec(Duration::ZERO),
         it_value: timespec(value),
     };
-    // Cannot fail for a valid timerfd and a valid time.
-    let _ = timerfd_settime(fd, TimerfdTimerFlags::ABSTIME, &spec);
+    timerfd_settime(fd, TimerfdTimerFlags::ABSTIME, &spec).map(|_| ())
 }
 
 /// `at` as milliseconds since the Unix epoch, by this host's wall clock.
@@ -349,6 +393,41 @@ mod tests {
         // And a cancelled wait leaves the timer usable at once.
         let soon = boot_now() + Duration::from_millis(5);
         bounded(&mut timer, soon).await;
+    }
+
+    /// A timerfd that fails wakes every wait at once, so that each goes on
+    /// on tokio's timer rather than waiting for ever.
+    #[tokio::test]
+    async fn a_failed_timer_releases_its_waits() {
+        let fd = timerfd_create(TimerfdClockId::Boottime, TimerfdFlags::CLOEXEC).unwrap();
+        let timers: &'static Timers = Box::leak(Box::new(Timers {
+            fd,
+            queue: Mutex::new(Queue::default()),
+            broken: std::sync::atomic::AtomicBool::new(false),
+        }));
+        let far = boot_now() + Duration::from_secs(3600);
+        let wait = tokio::spawn(Wait {
+            timers,
+            at: far,
+            id: None,
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!wait.is_finished(), "an hour's wait is waiting");
+        timers.fail("test");
+        tokio::time::timeout(Duration::from_secs(2), wait)
+            .await
+            .expect("released at once")
+            .expect("no panic");
+        // And a wait made afterwards does not register.
+        let later = Wait {
+            timers,
+            at: far,
+            id: None,
+        };
+        tokio::time::timeout(Duration::from_millis(100), later)
+            .await
+            .expect("not registered");
+        assert!(timers.queue().waiting.is_empty());
     }
 
     /// Many waits at once, on one fd: each wakes at its own instant,

@@ -355,6 +355,9 @@ impl Election {
     /// Runs the election until `shutdown` fires, then releases the row.
     pub async fn run(mut self, shutdown: CancellationToken) {
         self.lp.elect(&shutdown).await;
+        // Requests from now on (a `leaderd release` in a preStop hook) are
+        // answered at once ("stopped"), not after the release below.
+        self.lp.shared.control.close();
         // Boxed, as every rare path: the future of the loop's life stays
         // the size of its waiting.
         Box::pin(self.finish()).await;
