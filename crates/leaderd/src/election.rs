@@ -303,25 +303,23 @@ pub fn start(
     if let Some(flag) = &flag {
         flag.remove();
     }
-    let (leading, leading_rx) = watch::channel(false);
-    let (presence_tx, presence_held) = watch::channel(None);
-    // Not even a task where the backend needs no presence (a task each
-    // costs kilobytes with thousands of elections); when the URL cannot be
-    // read yet, the task finds out.
-    let presence = match settings.database.resolve() {
-        Ok(url) if !leaderd_store::Presence::needed(&url) => {
-            // Closed: a release waits for no presence (see
-            // `wakeups::presence_noticed`).
-            drop(presence_tx);
-            None
+    // Not even a task, nor its channels, where the backend needs no
+    // presence (each costs kilobytes with thousands of elections); when the
+    // URL cannot be read yet, the task finds out.
+    let (presence, presence_task) = match settings.database.resolve() {
+        Ok(url) if !leaderd_store::Presence::needed(&url) => (None, None),
+        _ => {
+            let (leading, leading_rx) = watch::channel(false);
+            let (held_tx, held) = watch::channel(None);
+            let task = tokio::spawn(wakeups::keep_presence(
+                settings.database.clone(),
+                presences,
+                shared.election.clone(),
+                leading_rx,
+                held_tx,
+            ));
+            (Some(PresenceLink { leading, held }), Some(task))
         }
-        _ => Some(tokio::spawn(wakeups::keep_presence(
-            settings.database.clone(),
-            presences,
-            shared.election.clone(),
-            leading_rx,
-            presence_tx,
-        ))),
     };
     let closed = ClosedOnDrop(shared.clone());
     let lp = Loop {
@@ -341,12 +339,11 @@ pub fn start(
         unanswered: false,
         timer: BootTimer::new(),
         lease_timer: BootTimer::new(),
-        leading,
-        presence_held,
+        presence,
     };
     Election {
         lp,
-        presence,
+        presence: presence_task,
         _closed: closed,
     }
 }
@@ -382,6 +379,22 @@ impl Election {
     }
 }
 
+/// The loop's side of the wake-up presence (see [`wakeups::keep_presence`]).
+struct PresenceLink {
+    /// Whether this replica leads. Cleared only after a release of the row,
+    /// so that the wake-up finds the row free.
+    leading: watch::Sender<bool>,
+    /// Since when the presence holds its lock.
+    held: watch::Receiver<Option<tokio::time::Instant>>,
+}
+
+impl PresenceLink {
+    fn set_leading(&self, leading: bool) {
+        self.leading
+            .send_if_modified(|l| std::mem::replace(l, leading) != leading);
+    }
+}
+
 /// Closes the loop's inbox when the loop ends (or unwinds).
 struct ClosedOnDrop(Arc<Shared>);
 
@@ -402,12 +415,8 @@ struct Loop {
     /// Some statement went unanswered (timed out or failed after sending):
     /// it may still commit, whatever later answers say.
     unanswered: bool,
-    /// Whether this replica leads, for the wake-up presence (MySQL's named
-    /// lock). Cleared only after a release of the row, so that the wake-up
-    /// finds the row free.
-    leading: watch::Sender<bool>,
-    /// Since when the presence holds its lock (see [`wakeups::keep_presence`]).
-    presence_held: watch::Receiver<Option<tokio::time::Instant>>,
+    /// The wake-up presence (MySQL's named lock), where the backend has one.
+    presence: Option<PresenceLink>,
     /// Waits for the next wake-up, and bounds each attempt, on the boot
     /// clock, the clock of the deadline (see [`BootTimer`]).
     timer: BootTimer,
@@ -522,7 +531,9 @@ impl Loop {
                     deadline = None;
                     let events = self.shared.engine().poll(boot_now());
                     self.report.handle(&self.shared, events.into_iter().collect());
-                    self.leading.send_if_modified(|l| std::mem::replace(l, false));
+                    if let Some(p) = &self.presence {
+                        p.set_leading(false);
+                    }
                 }
                 }
             }
@@ -611,9 +622,9 @@ impl Loop {
     /// Tells the presence (MySQL's named lock) and the watchers whether
     /// this replica leads.
     fn sync_presence(&self) {
-        let leading = self.shared.engine().is_leader(boot_now());
-        self.leading
-            .send_if_modified(|l| std::mem::replace(l, leading) != leading);
+        if let Some(p) = &self.presence {
+            p.set_leading(self.shared.engine().is_leader(boot_now()));
+        }
         self.shared.publish();
     }
 
@@ -696,10 +707,10 @@ impl Loop {
         // a disk that does not answer in time costs the handover (the lease
         // expires by itself), never a file naming a leader that is not.
         // Only a presence wanted (this replica led up to now) is waited for.
-        let wants_presence = *self.leading.borrow();
+        let wanted = self.presence.as_mut().filter(|p| *p.leading.borrow());
         let presence = async {
-            if wants_presence {
-                wakeups::presence_noticed(&mut self.presence_held, NOTICE_BUDGET).await;
+            if let Some(p) = wanted {
+                wakeups::presence_noticed(&mut p.held, NOTICE_BUDGET).await;
             }
         };
         let (flag_gone, ()) = tokio::join!(self.report.flag_removed(FLAG_BUDGET), presence);
