@@ -102,25 +102,35 @@ struct Queue {
 }
 
 impl Timers {
-    /// The process's timers; `None` (said once) where no timerfd or thread
-    /// can be made.
+    /// The process's timers, made and their thread started on first use;
+    /// `None` (said once) where no timerfd or thread can be made, or once
+    /// the fd failed.
     fn global() -> Option<&'static Timers> {
-        static TIMERS: OnceLock<Option<Timers>> = OnceLock::new();
-        TIMERS
-            .get_or_init(|| {
-                let fd = timerfd_create(TimerfdClockId::Boottime, TimerfdFlags::CLOEXEC);
-                let Ok(fd) = fd else {
-                    fall_back("no boot-clock timer can be made");
-                    return None;
-                };
-                Some(Timers {
-                    fd,
-                    queue: Mutex::new(Queue::default()),
-                    broken: std::sync::atomic::AtomicBool::new(false),
-                })
-            })
-            .as_ref()
-            .filter(|timers| timers.started() && !timers.is_broken())
+        static TIMERS: OnceLock<Option<&'static Timers>> = OnceLock::new();
+        let timers = TIMERS.get_or_init(|| {
+            let Ok(fd) = timerfd_create(TimerfdClockId::Boottime, TimerfdFlags::CLOEXEC) else {
+                fall_back("no boot-clock timer can be made");
+                return None;
+            };
+            let timers: &'static Timers = Box::leak(Box::new(Timers::new(fd)));
+            let spawned = std::thread::Builder::new()
+                .name("leaderd-timer".into())
+                .spawn(move || timers.serve());
+            if spawned.is_err() {
+                fall_back("the boot-clock timer thread cannot start");
+                return None;
+            }
+            Some(timers)
+        });
+        (*timers).filter(|timers| !timers.is_broken())
+    }
+
+    fn new(fd: OwnedFd) -> Self {
+        Timers {
+            fd,
+            queue: Mutex::new(Queue::default()),
+            broken: std::sync::atomic::AtomicBool::new(false),
+        }
     }
 
     fn is_broken(&self) -> bool {
@@ -137,20 +147,6 @@ impl Timers {
         for (_, (_, waker)) in waiting {
             waker.wake();
         }
-    }
-
-    /// Starts the reading thread once; whether it runs.
-    fn started(&'static self) -> bool {
-        static STARTED: OnceLock<bool> = OnceLock::new();
-        *STARTED.get_or_init(|| {
-            let spawned = std::thread::Builder::new()
-                .name("leaderd-timer".into())
-                .spawn(move || self.serve());
-            if spawned.is_err() {
-                fall_back("the boot-clock timer thread cannot start");
-            }
-            spawned.is_ok()
-        })
     }
 
     fn queue(&self) -> MutexGuard<'_, Queue> {
@@ -400,11 +396,7 @@ mod tests {
     #[tokio::test]
     async fn a_failed_timer_releases_its_waits() {
         let fd = timerfd_create(TimerfdClockId::Boottime, TimerfdFlags::CLOEXEC).unwrap();
-        let timers: &'static Timers = Box::leak(Box::new(Timers {
-            fd,
-            queue: Mutex::new(Queue::default()),
-            broken: std::sync::atomic::AtomicBool::new(false),
-        }));
+        let timers: &'static Timers = Box::leak(Box::new(Timers::new(fd)));
         let far = boot_now() + Duration::from_secs(3600);
         let wait = tokio::spawn(Wait {
             timers,
