@@ -12,8 +12,8 @@
 //! change at every rollout, and a row per name would stay in the table for
 //! good (earlier versions named the row after the replica; such rows count
 //! as presence all the same). A daemon whose app fails its health check
-//! keeps no presence (it is not waiting for anything). With one election, or `spread = false`,
-//! nothing of this runs.
+//! keeps no presence (it is not waiting for anything). With one election,
+//! or `spread = false`, nothing of this runs.
 //!
 //! Nothing here can make two leaders: a yield only delays attempts, and a
 //! hand-over is the ordinary release. A daemon that cannot read the table
@@ -122,20 +122,25 @@ impl Spread {
             return Err("no connection".into());
         }
         let healthy = self.daemon.first().app_healthy();
+        // A slot is chosen from a fresh look and taken in this same round,
+        // so that replicas starting together are counted within a round or
+        // two; the same look then serves the plan.
+        let mut rows = None;
         if healthy {
             if self.held_token.is_none() {
-                // Chosen from a fresh look and taken in this same round, so
-                // that replicas starting together are counted within a
-                // round or two.
-                let rows = self.link.read().await?;
-                self.presence_name = Some(free_slot(&self.prefix, &rows, &self.instance));
+                let fresh = self.link.read().await?;
+                self.presence_name = Some(free_slot(&self.prefix, &fresh, &self.instance));
+                rows = Some(fresh);
             }
             self.renew_presence().await?;
         } else if self.held_token.is_some() {
             // Not waiting for anything: others must not hand over to us.
-            self.leave_presence().await;
+            self.leave().await;
         }
-        let rows = self.link.read().await?;
+        let rows = match rows {
+            Some(rows) => rows,
+            None => self.link.read().await?,
+        };
         self.act(&rows).await;
         Ok(())
     }
@@ -260,15 +265,10 @@ impl Spread {
         }
     }
 
-    /// Frees the presence row so the others count this daemon out at once.
-    /// A failed round forgets the token, not the slot: the release frees
-    /// it only if this instance still holds it.
+    /// Frees the presence slot (within [`RELEASE_BUDGET`]) so the others
+    /// count this daemon out at once. A failed round forgets the token, not
+    /// the slot: the release frees it only if this instance still holds it.
     async fn leave(&mut self) {
-        self.leave_presence().await;
-    }
-
-    /// Lets the presence slot go (within [`RELEASE_BUDGET`]).
-    async fn leave_presence(&mut self) {
         self.held_token = None;
         let Some(name) = &self.presence_name else {
             return;
