@@ -91,7 +91,7 @@ pub fn plan(elections: usize, me: &str, mine: usize, peers: &[(&str, usize)]) ->
 
 #[cfg(test)]
 mod tests {
-    use super::{present, settled, Duration, Timing};
+    use super::*;
 
     #[test]
     fn a_presence_that_missed_two_renewals_is_counted_out() {
@@ -111,8 +111,6 @@ mod tests {
         assert!(!settled(Duration::from_millis(2199), t));
         assert!(settled(Duration::from_millis(2200), t));
     }
-
-    use super::*;
 
     #[test]
     fn share_is_the_ceiling() {
