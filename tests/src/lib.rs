@@ -646,8 +646,19 @@ impl Daemon {
 
     /// `GET /leader`: status and parsed body.
     pub fn leader(&self) -> Option<(u16, Value)> {
-        let (status, body) = http_get(self.port, "/leader")?;
+        self.leader_of("")
+    }
+
+    /// `GET /leader{query}` (e.g. `?election=jobs`): status and parsed body.
+    pub fn leader_of(&self, query: &str) -> Option<(u16, Value)> {
+        let (status, body) = http_get(self.port, &format!("/leader{query}"))?;
         Some((status, serde_json::from_str(&body).ok()?))
+    }
+
+    /// The token this daemon leads under (`/leader{query}` answering 200).
+    pub fn token_held(&self, query: &str) -> Option<i64> {
+        let (status, body) = self.leader_of(query)?;
+        (status == 200).then(|| body["token"].as_i64())?
     }
 
     /// `POST /release{query}` (e.g. `?hold=3s`); panics unless it answers

@@ -121,8 +121,7 @@ impl<'a> Replicas<'a> {
     }
 
     fn token(&self, i: usize) -> Option<i64> {
-        let (status, body) = self.daemons[i].leader()?;
-        (status == 200).then(|| body["token"].as_i64())?
+        self.daemons[i].token_held("")
     }
 }
 
@@ -422,15 +421,6 @@ fn a_stalled_stderr_delays_no_safety_action() {
     eprintln!("exited {:?} after SIGTERM", started.elapsed());
 }
 
-/// `/leader?election=NAME`'s token at `port`, when that replica leads it.
-fn token_of(port: u16, election: &str) -> Option<i64> {
-    let (200, body) = leaderd_tests::http_get(port, &format!("/leader?election={election}"))?
-    else {
-        return None;
-    };
-    serde_json::from_str::<serde_json::Value>(&body).ok()?["token"].as_i64()
-}
-
 /// Several elections under one `leaderd exec` (spec: "one command per
 /// election"), each command with a lock directory of its own: it runs only
 /// while its replica leads its election, under that election's token; when
@@ -462,7 +452,11 @@ fn several_elections_each_run_their_own_command() {
         .collect();
     for (name, life) in names.iter().zip(&first) {
         assert_eq!(life.id, "a", "a leads both and runs both commands");
-        assert_eq!(token_of(a.port, name), Some(life.token), "{name}'s token");
+        assert_eq!(
+            a.token_held(&format!("?election={name}")),
+            Some(life.token),
+            "{name}'s token"
+        );
     }
 
     let mut b = start("b");
@@ -482,7 +476,10 @@ fn several_elections_each_run_their_own_command() {
     assert!(alive(first[stayed].pid), "the other runs on undisturbed");
     assert_eq!(starts(&dirs[stayed]).len(), 1, "{:?}", lives(&dirs[stayed]));
     let on_b = starts(&dirs[moved]).last().cloned().expect("b's command");
-    assert_eq!(token_of(b.port, names[moved]), Some(on_b.token));
+    assert_eq!(
+        b.token_held(&format!("?election={}", names[moved])),
+        Some(on_b.token)
+    );
 
     // b's command exits by itself: b exits with its status, and a takes the
     // election (and starts its command) back.
