@@ -39,12 +39,17 @@ fn wait_counts(ds: &[&Daemon], counts: &[usize], within: Duration, what: &str) -
     started.elapsed()
 }
 
+/// A daemon running the six elections without the spread.
+fn unspread(db: &TempDb, dir: &Scratch, id: &str) -> Daemon {
+    Daemon::launch(&db.url, id, dir, id, &["--no-spread"])
+        .elections(&ELECTIONS)
+        .start()
+}
+
 /// One daemon, `a`, running the six elections without the spread, once it
 /// leads all six.
 fn alone(db: &TempDb, dir: &Scratch) -> Daemon {
-    let a = Daemon::launch(&db.url, "a", dir, "a", &["--no-spread"])
-        .elections(&ELECTIONS)
-        .start();
+    let a = unspread(db, dir, "a");
     wait_counts(&[&a], &[6], Duration::from_secs(15), "a to lead all six");
     a
 }
@@ -210,9 +215,7 @@ fn six_elections_on_mysql_hold_three_connections_and_still_wake() {
     wait_for(Duration::from_secs(10), "three connections", || {
         (db.scalar(ours) == "3").then_some(())
     });
-    let b = Daemon::launch(&db.url, "b", &dir, "b", &["--no-spread"])
-        .elections(&ELECTIONS)
-        .start();
+    let b = unspread(&db, &dir, "b");
     // b leads nothing yet: its link and its waiter (a presence connection
     // opens when it first leads).
     wait_for(Duration::from_secs(10), "b to wait", || {
