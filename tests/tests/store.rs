@@ -234,7 +234,7 @@ pub async fn migration_is_idempotent_and_concurrent(url: &str) {
         connect(url).await.migrate().await.unwrap(),
         Migrated::UpToDate
     );
-    assert!(connect(url).await.elections().await.unwrap().is_empty());
+    assert!(connect(url).await.elections("").await.unwrap().is_empty());
 }
 
 pub async fn migrate_recreates_a_dropped_table(db: &TempDb) {
@@ -258,7 +258,7 @@ pub async fn status_lists_every_election(url: &str) {
         a.acquire_or_renew(&req("two", "a", "ia")).await.unwrap(),
         Attempt::Created
     );
-    let rows = a.elections().await.unwrap();
+    let rows = a.elections("").await.unwrap();
     assert_eq!(
         rows.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(),
         ["one", "two"]
@@ -266,6 +266,26 @@ pub async fn status_lists_every_election(url: &str) {
     assert_eq!(rows[0].holder.as_deref(), Some("a"));
     assert!(rows[0].remaining_us > 0);
     assert_eq!(rows[1].holder, None);
+    // A prefix is filtered by the database, literally (no pattern
+    // characters), and counted in characters of any width.
+    assert_eq!(
+        a.acquire_or_renew(&req("é/2", "a", "ia")).await.unwrap(),
+        Attempt::Created
+    );
+    for (prefix, want) in [
+        ("t", &["two"][..]),
+        ("on", &["one"]),
+        ("é", &["é/2"]),
+        ("é/", &["é/2"]),
+        ("e", &[]),
+        ("%", &[]),
+        ("_", &[]),
+        ("one!", &[]),
+    ] {
+        let rows = a.elections(prefix).await.unwrap();
+        let names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, want, "prefix {prefix:?}");
+    }
 }
 
 pub async fn refusal_does_not_wait_for_row_locks(db: &TempDb) {
@@ -306,7 +326,7 @@ pub async fn names_differ_by_trailing_space(url: &str) {
         Attempt::Created
     );
     let names: Vec<String> = a
-        .elections()
+        .elections("")
         .await
         .unwrap()
         .into_iter()
@@ -541,7 +561,7 @@ pub async fn a_batch_answers_each_election_as_alone(url: &str) {
         .await
         .unwrap();
     assert_eq!(released, [true, false, true, true]);
-    let rows = a.elections().await.unwrap();
+    let rows = a.elections("").await.unwrap();
     let holders: Vec<Option<&str>> = rows.iter().map(|r| r.live_holder()).collect();
     assert_eq!(holders, [None, Some("b"), None, None], "{rows:?}");
 }
@@ -826,6 +846,28 @@ mod postgres_only {
         );
     }
 
+    const FILLFACTOR: &str = "SELECT coalesce(array_to_string(reloptions, ','), '') \
+        FROM pg_class WHERE oid = 'service_leader_lock'::regclass";
+
+    #[tokio::test]
+    async fn the_table_leaves_room_for_renewals_on_new_and_old_installs() {
+        let db = TempDb::postgres();
+        migrated(&db.url).await;
+        assert_eq!(scalar(&db.url, FILLFACTOR), "fillfactor=50");
+        // Made by an earlier version (current by the catalog check): set
+        // at the next migrate all the same.
+        pg_exec(
+            &db.url,
+            &["ALTER TABLE service_leader_lock RESET (fillfactor)"],
+        );
+        assert_eq!(scalar(&db.url, FILLFACTOR), "");
+        assert_eq!(
+            connect(&db.url).await.migrate().await.unwrap(),
+            Migrated::UpToDate
+        );
+        assert_eq!(scalar(&db.url, FILLFACTOR), "fillfactor=50");
+    }
+
     #[tokio::test]
     async fn release_notifies_listeners() {
         let db = TempDb::postgres();
@@ -878,10 +920,17 @@ mod postgres_only {
             ],
         );
         let as_role = db.url_as(&role);
+        // A table an earlier version made, without the fillfactor: only its
+        // owner may set that, and a user who may not goes on without it.
+        pg_exec(
+            &db.url,
+            &["ALTER TABLE service_leader_lock RESET (fillfactor)"],
+        );
         assert_eq!(
             connect(&as_role).await.migrate().await.unwrap(),
             Migrated::UpToDate
         );
+        assert_eq!(scalar(&db.url, FILLFACTOR), "");
         let mut c = connect(&as_role).await;
         acquire(&mut c, &req("e", "a", "ia"), Duration::from_secs(3)).await;
         drop(c);
@@ -933,7 +982,7 @@ mod mysql_only {
                 seen.remaining_us > 0 && seen.remaining_us <= TTL_US,
                 "time zone {tz}: {seen:?}"
             );
-            let rows = b.elections().await.unwrap();
+            let rows = b.elections("").await.unwrap();
             assert!(
                 rows[0].remaining_us > 0 && rows[0].remaining_us <= TTL_US,
                 "{rows:?}"

@@ -222,6 +222,20 @@ impl Engine {
         }
     }
 
+    /// Another replica's id while its lease, by the last answer, is live at
+    /// `now` (never this replica's own id, as in [`Engine::view`]). The
+    /// spread counts what each replica leads from these: one per election,
+    /// at most a heartbeat old, without reading the table.
+    pub fn other_holder(&self, now: BootTime) -> Option<&str> {
+        if self.is_leader(now) {
+            return None;
+        }
+        self.other
+            .as_ref()
+            .filter(|o| now < o.until && o.holder != self.id)
+            .map(|o| o.holder.as_str())
+    }
+
     /// The snapshot served over HTTP at `now`.
     pub fn view(&self, now: BootTime) -> View {
         if let Some((token, deadline)) = self.lease(now) {
@@ -609,6 +623,21 @@ mod tests {
         e.on_attempt(at(0), at(5), Attempt::Granted { token: 7 });
         e.set_yielding(at(6), true);
         assert!(e.attempt_due(at(400)));
+    }
+
+    #[test]
+    fn the_other_holder_counts_while_its_lease_is_live_and_never_ourselves() {
+        let mut e = engine();
+        assert_eq!(e.other_holder(at(0)), None);
+        e.on_attempt(at(0), at(10), refused("pod-b", 4, 300));
+        assert_eq!(e.other_holder(at(309)), Some("pod-b"));
+        assert_eq!(e.other_holder(at(310)), None, "its lease ran out");
+        // Our own id held by another process is not another replica.
+        e.on_attempt(at(400), at(410), refused("pod-a", 5, 900));
+        assert_eq!(e.other_holder(at(420)), None);
+        // Leading: nobody else holds it.
+        e.on_attempt(at(500), at(505), Attempt::Granted { token: 6 });
+        assert_eq!(e.other_holder(at(506)), None);
     }
 
     #[test]

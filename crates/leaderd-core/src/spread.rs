@@ -3,8 +3,8 @@
 //! replica holds more than ceil(E / R) once things are stable.
 //!
 //! [`plan`] is the whole rule, from plain counts: what this replica leads,
-//! and what each other live replica leads (both as the database last
-//! showed). Two levers carry it out, neither of which can make two leaders:
+//! and what each other live replica leads (as the daemon last saw: its
+//! followers' attempts answer who holds each election). Two levers carry it out, neither of which can make two leaders:
 //! - **yield**: a replica at or above its share, while another live replica
 //!   is below its own, attempts a free election one heartbeat late, so the
 //!   one below takes it first (and it still takes it if nobody does: an

@@ -338,12 +338,14 @@ impl Connection {
         }
     }
 
-    /// Every election in the table, by name.
-    pub async fn elections(&mut self) -> Result<Vec<ElectionRow>, StoreError> {
+    /// The rows whose name starts with `prefix` (`""`: every row), by
+    /// name. The filter runs in the database: a daemon that wants a few
+    /// rows of a table of thousands does not fetch them all.
+    pub async fn elections(&mut self, prefix: &str) -> Result<Vec<ElectionRow>, StoreError> {
         match self {
-            Connection::Postgres(c) => c.elections().await,
-            Connection::Mysql(c) => c.elections().await,
-            Connection::Sqlite(c) => c.elections().await,
+            Connection::Postgres(c) => c.elections(prefix).await,
+            Connection::Mysql(c) => c.elections(prefix).await,
+            Connection::Sqlite(c) => c.elections(prefix).await,
         }
     }
 

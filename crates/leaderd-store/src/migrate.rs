@@ -23,7 +23,14 @@ pub(crate) const POSTGRES: &[&str] = &[
         "../../../migrations/postgres/2026-11-22-000000_create_service_leader_lock/up.sql"
     ),
     include_str!("../../../migrations/postgres/2026-11-24-000000_token_floor/up.sql"),
+    POSTGRES_FILLFACTOR,
 ];
+
+/// The PostgreSQL step that also runs on its own after the others, current
+/// or not: it tunes a table earlier versions made, and never fails (see
+/// the file).
+pub(crate) const POSTGRES_FILLFACTOR: &str =
+    include_str!("../../../migrations/postgres/2026-11-25-000000_fillfactor/up.sql");
 
 /// MySQL/MariaDB steps, in order.
 pub(crate) const MYSQL: &[&str] = &[

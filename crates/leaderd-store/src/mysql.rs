@@ -142,9 +142,11 @@ const RELEASE: Sql = bounded!(
     WHERE name = ? AND instance = ?"
 );
 
+/// The rows whose name starts with the bind (twice; every row for `''`);
+/// `name` is bytes, so the prefix is counted in bytes.
 const ELECTIONS: &str = "SELECT CAST(name AS CHAR), holder, token, \
     TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
-    FROM service_leader_lock ORDER BY name";
+    FROM service_leader_lock WHERE LEFT(name, LENGTH(?)) = ? ORDER BY name";
 
 /// What the server is and how the session runs, read once at connect.
 const SESSION: &str = "SELECT @@autocommit, VERSION()";
@@ -317,11 +319,14 @@ impl MysqlStore {
         Ok(n > 0)
     }
 
-    pub(crate) async fn elections(&mut self) -> Result<Vec<ElectionRow>, StoreError> {
+    pub(crate) async fn elections(&mut self, prefix: &str) -> Result<Vec<ElectionRow>, StoreError> {
         let rows: Vec<(String, Option<String>, i64, i64)> =
-            Stmt::<(Text, Nullable<Text>, BigInt, BigInt)>::new(ELECTIONS, [])
-                .load(&mut self.conn)
-                .await?;
+            Stmt::<(Text, Nullable<Text>, BigInt, BigInt)>::new(
+                ELECTIONS,
+                [Bind::Text(prefix), Bind::Text(prefix)],
+            )
+            .load(&mut self.conn)
+            .await?;
         Ok(rows.into_iter().map(ElectionRow::from).collect())
     }
 

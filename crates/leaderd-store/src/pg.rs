@@ -205,9 +205,10 @@ r AS (
 SELECT r.name, pg_notify('leaderd', r.name) IS NULL FROM r";
 const RELEASE_MANY_TYPES: &[Type] = &[Type::VARCHAR_ARRAY, Type::VARCHAR_ARRAY];
 
+/// The rows whose name starts with the bind (every row for `''`).
 const ELECTIONS: &str = "SELECT name, holder, token, \
     (EXTRACT(EPOCH FROM expires_at - now()) * 1000000)::bigint \
-    FROM service_leader_lock ORDER BY name";
+    FROM service_leader_lock WHERE starts_with(name, $1) ORDER BY name";
 
 /// A tokio-postgres error with its causes: its own `Display` says only
 /// "db error" or "error performing TLS handshake", leaving out the server's
@@ -713,8 +714,8 @@ impl PgStore {
         Ok(n > 0)
     }
 
-    pub(crate) async fn elections(&mut self) -> Result<Vec<ElectionRow>, StoreError> {
-        let rows = self.query(ELECTIONS, &[], &[]).await?;
+    pub(crate) async fn elections(&mut self, prefix: &str) -> Result<Vec<ElectionRow>, StoreError> {
+        let rows = self.query(ELECTIONS, &[Type::VARCHAR], &[&prefix]).await?;
         rows.iter()
             .map(|r| {
                 Ok(ElectionRow::from((
@@ -756,6 +757,12 @@ impl PgStore {
                 result = Migrated::Applied;
             }
             client.batch_execute(plan.unlock).await?;
+        }
+        if let Err(e) = client.batch_execute(migrate::POSTGRES_FILLFACTOR).await {
+            tracing::warn!(
+                error = %describe(&e),
+                "could not set service_leader_lock's fillfactor; renewals cost the database more"
+            );
         }
         if flag(plan.legacy).await? {
             let forget = async {

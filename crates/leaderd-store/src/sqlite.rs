@@ -86,9 +86,11 @@ const RELEASE: &str =
     "UPDATE service_leader_lock SET holder = NULL, instance = NULL, expires_at = ? \
     WHERE name = ? AND instance = ?";
 
+/// The rows whose name starts with the bind (after the clock's two; every
+/// row for `''`).
 const ELECTIONS: &str = "SELECT name, holder, token, \
     CASE WHEN boot_id = ? THEN expires_at - ? ELSE -1 END \
-    FROM service_leader_lock ORDER BY name";
+    FROM service_leader_lock WHERE substr(name, 1, length(?)) = ? ORDER BY name";
 
 /// The boot clock in microseconds: SQLite's "database clock".
 fn now_us() -> i64 {
@@ -423,11 +425,16 @@ impl SqliteStore {
         }
     }
 
-    pub(crate) async fn elections(&mut self) -> Result<Vec<ElectionRow>, StoreError> {
+    pub(crate) async fn elections(&mut self, prefix: &str) -> Result<Vec<ElectionRow>, StoreError> {
         let rows: Vec<(String, Option<String>, i64, i64)> =
             Stmt::<(Text, Nullable<Text>, BigInt, BigInt)>::new(
                 ELECTIONS,
-                [Bind::Text(&self.boot_id), Bind::BigInt(now_us())],
+                [
+                    Bind::Text(&self.boot_id),
+                    Bind::BigInt(now_us()),
+                    Bind::Text(prefix),
+                    Bind::Text(prefix),
+                ],
             )
             .load(&mut self.conn)
             .await?;

@@ -186,8 +186,9 @@ async fn open(
 /// interval: a lease cannot be kept with this timing (spec, Distance).
 async fn check_round_trip(conn: &mut Connection, timing: Timing) {
     let sent = boot_now();
-    // Any answer, an error included (no table yet), is a round trip.
-    let _ = conn.elections().await;
+    // Any answer, an error included (no table yet), is a round trip; the
+    // presence rows are few whatever the table holds.
+    let _ = conn.elections(leaderd_core::spread::PRESENCE_PREFIX).await;
     let took = boot_now().saturating_since(sent);
     let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     if took > timing.renew_every() {

@@ -226,9 +226,15 @@ impl Shared {
         self.engine.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The token this replica leads under at `now`, if it leads.
-    pub fn token_held(&self, now: BootTime) -> Option<i64> {
-        self.engine().lease(now).map(|(token, _)| token)
+    /// Who holds this election at `now`, in one look: `Ok(token)` while
+    /// this replica leads, else the other replica last seen holding a live
+    /// lease, if any (see [`Engine::other_holder`]).
+    pub fn holder_at<R>(&self, now: BootTime, f: impl FnOnce(Result<i64, Option<&str>>) -> R) -> R {
+        let engine = self.engine();
+        match engine.lease(now) {
+            Some((token, _)) => f(Ok(token)),
+            None => f(Err(engine.other_holder(now))),
+        }
     }
 
     /// Whether this replica leads at `now` (cheaper than a [`View`]).

@@ -97,6 +97,7 @@ enum Job {
         reply: ReleaseReply,
     },
     Read {
+        prefix: String,
         reply: oneshot::Sender<Result<Vec<ElectionRow>, String>>,
     },
 }
@@ -188,11 +189,12 @@ impl Link {
             .unwrap_or_else(|_| Err("the database link has stopped".into()))
     }
 
-    /// Every row of the table.
-    pub async fn read(&self) -> Result<Vec<ElectionRow>, String> {
+    /// The rows whose name starts with `prefix`.
+    pub async fn read(&self, prefix: &str) -> Result<Vec<ElectionRow>, String> {
         let (reply, answer) = oneshot::channel();
+        let prefix = prefix.to_owned();
         self.jobs
-            .send(Job::Read { reply })
+            .send(Job::Read { prefix, reply })
             .map_err(|_| "the database link has stopped".to_owned())?;
         answer
             .await
@@ -323,7 +325,7 @@ impl Task {
                     instance,
                     reply,
                 } => releases.push((election, instance, reply)),
-                Job::Read { reply } => reads.push(reply),
+                Job::Read { prefix, reply } => reads.push((prefix, reply)),
             }
         }
         if !attempts.is_empty() {
@@ -340,16 +342,16 @@ impl Task {
                 };
                 self.pending.push_back(job);
             }
-            for reply in reads {
-                self.pending.push_back(Job::Read { reply });
+            for (prefix, reply) in reads {
+                self.pending.push_back(Job::Read { prefix, reply });
             }
             return;
         }
         if !releases.is_empty() {
             self.send_releases(releases).await;
         }
-        for reply in reads {
-            let answer = self.read().await;
+        for (prefix, reply) in reads {
+            let answer = self.read(&prefix).await;
             let _ = reply.send(answer);
         }
     }
@@ -448,9 +450,9 @@ impl Task {
         }
     }
 
-    async fn read(&mut self) -> Result<Vec<ElectionRow>, String> {
+    async fn read(&mut self, prefix: &str) -> Result<Vec<ElectionRow>, String> {
         let conn = self.conn.as_mut().ok_or("no connection")?;
-        let answer = tokio::time::timeout(RELEASE_CAP, conn.elections()).await;
+        let answer = tokio::time::timeout(RELEASE_CAP, conn.elections(prefix)).await;
         self.settle(answer, RELEASE_CAP, "reading the table")
     }
 
@@ -488,7 +490,7 @@ fn fail(job: Job, reason: &str, sent: bool) {
         Job::Release { reply, .. } => {
             let _ = reply.send(Err(reason.to_owned()));
         }
-        Job::Read { reply } => {
+        Job::Read { reply, .. } => {
             let _ = reply.send(Err(reason.to_owned()));
         }
     }

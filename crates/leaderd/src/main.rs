@@ -274,7 +274,7 @@ async fn migrate(settings: Settings) -> anyhow::Result<()> {
 async fn status(settings: Settings, json: bool) -> anyhow::Result<()> {
     let mut conn = connect(&settings).await?;
     let mut rows = conn
-        .elections()
+        .elections("")
         .await
         .context("cannot read service_leader_lock")?;
     // The spread's presence rows are not elections.

@@ -1,5 +1,6 @@
 //! The spread adapter: keeps this daemon's presence row, reads who else is
-//! live and what each leads, and carries out [`leaderd_core::spread::plan`]
+//! live (the group's presence rows only), counts what each leads from the
+//! election loops' own last answers, and carries out [`leaderd_core::spread::plan`]
 //! through the election loops (a yield, or a release with a hold). The rule
 //! itself is in `leaderd-core`; this is only the I/O around it.
 //!
@@ -125,23 +126,23 @@ impl Spread {
         // A slot is chosen from a fresh look and taken in this same round,
         // so that replicas starting together are counted within a round or
         // two; the same look then serves the plan.
-        let mut rows = None;
+        let mut presence = None;
         if healthy {
             if self.held_token.is_none() {
-                let fresh = self.link.read().await?;
+                let fresh = self.link.read(&self.prefix).await?;
                 self.presence_name = Some(free_slot(&self.prefix, &fresh, &self.instance));
-                rows = Some(fresh);
+                presence = Some(fresh);
             }
             self.renew_presence().await?;
         } else if self.held_token.is_some() {
             // Not waiting for anything: others must not hand over to us.
             self.leave().await;
         }
-        let rows = match rows {
+        let presence = match presence {
             Some(rows) => rows,
-            None => self.link.read().await?,
+            None => self.link.read(&self.prefix).await?,
         };
-        self.act(&rows).await;
+        self.act(&presence).await;
         Ok(())
     }
 
@@ -171,30 +172,21 @@ impl Spread {
         Ok(())
     }
 
-    /// Plans on what the table showed and tells the loops.
-    async fn act(&mut self, rows: &[ElectionRow]) {
+    /// Plans on the group's presence rows and on what the loops last saw,
+    /// and tells the loops.
+    async fn act(&mut self, presence: &[ElectionRow]) {
         let now = boot_now();
-        let leading = self.leading(now);
+        let (leading, leads) = self.look(now);
         let id = self.settings.id.as_str();
-        // One pass over the rows: who is present, and how many of our
-        // elections each live holder leads (thousands of rows and
-        // elections: no pairwise scans).
-        let ours: HashSet<&str> = self.settings.elections.iter().map(String::as_str).collect();
-        let mut leads: HashMap<&str, usize> = HashMap::new();
-        let mut live: Vec<&str> = Vec::new();
-        for row in rows {
-            let Some(holder) = row.live_holder() else {
-                continue;
-            };
-            if row.name.starts_with(&self.prefix) {
+        let mut live: Vec<&str> = presence
+            .iter()
+            .filter(|row| row.name.starts_with(&self.prefix))
+            .filter_map(|row| {
+                let holder = row.live_holder()?;
                 let remaining = Duration::from_micros(row.remaining_us.unsigned_abs());
-                if holder != id && present(remaining, self.settings.timing) {
-                    live.push(holder);
-                }
-            } else if ours.contains(row.name.as_str()) {
-                *leads.entry(holder).or_default() += 1;
-            }
-        }
+                (holder != id && present(remaining, self.settings.timing)).then_some(holder)
+            })
+            .collect();
         // A replica may show in two slots for up to a ttl (one it lost, one
         // it took since): it is one replica.
         live.sort_unstable();
@@ -240,12 +232,31 @@ impl Spread {
         }
     }
 
-    /// The elections this daemon leads at `now`, by index, noting since
-    /// when each has been led under its current token.
-    fn leading(&mut self, now: BootTime) -> Vec<usize> {
+    /// One pass over the elections: the ones this daemon leads at `now`
+    /// (by index, noting since when each has been led under its current
+    /// token), and how many each other replica leads as this daemon's loops
+    /// last saw (at most a heartbeat old: a follower attempts every
+    /// heartbeat). Counted here rather than read from the table: with
+    /// thousands of elections, a read of every row each round cost the
+    /// database and this daemon more than the renewals did.
+    fn look(&mut self, now: BootTime) -> (Vec<usize>, HashMap<String, usize>) {
         let mut leading = Vec::new();
+        let mut leads: HashMap<String, usize> = HashMap::new();
         for (i, shared) in self.daemon.all().iter().enumerate() {
-            let token = shared.token_held(now);
+            let token = shared.holder_at(now, |held| match held {
+                Ok(token) => Some(token),
+                Err(other) => {
+                    if let Some(other) = other {
+                        match leads.get_mut(other) {
+                            Some(n) => *n += 1,
+                            None => {
+                                leads.insert(other.to_owned(), 1);
+                            }
+                        }
+                    }
+                    None
+                }
+            });
             if token != self.led_since[i].map(|(t, _)| t) {
                 self.led_since[i] = token.map(|t| (t, now));
             }
@@ -253,7 +264,7 @@ impl Spread {
                 leading.push(i);
             }
         }
-        leading
+        (leading, leads)
     }
 
     /// Tells every loop whether to yield, when that changed.
