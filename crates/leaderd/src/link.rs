@@ -130,6 +130,10 @@ impl Link {
                 .enumerate()
                 .map(|(i, s)| (s.election.clone(), i))
                 .collect(),
+            aligned_at: None,
+            realign_after: elections
+                .first()
+                .map_or(Duration::ZERO, |s| s.timing.renew_every() / 2),
             elections,
         };
         tokio::spawn(task.run());
@@ -214,6 +218,10 @@ struct Task {
     elections: Vec<Arc<Shared>>,
     /// Each election's index in `elections`.
     slots: HashMap<String, usize>,
+    /// When the leaders were last asked to renew together (see `align`),
+    /// and how long that holds: half a renew interval.
+    aligned_at: Option<BootTime>,
+    realign_after: Duration,
 }
 
 impl Task {
@@ -372,10 +380,18 @@ impl Task {
                 }
             }
         }
-        if !renewing {
+        let now = boot_now();
+        // Once per renew interval: the leaders asked are on their way, in
+        // this batch or the next few. Asking again for each of those batches
+        // scanned every election each time, which with thousands of them
+        // cost this daemon more than the renewals themselves.
+        let recent = self
+            .aligned_at
+            .is_some_and(|at| now.saturating_since(at) < self.realign_after);
+        if !renewing || recent {
             return;
         }
-        let now = boot_now();
+        self.aligned_at = Some(now);
         let mut asked = vec![false; self.elections.len()];
         let mut missing = 0usize;
         for (i, shared) in self.elections.iter().enumerate() {
