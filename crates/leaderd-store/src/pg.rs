@@ -124,21 +124,22 @@ const RELEASE: &str = "WITH r AS (UPDATE service_leader_lock SET holder = NULL, 
     SELECT count(pg_notify('leaderd', r.name)) FROM r";
 const RELEASE_TYPES: &[Type] = &[Type::VARCHAR, Type::VARCHAR];
 
-/// [`RENEW`] for several elections in one statement: the renewed rows'
-/// names and tokens. Binds: names, instances, tokens (arrays, one element
-/// per election), ttl in microseconds. `SKIP LOCKED` never waits, so two
+/// [`RENEW`] for several elections in one statement: the renewed ones'
+/// places in the arrays (from 1) and tokens. Binds: names, instances,
+/// tokens (arrays, one element per election), ttl in microseconds. `SKIP LOCKED` never waits, so two
 /// daemons' batches cannot deadlock on each other's rows.
 const RENEW_MANY: &str = "\
-WITH i AS (SELECT * FROM unnest($1::varchar[], $2::varchar[], $3::bigint[]) AS i(name, inst, token)),
+WITH i AS (SELECT * FROM unnest($1::varchar[], $2::varchar[], $3::bigint[])
+           WITH ORDINALITY AS i(name, inst, token, n)),
 c AS (
-  SELECT l.id FROM service_leader_lock l JOIN i
+  SELECT l.id, i.n FROM service_leader_lock l JOIN i
       ON l.name = i.name AND l.instance = i.inst AND l.token = i.token
    WHERE l.expires_at > now()
    FOR UPDATE OF l SKIP LOCKED
 )
 UPDATE service_leader_lock l SET renewed_at = now(),
   expires_at = GREATEST(l.expires_at, now() + $4 * INTERVAL '1 microsecond')
-FROM c WHERE l.id = c.id RETURNING l.name, l.token";
+FROM c WHERE l.id = c.id RETURNING c.n, l.token";
 const RENEW_MANY_TYPES: &[Type] = &[
     Type::VARCHAR_ARRAY,
     Type::VARCHAR_ARRAY,
@@ -147,13 +148,14 @@ const RENEW_MANY_TYPES: &[Type] = &[
 ];
 
 /// [`ACQUIRE_OR_RENEW`] for several elections in one statement: one row per
-/// election that exists, granted or not, with its name; a missing election
-/// has no row. Binds: names, instances, holders (arrays), ttl in
+/// election that exists, granted or not, with its place in the arrays (from
+/// 1); a missing election has no row. Binds: names, instances, holders (arrays), ttl in
 /// microseconds.
 const ACQUIRE_MANY: &str = "\
-WITH p AS (SELECT * FROM unnest($1::varchar[], $2::varchar[], $3::varchar[]) AS p(name, inst, holder)),
+WITH p AS (SELECT * FROM unnest($1::varchar[], $2::varchar[], $3::varchar[])
+           WITH ORDINALITY AS p(name, inst, holder, n)),
 c AS (
-  SELECT l.id, p.name FROM service_leader_lock l JOIN p ON l.name = p.name
+  SELECT l.id, p.n FROM service_leader_lock l JOIN p ON l.name = p.name
    WHERE l.expires_at <= now() OR l.instance = p.inst
    FOR UPDATE OF l SKIP LOCKED
 ),
@@ -165,18 +167,18 @@ u AS (
     instance = p.inst,
     renewed_at = now(),
     expires_at = GREATEST(l.expires_at, now() + $4 * INTERVAL '1 microsecond')
-  FROM c JOIN p ON p.name = c.name
+  FROM c JOIN p ON p.n = c.n
   WHERE l.id = c.id
-  RETURNING l.name, l.holder, l.instance, l.token, l.expires_at
+  RETURNING p.n, l.holder, l.instance, l.token, l.expires_at
 )
-SELECT TRUE, u.name, u.holder, u.instance, u.token,
+SELECT TRUE, u.n, u.holder, u.instance, u.token,
        (EXTRACT(EPOCH FROM u.expires_at - now()) * 1000000)::bigint
   FROM u
 UNION ALL
-SELECT FALSE, l.name, l.holder, l.instance, l.token,
+SELECT FALSE, p.n, l.holder, l.instance, l.token,
        (EXTRACT(EPOCH FROM l.expires_at - now()) * 1000000)::bigint
   FROM service_leader_lock l JOIN p ON l.name = p.name
- WHERE NOT EXISTS (SELECT 1 FROM u WHERE u.name = l.name)";
+ WHERE NOT EXISTS (SELECT 1 FROM u WHERE u.n = p.n)";
 const ACQUIRE_MANY_TYPES: &[Type] = &[
     Type::VARCHAR_ARRAY,
     Type::VARCHAR_ARRAY,
@@ -596,20 +598,22 @@ impl PgStore {
             return Ok(vec![self.acquire_or_renew(one).await]);
         }
         let mut out: Vec<Option<Result<Attempt, StoreError>>> = reqs.iter().map(|_| None).collect();
-        // By name in a map: a batch may hold thousands of elections.
-        let slots: std::collections::HashMap<&str, usize> = reqs
-            .iter()
-            .enumerate()
-            .map(|(i, r)| (r.election, i))
-            .collect();
-        let index = |name: &str| slots.get(name).copied();
         let ttl_us = reqs.first().map_or(0, LeaseRequest::ttl_us);
-        let renewing: Vec<&LeaseRequest<'_>> =
-            reqs.iter().filter(|r| r.held_token.is_some()).collect();
+        // Rows come back by their place in the arrays sent (from 1), not by
+        // name: a batch may hold thousands of elections.
+        let place = |sent: &[usize], n: i64| -> Result<usize, StoreError> {
+            usize::try_from(n - 1)
+                .ok()
+                .and_then(|k| sent.get(k).copied())
+                .ok_or_else(|| StoreError::Local(format!("an answer for element {n} of the batch")))
+        };
+        let renewing: Vec<usize> = (0..reqs.len())
+            .filter(|&i| reqs[i].held_token.is_some())
+            .collect();
         if !renewing.is_empty() {
-            let names: Vec<&str> = renewing.iter().map(|r| r.election).collect();
-            let insts: Vec<&str> = renewing.iter().map(|r| r.instance).collect();
-            let tokens: Vec<i64> = renewing.iter().filter_map(|r| r.held_token).collect();
+            let names: Vec<&str> = renewing.iter().map(|&i| reqs[i].election).collect();
+            let insts: Vec<&str> = renewing.iter().map(|&i| reqs[i].instance).collect();
+            let tokens: Vec<i64> = renewing.iter().filter_map(|&i| reqs[i].held_token).collect();
             let rows = self
                 .query(
                     RENEW_MANY,
@@ -618,8 +622,8 @@ impl PgStore {
                 )
                 .await?;
             for row in rows {
-                let (name, token): (String, i64) = (row.try_get(0)?, row.try_get(1)?);
-                let Some(i) = index(&name) else { continue };
+                let i = place(&renewing, row.try_get(0)?)?;
+                let token: i64 = row.try_get(1)?;
                 // As in the single renewal: only the token held is a grant.
                 out[i] = Some(if Some(token) == reqs[i].held_token {
                     Ok(Attempt::Granted { token })
@@ -645,8 +649,7 @@ impl PgStore {
             )
             .await?;
         for row in rows {
-            let name: String = row.try_get(1)?;
-            let Some(i) = index(&name) else { continue };
+            let i = place(&rest, row.try_get(1)?)?;
             let req = &reqs[i];
             let seen = observed((
                 row.try_get(2)?,

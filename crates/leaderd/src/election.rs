@@ -113,6 +113,16 @@ impl From<&View> for Leadership {
     }
 }
 
+impl From<View> for Leadership {
+    fn from(v: View) -> Self {
+        Self {
+            is_leader: v.is_leader,
+            leader: v.leader,
+            token: v.token,
+        }
+    }
+}
+
 impl Shared {
     pub fn new(settings: &Settings) -> Self {
         let instance = uuid::Uuid::new_v4().to_string();
@@ -159,9 +169,14 @@ impl Shared {
     /// every event and answer, and it wakes at the local deadline, so a
     /// deadline passing is announced too. Watchers wake only on a change.
     pub fn publish(&self) {
-        let now = Leadership::from(&self.view());
-        self.changes
-            .send_if_modified(|was| std::mem::replace(was, now.clone()) != now);
+        let now = Leadership::from(self.view());
+        self.changes.send_if_modified(|was| {
+            let changed = *was != now;
+            if changed {
+                *was = now;
+            }
+            changed
+        });
     }
 
     /// A receiver woken at every change [`Shared::publish`] announces.

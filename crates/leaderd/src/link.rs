@@ -367,6 +367,17 @@ impl Task {
     /// When a renewal is pending, asks every other election this daemon
     /// leads to renew now, and waits (briefly) for their attempts.
     async fn align(&mut self) {
+        let now = boot_now();
+        // Once per renew interval: the leaders asked are on their way, in
+        // this batch or the next few. Asking again for each of those batches
+        // scanned every election each time, which with thousands of them
+        // cost this daemon more than the renewals themselves.
+        if self
+            .aligned_at
+            .is_some_and(|at| now.saturating_since(at) < self.realign_after)
+        {
+            return;
+        }
         // A renewal of one of the elections (not of the spread's presence,
         // which keeps its own rhythm). Elections are found by index: with
         // thousands of them, comparing names pairwise cost a core.
@@ -380,15 +391,7 @@ impl Task {
                 }
             }
         }
-        let now = boot_now();
-        // Once per renew interval: the leaders asked are on their way, in
-        // this batch or the next few. Asking again for each of those batches
-        // scanned every election each time, which with thousands of them
-        // cost this daemon more than the renewals themselves.
-        let recent = self
-            .aligned_at
-            .is_some_and(|at| now.saturating_since(at) < self.realign_after);
-        if !renewing || recent {
+        if !renewing {
             return;
         }
         self.aligned_at = Some(now);
