@@ -359,7 +359,6 @@ pub fn start(
         granted: false,
         unanswered: false,
         timer: BootTimer::new(),
-        lease_timer: BootTimer::new(),
         presence,
     };
     Election {
@@ -438,11 +437,10 @@ struct Loop {
     unanswered: bool,
     /// The wake-up presence (MySQL's named lock), where the backend has one.
     presence: Option<PresenceLink>,
-    /// Waits for the next wake-up, and bounds each attempt, on the boot
-    /// clock, the clock of the deadline (see [`BootTimer`]).
+    /// Waits for the next wake-up, and, while an attempt is in flight, for
+    /// the local deadline and the attempt's timeout, on the boot clock, the
+    /// clock of the deadline (see [`BootTimer`]).
     timer: BootTimer,
-    /// Wakes at the local deadline while a renewal is in flight.
-    lease_timer: BootTimer,
 }
 
 /// The connection side of the loop: one attempt at a time on the daemon's
@@ -523,10 +521,12 @@ impl Loop {
         let (result, stopping) = {
             let exchange = self.db.exchange(&self.shared, sent_at, sent_at + timeout);
             tokio::pin!(exchange);
-            // The lease in force, which may run out before its
-            // renewal is answered (see `Engine::attempt_timeout`).
+            // The lease in force, which may run out before its renewal is
+            // answered (see `Engine::attempt_timeout`): the one timer wakes
+            // at it first, then at the attempt's own timeout (later).
             let mut deadline = self.shared.engine().lease(sent_at).map(|(_, d)| d);
             loop {
+                let wake = deadline.unwrap_or(sent_at + timeout);
                 tokio::select! {
                 biased;
                 () = shutdown.cancelled() => {
@@ -543,13 +543,12 @@ impl Loop {
                 // On the boot clock, as the lease is: an attempt
                 // caught in a host's suspend ends at resume, and
                 // with it a lease that lapsed meanwhile.
-                () = self.timer.sleep_until(sent_at + timeout) => {
-                    break (Err(format!("attempt timed out after {timeout:?}")), false);
-                }
-                // Step down on time (watchers, flag file, the
-                // presence); the renewal may still renew the lease.
-                () = self.lease_timer.sleep_until_some(deadline) => {
-                    deadline = None;
+                () = self.timer.sleep_until(wake) => {
+                    if deadline.take().is_none() {
+                        break (Err(format!("attempt timed out after {timeout:?}")), false);
+                    }
+                    // Step down on time (watchers, flag file, the
+                    // presence); the renewal may still renew the lease.
                     let events = self.shared.engine().poll(boot_now());
                     self.report.handle(&self.shared, events.into_iter().collect());
                     if let Some(p) = &self.presence {
