@@ -861,11 +861,36 @@ mod postgres_only {
             &["ALTER TABLE service_leader_lock RESET (fillfactor)"],
         );
         assert_eq!(scalar(&db.url, FILLFACTOR), "");
+        // While someone holds a lock on the table that the change needs (an
+        // index being built): no wait beyond a moment, tried again later.
+        {
+            use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
+            let mut holder = AsyncPgConnection::establish(&db.url).await.unwrap();
+            holder
+                .batch_execute(
+                    "BEGIN; LOCK TABLE service_leader_lock IN SHARE UPDATE EXCLUSIVE MODE",
+                )
+                .await
+                .unwrap();
+            let migrating = connect(&db.url).await.migrate();
+            let answer = tokio::time::timeout(Duration::from_secs(5), migrating)
+                .await
+                .expect("migrate waited on the table's lock");
+            assert_eq!(answer.unwrap(), Migrated::UpToDate);
+            assert_eq!(scalar(&db.url, FILLFACTOR), "");
+        }
         assert_eq!(
             connect(&db.url).await.migrate().await.unwrap(),
             Migrated::UpToDate
         );
         assert_eq!(scalar(&db.url, FILLFACTOR), "fillfactor=50");
+        // A fillfactor someone chose is theirs.
+        pg_exec(
+            &db.url,
+            &["ALTER TABLE service_leader_lock SET (fillfactor = 70)"],
+        );
+        connect(&db.url).await.migrate().await.unwrap();
+        assert_eq!(scalar(&db.url, FILLFACTOR), "fillfactor=70");
     }
 
     #[tokio::test]

@@ -272,13 +272,23 @@ mod tests {
 
     #[test]
     fn the_p99_is_interpolated_within_its_bucket() {
-        let after = [(0.01, 50.0), (0.05, 99.5), (0.1, 100.0), (f64::INFINITY, 100.0)];
+        let after = [
+            (0.01, 50.0),
+            (0.05, 99.5),
+            (0.1, 100.0),
+            (f64::INFINITY, 100.0),
+        ];
         let (p99, within) = p99_between(&[], &after);
         // 99 of 100 falls 49/49.5 of the way from 10 ms to 50 ms.
         assert!((p99 - (10.0 + 40.0 * 49.0 / 49.5)).abs() < 1e-9, "{p99}");
         assert!((within - 0.995).abs() < 1e-9);
         // Only what happened between the two counts.
-        let before = [(0.01, 50.0), (0.05, 50.0), (0.1, 50.0), (f64::INFINITY, 50.0)];
+        let before = [
+            (0.01, 50.0),
+            (0.05, 50.0),
+            (0.1, 50.0),
+            (f64::INFINITY, 50.0),
+        ];
         let (p99, _) = p99_between(&before, &after);
         // 50 new, 49.5 of them within 50 ms and none within 10 ms.
         assert!((p99 - 50.0).abs() < 1e-9, "{p99}");

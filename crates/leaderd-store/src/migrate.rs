@@ -13,6 +13,10 @@
 //! `__diesel_schema_migrations`; [`LEGACY_VERSION`] is removed from there (and
 //! the table dropped when nothing else is left in it), best effort.
 
+use std::future::Future;
+
+use crate::{Migrated, StoreError};
+
 /// The version earlier leaderd releases recorded in
 /// `__diesel_schema_migrations`.
 pub(crate) const LEGACY_VERSION: &str = "20261122000000";
@@ -67,78 +71,132 @@ pub(crate) struct Plan {
     pub unlock: &'static str,
     /// The idempotent steps, in order.
     pub steps: &'static [&'static str],
+    /// A step run again after the others whether or not the schema was
+    /// current, best effort: a tuning that tables made by earlier versions
+    /// get too, and that a user without the right to it goes on without.
+    pub tune: Option<&'static str>,
     /// One boolean: the legacy bookkeeping table exists.
     pub legacy: &'static str,
 }
 
-/// Defines `async fn migrate_with(conn, plan)` for one connection type (a
-/// generic function would need higher-ranked bounds that make its future not
-/// `Send`).
-///
-/// It brings the schema up to date: checks, and when needed takes the lock,
+/// What [`run`] needs of one backend's connection. Implemented per
+/// connection type: a function generic over diesel's connections would need
+/// higher-ranked bounds that make its future not `Send`.
+pub(crate) trait Migrator: Send {
+    /// A query answering one boolean.
+    fn flag(&mut self, sql: &'static str) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    /// SQL text of one or more statements, without binds.
+    fn batch(&mut self, sql: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// A statement with one text bind (written `?`): the rows it changed.
+    fn execute(
+        &mut self,
+        sql: &'static str,
+        text: &str,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+    /// A query with one text bind (written `?`) answering one count.
+    fn count(
+        &mut self,
+        sql: &'static str,
+        text: &str,
+    ) -> impl Future<Output = Result<i64, StoreError>> + Send;
+}
+
+/// Brings the schema up to date: checks, and when needed takes the lock,
 /// checks again (another replica may have done it meanwhile) and runs every
-/// step. Then it forgets the legacy bookkeeping, best effort. On error the
-/// caller drops the connection, which rolls back and frees the lock.
-macro_rules! migrate_with {
+/// step; then the plan's tuning, and forgets the legacy bookkeeping, both
+/// best effort. On error the caller drops the connection, which rolls back
+/// and frees the lock.
+pub(crate) async fn run<M: Migrator>(conn: &mut M, plan: &Plan) -> Result<Migrated, StoreError> {
+    let mut result = Migrated::UpToDate;
+    if !conn.flag(plan.current).await? {
+        conn.batch(plan.lock).await?;
+        if !conn.flag(plan.current).await? {
+            // The server's refusal is the migration's failure; a lost
+            // connection stays one (it is worth another try).
+            conn.batch(&plan.steps.concat())
+                .await
+                .map_err(|e| match e {
+                    StoreError::Query(e @ diesel::result::Error::DatabaseError(..)) => {
+                        StoreError::Migration(e.to_string())
+                    }
+                    StoreError::Postgres(e) if e.as_db_error().is_some() => {
+                        StoreError::Migration(e.to_string())
+                    }
+                    other => other,
+                })?;
+            result = Migrated::Applied;
+        }
+        conn.batch(plan.unlock).await?;
+    }
+    if let Some(tune) = plan.tune {
+        if let Err(e) = conn.batch(tune).await {
+            tracing::warn!(error = %e, "could not tune service_leader_lock; it works, at a higher cost");
+        }
+    }
+    if conn.flag(plan.legacy).await? {
+        if let Err(e) = forget_legacy(conn).await {
+            tracing::warn!(
+                error = %e,
+                "could not remove leaderd's old entry from __diesel_schema_migrations"
+            );
+        }
+    }
+    Ok(result)
+}
+
+async fn forget_legacy<M: Migrator>(conn: &mut M) -> Result<(), StoreError> {
+    if conn.execute(LEGACY_DELETE, LEGACY_VERSION).await? == 0 {
+        return Ok(());
+    }
+    if conn.count(LEGACY_OTHERS, LEGACY_VERSION).await? == 0 {
+        conn.batch(LEGACY_DROP).await?;
+    }
+    Ok(())
+}
+
+/// Implements [`Migrator`] for one diesel connection type.
+macro_rules! diesel_migrator {
     ($conn:ty) => {
-        async fn migrate_with(
-            conn: &mut $conn,
-            plan: &$crate::migrate::Plan,
-        ) -> Result<$crate::Migrated, $crate::StoreError> {
-            use diesel::sql_types::{BigInt, Bool};
-            use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
-            use $crate::migrate::{LEGACY_DELETE, LEGACY_DROP, LEGACY_OTHERS, LEGACY_VERSION};
-            use $crate::sql::{Bind, Stmt};
-            use $crate::{Migrated, StoreError};
-
-            async fn flag(conn: &mut $conn, sql: &'static str) -> Result<bool, StoreError> {
-                Ok(Stmt::<Bool>::new(sql, []).get_result(conn).await?)
-            }
-            async fn forget_legacy(conn: &mut $conn) -> Result<(), StoreError> {
-                let ours = Stmt::<()>::new(LEGACY_DELETE, [Bind::Text(LEGACY_VERSION)])
-                    .execute(conn)
-                    .await?;
-                if ours == 0 {
-                    return Ok(());
-                }
-                let others: i64 = Stmt::<BigInt>::new(LEGACY_OTHERS, [Bind::Text(LEGACY_VERSION)])
-                    .get_result(conn)
-                    .await?;
-                if others == 0 {
-                    Stmt::<()>::new(LEGACY_DROP, []).execute(conn).await?;
-                }
-                Ok(())
+        impl $crate::migrate::Migrator for $conn {
+            async fn flag(&mut self, sql: &'static str) -> Result<bool, $crate::StoreError> {
+                use diesel_async::RunQueryDsl;
+                Ok($crate::sql::Stmt::<diesel::sql_types::Bool>::new(sql, [])
+                    .get_result(self)
+                    .await?)
             }
 
-            let mut result = Migrated::UpToDate;
-            if !flag(conn, plan.current).await? {
-                conn.batch_execute(plan.lock).await?;
-                if !flag(conn, plan.current).await? {
-                    // A refusal is the migration's failure; a lost
-                    // connection stays one (it is worth another try).
-                    conn.batch_execute(&plan.steps.concat())
-                        .await
-                        .map_err(|e| match e {
-                            diesel::result::Error::DatabaseError(..) => {
-                                StoreError::Migration(e.to_string())
-                            }
-                            other => StoreError::Query(other),
-                        })?;
-                    result = Migrated::Applied;
-                }
-                conn.batch_execute(plan.unlock).await?;
+            async fn batch(&mut self, sql: &str) -> Result<(), $crate::StoreError> {
+                use diesel_async::SimpleAsyncConnection;
+                Ok(self.batch_execute(sql).await?)
             }
-            if flag(conn, plan.legacy).await? {
-                if let Err(e) = forget_legacy(conn).await {
-                    tracing::warn!(
-                        error = %e,
-                        "could not remove leaderd's old entry from __diesel_schema_migrations"
-                    );
-                }
+
+            async fn execute(
+                &mut self,
+                sql: &'static str,
+                text: &str,
+            ) -> Result<u64, $crate::StoreError> {
+                use diesel_async::RunQueryDsl;
+                let n = $crate::sql::Stmt::<()>::new(sql, [$crate::sql::Bind::Text(text)])
+                    .execute(self)
+                    .await?;
+                Ok(n as u64)
             }
-            Ok(result)
+
+            async fn count(
+                &mut self,
+                sql: &'static str,
+                text: &str,
+            ) -> Result<i64, $crate::StoreError> {
+                use diesel_async::RunQueryDsl;
+                Ok($crate::sql::Stmt::<diesel::sql_types::BigInt>::new(
+                    sql,
+                    [$crate::sql::Bind::Text(text)],
+                )
+                .get_result(self)
+                .await?)
+            }
         }
     };
 }
 
-pub(crate) use migrate_with;
+pub(crate) use diesel_migrator;

@@ -165,11 +165,12 @@ const MIGRATION: migrate::Plan = migrate::Plan {
     lock: "DO GET_LOCK('leaderd_migrate', 30)",
     unlock: "DO RELEASE_LOCK('leaderd_migrate')",
     steps: migrate::MYSQL,
+    tune: None,
     legacy: "SELECT EXISTS (SELECT 1 FROM information_schema.tables \
         WHERE table_schema = DATABASE() AND table_name = '__diesel_schema_migrations')",
 };
 
-migrate::migrate_with!(AsyncMysqlConnection);
+migrate::diesel_migrator!(AsyncMysqlConnection);
 
 /// Opens a connection with the URL's TLS, as diesel-async's own `establish`
 /// would otherwise (no driver-side statement cache, `CLIENT_FOUND_ROWS`).
@@ -331,7 +332,7 @@ impl MysqlStore {
     }
 
     pub(crate) async fn migrate(mut self) -> Result<Migrated, StoreError> {
-        migrate_with(&mut self.conn, &MIGRATION).await
+        migrate::run(&mut self.conn, &MIGRATION).await
     }
 }
 

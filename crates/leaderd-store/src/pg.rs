@@ -52,6 +52,7 @@ const MIGRATION: migrate::Plan = migrate::Plan {
     lock: "BEGIN; SELECT pg_advisory_xact_lock(30510766455353956)",
     unlock: "COMMIT",
     steps: migrate::POSTGRES,
+    tune: Some(migrate::POSTGRES_FILLFACTOR),
     legacy: "SELECT to_regclass('__diesel_schema_migrations') IS NOT NULL",
 };
 
@@ -210,7 +211,7 @@ const RELEASE_MANY_TYPES: &[Type] = &[Type::VARCHAR_ARRAY, Type::VARCHAR_ARRAY];
 /// The rows whose name starts with the bind (every row for `''`).
 const ELECTIONS: &str = "SELECT name, holder, token, \
     (EXTRACT(EPOCH FROM expires_at - now()) * 1000000)::bigint \
-    FROM service_leader_lock WHERE starts_with(name, $1) ORDER BY name";
+    FROM service_leader_lock WHERE starts_with(name COLLATE \"C\", $1) ORDER BY name";
 
 /// A tokio-postgres error with its causes: its own `Display` says only
 /// "db error" or "error performing TLS handshake", leaving out the server's
@@ -613,7 +614,10 @@ impl PgStore {
         if !renewing.is_empty() {
             let names: Vec<&str> = renewing.iter().map(|&i| reqs[i].election).collect();
             let insts: Vec<&str> = renewing.iter().map(|&i| reqs[i].instance).collect();
-            let tokens: Vec<i64> = renewing.iter().filter_map(|&i| reqs[i].held_token).collect();
+            let tokens: Vec<i64> = renewing
+                .iter()
+                .filter_map(|&i| reqs[i].held_token)
+                .collect();
             let rows = self
                 .query(
                     RENEW_MANY,
@@ -731,71 +735,36 @@ impl PgStore {
             .collect()
     }
 
-    /// As `migrate::migrate_with` does on the other backends, on
-    /// tokio-postgres: the checks are unnamed statements and the lock and
-    /// steps one transaction, so a transaction pooler runs them all on one
-    /// server connection.
-    pub(crate) async fn migrate(self) -> Result<Migrated, StoreError> {
-        use migrate::{LEGACY_DELETE, LEGACY_DROP, LEGACY_OTHERS, LEGACY_VERSION};
-        let client = &self.client;
-        let flag = |sql: &'static str| async move {
-            let row = client.query_typed(sql, &[]).await?;
-            let found: Option<bool> = row.first().map(|r| r.try_get(0)).transpose()?;
-            Ok::<bool, StoreError>(found.unwrap_or(false))
-        };
-        let plan = &MIGRATION;
-        let mut result = Migrated::UpToDate;
-        if !flag(plan.current).await? {
-            client.batch_execute(plan.lock).await?;
-            if !flag(plan.current).await? {
-                // A refusal is the migration's failure; a lost connection
-                // stays one (it is worth another try).
-                client
-                    .batch_execute(&plan.steps.concat())
-                    .await
-                    .map_err(|e| match e.as_db_error() {
-                        Some(_) => StoreError::Migration(e.to_string()),
-                        None => StoreError::Postgres(e),
-                    })?;
-                result = Migrated::Applied;
-            }
-            client.batch_execute(plan.unlock).await?;
-        }
-        if let Err(e) = client.batch_execute(migrate::POSTGRES_FILLFACTOR).await {
-            tracing::warn!(
-                error = %describe(&e),
-                "could not set service_leader_lock's fillfactor; renewals cost the database more"
-            );
-        }
-        if flag(plan.legacy).await? {
-            let forget = async {
-                let text = [(&LEGACY_VERSION as &(dyn ToSql + Sync), Type::VARCHAR)];
-                let ours = client
-                    .execute_typed(&LEGACY_DELETE.replace('?', "$1"), &text)
-                    .await?;
-                if ours == 0 {
-                    return Ok::<(), StoreError>(());
-                }
-                let others = client
-                    .query_typed(&LEGACY_OTHERS.replace('?', "$1"), &text)
-                    .await?;
-                let others: i64 = match others.first() {
-                    Some(r) => r.try_get(0)?,
-                    None => 0,
-                };
-                if others == 0 {
-                    client.batch_execute(LEGACY_DROP).await?;
-                }
-                Ok(())
-            };
-            if let Err(e) = forget.await {
-                tracing::warn!(
-                    error = %e,
-                    "could not remove leaderd's old entry from __diesel_schema_migrations"
-                );
-            }
-        }
-        Ok(result)
+    pub(crate) async fn migrate(mut self) -> Result<Migrated, StoreError> {
+        migrate::run(&mut self.client, &MIGRATION).await
+    }
+}
+
+/// The checks are unnamed statements and the lock and steps one transaction,
+/// so a transaction pooler runs them all on one server connection.
+impl migrate::Migrator for Client {
+    async fn flag(&mut self, sql: &'static str) -> Result<bool, StoreError> {
+        let rows = self.query_typed(sql, &[]).await?;
+        Ok(rows
+            .first()
+            .map(|r| r.try_get(0))
+            .transpose()?
+            .unwrap_or(false))
+    }
+
+    async fn batch(&mut self, sql: &str) -> Result<(), StoreError> {
+        Ok(self.batch_execute(sql).await?)
+    }
+
+    async fn execute(&mut self, sql: &'static str, text: &str) -> Result<u64, StoreError> {
+        let bind = [(&text as &(dyn ToSql + Sync), Type::VARCHAR)];
+        Ok(self.execute_typed(&sql.replace('?', "$1"), &bind).await?)
+    }
+
+    async fn count(&mut self, sql: &'static str, text: &str) -> Result<i64, StoreError> {
+        let bind = [(&text as &(dyn ToSql + Sync), Type::VARCHAR)];
+        let rows = self.query_typed(&sql.replace('?', "$1"), &bind).await?;
+        Ok(rows.first().map(|r| r.try_get(0)).transpose()?.unwrap_or(0))
     }
 }
 

@@ -49,11 +49,12 @@ const MIGRATION: migrate::Plan = migrate::Plan {
     lock: "PRAGMA busy_timeout = 5000; BEGIN IMMEDIATE",
     unlock: "COMMIT",
     steps: migrate::SQLITE,
+    tune: None,
     legacy: "SELECT EXISTS (SELECT 1 FROM sqlite_master \
         WHERE type = 'table' AND name = '__diesel_schema_migrations')",
 };
 
-migrate::migrate_with!(SyncConnectionWrapper<SqliteConnection>);
+migrate::diesel_migrator!(SyncConnectionWrapper<SqliteConnection>);
 
 /// For the lease statements the busy timeout is short: writers hold the lock
 /// for microseconds, and an attempt must not outlive the lease it protects.
@@ -442,7 +443,7 @@ impl SqliteStore {
     }
 
     pub(crate) async fn migrate(mut self) -> Result<Migrated, StoreError> {
-        migrate_with(&mut self.conn, &MIGRATION).await
+        migrate::run(&mut self.conn, &MIGRATION).await
     }
 
     /// What is left of a row's lease by the clock this process can read.

@@ -3,16 +3,21 @@
 -- renewing 10,000 rows in one statement 80 ms -> 45 ms, the database's CPU
 -- with 10,000 elections renewed 60% -> 50%). Pages filled from now on keep
 -- the room; a table that has rows already converges as they are renewed.
--- Only the table's owner may set it: anyone else (a user with data rights
--- alone) goes on without it. Idempotent; leaderd runs it at every migrate,
--- outside the check that decides whether the steps above run.
+-- leaderd runs this at every migrate, outside the check that decides
+-- whether the steps above run, so it must never fail nor wait: a
+-- fillfactor someone chose is left alone; only the table's owner may set
+-- it (anyone else, e.g. a user with data rights alone, goes on without);
+-- and a lock held on the table (an index being built, a long ANALYZE) is
+-- waited for 100 ms at most, this transaction only (no session setting),
+-- and tried again at the next start.
 DO $$
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_class
-                    WHERE oid = to_regclass('service_leader_lock')
-                      AND reloptions @> ARRAY['fillfactor=50']) THEN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_class
+                WHERE oid = to_regclass('service_leader_lock')
+                  AND NOT coalesce(array_to_string(reloptions, ',') LIKE '%fillfactor=%', false)) THEN
+        PERFORM set_config('lock_timeout', '100ms', true);
         ALTER TABLE service_leader_lock SET (fillfactor = 50);
     END IF;
-EXCEPTION WHEN insufficient_privilege THEN
+EXCEPTION WHEN insufficient_privilege OR lock_not_available THEN
     NULL;
 END $$;
