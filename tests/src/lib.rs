@@ -20,7 +20,9 @@ pub mod mariadbserver;
 pub mod pgbouncer;
 pub mod pgserver;
 pub mod proxy;
+pub mod replicas;
 pub mod sse;
+pub mod store;
 
 pub use serde_json::Value;
 
@@ -737,6 +739,13 @@ impl Daemon {
             .lines()
             .filter_map(|l| serde_json::from_str(l).ok())
             .collect()
+    }
+
+    /// The daemon's JSON log lines with this `message`, in order.
+    pub fn logged(&self, message: &str) -> Vec<Value> {
+        let mut events = self.log_events();
+        events.retain(|e| e["message"] == message);
+        events
     }
 }
 

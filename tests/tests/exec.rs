@@ -11,7 +11,8 @@
 use std::time::Duration;
 
 use leaderd_tests::pgserver::PgServer;
-use leaderd_tests::proxy::{upstream, Fault, FaultProxy};
+use leaderd_tests::proxy::Fault;
+use leaderd_tests::replicas::Replicas;
 use leaderd_tests::{serial, wait_for, Daemon, Scratch};
 
 const CHILD: &str = env!("CARGO_BIN_EXE_lease-child");
@@ -65,75 +66,25 @@ fn alive(pid: i32) -> bool {
     })
 }
 
-struct Replicas<'a> {
-    url: String,
-    dir: &'a Scratch,
-    proxies: Vec<FaultProxy>,
-    daemons: Vec<Daemon>,
-    launched: usize,
-    command: Vec<String>,
+/// Replicas `e0`, `e1`, … each running `command` under `leaderd exec`,
+/// each behind its own proxy.
+fn replicas(url: &str, n: usize, command: Vec<String>) -> Replicas {
+    Replicas::proxied(url, n, "e", move |launch| {
+        let command: Vec<&str> = command.iter().map(String::as_str).collect();
+        launch.exec(&command)
+    })
 }
 
-impl<'a> Replicas<'a> {
-    fn start(url: &str, dir: &'a Scratch, n: usize, command: Vec<String>) -> Self {
-        let mut r = Replicas {
-            url: url.to_owned(),
-            dir,
-            proxies: Vec::new(),
-            daemons: Vec::new(),
-            launched: 0,
-            command,
-        };
-        for i in 0..n {
-            r.proxies.push(FaultProxy::start(upstream(url)));
-            let d = r.launch(i);
-            r.daemons.push(d);
-        }
-        r
-    }
+/// Prints the children's lives when a test fails (beside the replicas'
+/// logs, which [`Replicas`] prints).
+struct LivesOnFailure<'a>(&'a Scratch);
 
-    /// A new `leaderd exec` process for replica `i` (its log under a new
-    /// name, so the old one stays readable).
-    fn launch(&mut self, i: usize) -> Daemon {
-        self.launched += 1;
-        let url = self.proxies[i].url(&self.url);
-        let command: Vec<&str> = self.command.iter().map(String::as_str).collect();
-        Daemon::launch(
-            &url,
-            &format!("e{i}"),
-            self.dir,
-            &format!("e{i}-{}", self.launched),
-            &[],
-        )
-        .exec(&command)
-        .start()
-    }
-
-    fn restart(&mut self, i: usize) {
-        self.daemons[i] = self.launch(i);
-    }
-
-    fn index(&self, id: &str) -> usize {
-        self.daemons
-            .iter()
-            .position(|d| d.id == id)
-            .expect("a replica")
-    }
-
-    fn token(&self, i: usize) -> Option<i64> {
-        self.daemons[i].token_held("")
-    }
-}
-
-impl Drop for Replicas<'_> {
+impl Drop for LivesOnFailure<'_> {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            for d in &self.daemons {
-                eprintln!("----- log of {} -----\n{}", d.id, d.log_text());
-            }
             eprintln!(
                 "----- lives -----\n{}",
-                std::fs::read_to_string(self.dir.path("lives.log")).unwrap_or_default()
+                std::fs::read_to_string(self.0.path("lives.log")).unwrap_or_default()
             );
         }
     }
@@ -161,7 +112,8 @@ fn children_never_overlap_and_carry_the_token() {
     let _s = serial();
     let server = PgServer::start();
     let dir = Scratch::new();
-    let mut r = Replicas::start(&server.url(), &dir, 3, child_command(&dir));
+    let _lives = LivesOnFailure(&dir);
+    let mut r = replicas(&server.url(), 3, child_command(&dir));
 
     let first = nth_start(&dir, 1, Duration::from_secs(10));
     let l = r.index(&first.id);
@@ -188,7 +140,7 @@ fn children_never_overlap_and_carry_the_token() {
     );
     let second = nth_start(&dir, 2, SLACK);
     assert_ne!(second.id, first.id);
-    r.restart(l);
+    r.restart_same(l);
 
     // SIGKILL of leaderd: the child dies with it (parent-death signal).
     let l = r.index(&second.id);
@@ -201,7 +153,7 @@ fn children_never_overlap_and_carry_the_token() {
     });
     let third = nth_start(&dir, 3, TTL + SLACK);
     assert_ne!(third.id, second.id);
-    r.restart(l);
+    r.restart_same(l);
 
     // The child exits by itself: leaderd releases and exits with its status.
     let l = r.index(&third.id);
@@ -211,7 +163,7 @@ fn children_never_overlap_and_carry_the_token() {
         .expect("exit");
     assert_eq!(status.code(), Some(3));
     let fourth = nth_start(&dir, 4, SLACK);
-    r.restart(l);
+    r.restart_same(l);
 
     // A blackholed database: the child is told to stop before the lease
     // could pass, and the next starts elsewhere only after.
@@ -219,11 +171,8 @@ fn children_never_overlap_and_carry_the_token() {
     r.proxies[l].set(Fault::Blackhole);
     let fifth = nth_start(&dir, 5, TTL + SLACK);
     assert_ne!(fifth.id, fourth.id);
-    let events = r.daemons[l].log_events();
-    let term = events
-        .iter()
-        .find(|e| e["message"] == "stopping the command")
-        .expect("the child was stopped");
+    let stops = r.daemons[l].logged("stopping the command");
+    let term = stops.first().expect("the child was stopped");
     assert_eq!(term["signal"], "SIGTERM", "{term}");
     r.proxies[l].heal();
 
@@ -255,31 +204,22 @@ fn a_child_that_ignores_sigterm_is_killed_at_the_deadline() {
     let dir = Scratch::new();
     let script = format!("trap '' TERM; exec {CHILD} {}", dir.0.display());
     let command = vec!["/bin/sh".to_owned(), "-c".to_owned(), script];
-    let r = Replicas::start(&server.url(), &dir, 1, command);
+    let _lives = LivesOnFailure(&dir);
+    let r = replicas(&server.url(), 1, command);
     let first = nth_start(&dir, 1, Duration::from_secs(10));
     r.proxies[0].set(Fault::Blackhole);
     wait_for(TTL + SLACK, "the child to be killed", || {
         (!alive(first.pid)).then_some(())
     });
-    let events = r.daemons[0].log_events();
-    let signals: Vec<&str> = events
-        .iter()
-        .filter(|e| e["message"] == "stopping the command")
-        .filter_map(|e| e["signal"].as_str())
-        .collect();
+    let stops = r.daemons[0].logged("stopping the command");
+    let signals: Vec<&str> = stops.iter().filter_map(|e| e["signal"].as_str()).collect();
     assert_eq!(signals, ["SIGTERM", "SIGKILL"]);
     let lost = wait_for(SLACK, "the loss", || {
-        r.daemons[0]
-            .log_events()
-            .into_iter()
-            .find(|e| e["message"] == "lost leadership")
+        r.daemons[0].logged("lost leadership").into_iter().next()
     });
     // Dead is not yet reaped (and logged).
     let exited = wait_for(SLACK, "the reaping", || {
-        r.daemons[0]
-            .log_events()
-            .into_iter()
-            .find(|e| e["message"] == "the command exited")
+        r.daemons[0].logged("the command exited").into_iter().next()
     });
     let deadline = lost["deadline_us"].as_u64().unwrap();
     let died = exited["at_us"].as_u64().unwrap();
@@ -310,7 +250,8 @@ fn what_the_command_started_is_stopped_before_the_row_is_released() {
     let worker = format!("trap '' TERM; exec {CHILD} {}", dir.0.display());
     let script = format!("/bin/sh -c \"{worker}\" & exec sleep 3600");
     let command = vec!["/bin/sh".to_owned(), "-c".to_owned(), script];
-    let mut r = Replicas::start(&db.url, &dir, 2, command);
+    let _lives = LivesOnFailure(&dir);
+    let mut r = replicas(&db.url, 2, command);
     let first = nth_start(&dir, 1, Duration::from_secs(10));
     let l = r.index(&first.id);
     r.daemons[l].release("");

@@ -12,10 +12,10 @@
 
 use std::time::{Duration, Instant};
 
-use leaderd_tests::checker::assert_no_overlap;
 use leaderd_tests::mariadbserver::MariaDbServer;
 use leaderd_tests::pgserver::PgServer;
-use leaderd_tests::proxy::{upstream, Fault, FaultProxy};
+use leaderd_tests::proxy::Fault;
+use leaderd_tests::replicas::Replicas;
 use leaderd_tests::{http_get, http_raw, run_cli, serial, wait_for, Daemon, Kind, Scratch, TempDb};
 
 const TTL: Duration = Duration::from_millis(1200);
@@ -23,76 +23,9 @@ const TTL: Duration = Duration::from_millis(1200);
 /// leaderd: see `election.rs`. The soak's figures are the precise ones.
 const SLACK: Duration = Duration::from_millis(1000);
 
-/// Replicas that each talk to the database through their own proxy.
-struct Cluster {
-    daemons: Vec<Daemon>,
-    proxies: Vec<FaultProxy>,
-    url: String,
-    dir: Scratch,
-}
-
-impl Cluster {
-    fn start(url: &str, n: usize) -> Cluster {
-        let mut c = Cluster {
-            daemons: Vec::new(),
-            proxies: Vec::new(),
-            url: url.to_owned(),
-            dir: Scratch::new(),
-        };
-        for i in 0..n {
-            c.add(&format!("r{i}"));
-        }
-        c
-    }
-
-    fn add(&mut self, id: &str) {
-        let proxy = FaultProxy::start(upstream(&self.url));
-        let d = Daemon::start(&proxy.url(&self.url), id, &self.dir, &[]);
-        self.proxies.push(proxy);
-        self.daemons.push(d);
-    }
-
-    /// Replaces replica `i` with a new process (a new instance).
-    fn restart(&mut self, i: usize, id: &str) {
-        let url = self.proxies[i].url(&self.url);
-        self.daemons[i] = Daemon::start(&url, id, &self.dir, &[]);
-    }
-
-    fn refs(&self) -> Vec<&Daemon> {
-        self.daemons.iter().collect()
-    }
-
-    /// Waits for exactly one leader among the live daemons.
-    fn leader(&self, within: Duration) -> usize {
-        wait_for(within, "a single leader", || {
-            let leaders: Vec<usize> = (0..self.daemons.len())
-                .filter(|&i| self.daemons[i].is_leader())
-                .collect();
-            (leaders.len() == 1).then(|| leaders[0])
-        })
-    }
-
-    /// Waits for a leader other than `not`.
-    fn new_leader(&self, not: usize, within: Duration) -> usize {
-        wait_for(within, "a new leader", || {
-            (0..self.daemons.len()).find(|&i| i != not && self.daemons[i].is_leader())
-        })
-    }
-
-    fn check(&self) -> usize {
-        assert_no_overlap(&self.refs()).len()
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        // A failed scenario is only as useful as what the daemons said.
-        if std::thread::panicking() {
-            for d in &self.daemons {
-                eprintln!("----- log of {} -----\n{}", d.id, d.log_text());
-            }
-        }
-    }
+/// Three (or `n`) replicas `r0`, `r1`, … each behind its own proxy.
+fn cluster(url: &str, n: usize) -> Replicas {
+    Replicas::proxied(url, n, "r", |launch| launch)
 }
 
 fn pg() -> TempDb {
@@ -102,7 +35,7 @@ fn pg() -> TempDb {
 /// A fault on the leader's link only; checks the takeover, the old leader's
 /// step-down, and (after healing) that the cluster still has one leader.
 fn partition_leader(db: &TempDb, fault: Fault, hold: Duration) {
-    let c = Cluster::start(&db.url, 3);
+    let c = cluster(&db.url, 3);
     let old = c.leader(Duration::from_secs(10));
     c.proxies[old].set(fault);
     let new = c.new_leader(old, 3 * TTL + SLACK);
@@ -153,7 +86,7 @@ fn requests_forwarded_then_cut_before_the_reply() {
 fn cut_connections_are_reopened_and_the_leader_keeps_its_lease() {
     let _s = serial();
     let db = pg();
-    let c = Cluster::start(&db.url, 3);
+    let c = cluster(&db.url, 3);
     let leader = c.leader(Duration::from_secs(10));
     let token = c.daemons[leader].leader().unwrap().1["token"].clone();
     for _ in 0..5 {
@@ -181,7 +114,7 @@ fn mariadb_blackholed_leader_steps_down_and_is_replaced() {
 fn sigstopped_leader_answers_503_the_moment_it_resumes() {
     let _s = serial();
     let db = pg();
-    let c = Cluster::start(&db.url, 3);
+    let c = cluster(&db.url, 3);
     let old = c.leader(Duration::from_secs(10));
     c.daemons[old].signal(rustix::process::Signal::STOP);
     let new = c.new_leader(old, TTL + SLACK);
@@ -210,7 +143,7 @@ fn database_restart_is_survived(
     stop: &mut dyn FnMut(),
     start: &mut dyn FnMut(),
 ) {
-    let c = Cluster::start(url, 3);
+    let c = cluster(url, 3);
     c.leader(Duration::from_secs(10));
     restart();
     c.leader(Duration::from_secs(2) + TTL + SLACK);
@@ -262,7 +195,7 @@ fn mariadb_restart_is_survived() {
 fn a_deleted_row_makes_the_leader_step_down_then_recovers() {
     let _s = serial();
     let db = pg();
-    let c = Cluster::start(&db.url, 3);
+    let c = cluster(&db.url, 3);
     let old = c.leader(Duration::from_secs(10));
     db.exec(&["DELETE FROM service_leader_lock"]);
     wait_for(TTL, "the leader to step down", || {
@@ -276,7 +209,7 @@ fn a_deleted_row_makes_the_leader_step_down_then_recovers() {
 fn a_dropped_table_means_no_leader_until_migrated_again() {
     let _s = serial();
     let db = pg();
-    let c = Cluster::start(&db.url, 3);
+    let c = cluster(&db.url, 3);
     c.leader(Duration::from_secs(10));
     db.exec(&["DROP TABLE service_leader_lock"]);
     wait_for(TTL + SLACK, "no leader without the table", || {
@@ -305,7 +238,7 @@ fn a_dropped_table_means_no_leader_until_migrated_again() {
 fn twenty_replicas_elect_one() {
     let _s = serial();
     let db = pg();
-    let mut c = Cluster::start(&db.url, 20);
+    let mut c = cluster(&db.url, 20);
     let leader = c.leader(Duration::from_secs(15));
     let until = Instant::now() + Duration::from_secs(2);
     while Instant::now() < until {
@@ -314,7 +247,7 @@ fn twenty_replicas_elect_one() {
     }
     c.daemons[leader].sigkill();
     c.new_leader(leader, TTL + SLACK + Duration::from_millis(500));
-    c.daemons[leader] = Daemon::start(&c.proxies[leader].url(&c.url), "r-back", &c.dir, &[]);
+    c.restart(leader, "r-back");
     c.check();
 }
 
@@ -322,7 +255,7 @@ fn twenty_replicas_elect_one() {
 fn rolling_restart_of_every_replica() {
     let _s = serial();
     let db = pg();
-    let mut c = Cluster::start(&db.url, 3);
+    let mut c = cluster(&db.url, 3);
     c.leader(Duration::from_secs(10));
     for i in 0..3 {
         c.daemons[i].sigterm();
@@ -495,7 +428,7 @@ fn soak() {
         Ok(other) => panic!("SOAK_BACKEND={other}: expected postgres or mysql"),
     };
     eprintln!("soak on {:?}", db.kind);
-    let mut c = Cluster::start(&db.url, 3);
+    let mut c = cluster(&db.url, 3);
     let mut counts = std::collections::BTreeMap::<&str, usize>::new();
     let mut longest_gap = Duration::ZERO;
     let mut slowest = std::collections::BTreeMap::<&str, Duration>::new();
@@ -570,7 +503,7 @@ fn soak() {
 fn sigterm_with_a_blackholed_database_still_exits_within_two_seconds() {
     let _s = serial();
     let db = pg();
-    let mut c = Cluster::start(&db.url, 2);
+    let mut c = cluster(&db.url, 2);
     let leader = c.leader(Duration::from_secs(10));
     c.proxies[leader].set(Fault::Blackhole);
     let started = Instant::now();
@@ -588,7 +521,7 @@ fn sigterm_with_a_blackholed_database_still_exits_within_two_seconds() {
 /// must not make leaderd pile up server connections: every statement bounds
 /// its own lock wait, and a timed-out one is cancelled.
 fn a_locked_row_does_not_pile_up_connections(db: &TempDb, count: &str) {
-    let c = Cluster::start(&db.url, 3);
+    let c = cluster(&db.url, 3);
     c.leader(Duration::from_secs(10));
     // Settled: every replica's wake-up connection (a waiter, the leader's
     // presence) is there too, which on a loaded machine takes a moment

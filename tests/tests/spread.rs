@@ -264,11 +264,7 @@ fn a_thousand_elections_on_sqlite_are_held_and_released_together() {
     // may be lost.
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(a.leading().unwrap().len(), names.len());
-    let lost = a
-        .log_events()
-        .iter()
-        .filter(|e| e["message"] == "lost leadership")
-        .count();
+    let lost = a.logged("lost leadership").len();
     assert_eq!(lost, 0, "leases lost while held");
     a.sigterm();
     let exited = a.wait_exit(Duration::from_secs(2));

@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use leaderd_store::{Attempt, Connection, DatabaseUrl, LeaseRequest, Migrated};
+use leaderd_tests::store::{acquire, connect, migrated};
 use leaderd_tests::TempDb;
 
 /// Short enough to keep the suite quick, long enough that a loaded machine
@@ -18,32 +19,6 @@ fn req<'a>(election: &'a str, holder: &'a str, instance: &'a str) -> LeaseReques
         instance,
         ttl: TTL,
         held_token: None,
-    }
-}
-
-async fn connect(url: &str) -> Connection {
-    let url = DatabaseUrl::parse(url).unwrap();
-    Connection::connect(&url).await.unwrap()
-}
-
-async fn migrated(url: &str) -> Connection {
-    connect(url).await.migrate().await.unwrap();
-    connect(url).await
-}
-
-/// Attempts until granted (the first attempt creates the row, blocked for one
-/// ttl), failing after `within`.
-async fn acquire(conn: &mut Connection, r: &LeaseRequest<'_>, within: Duration) -> i64 {
-    let deadline = Instant::now() + within;
-    loop {
-        match conn.acquire_or_renew(r).await.unwrap() {
-            Attempt::Granted { token } => return token,
-            other => assert!(
-                Instant::now() < deadline,
-                "not granted in {within:?}: {other:?}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 

@@ -5,27 +5,17 @@
 
 use std::time::Duration;
 
-use leaderd_store::{Attempt, Connection, DatabaseUrl, LeaseRequest};
+use leaderd_store::LeaseRequest;
 use leaderd_tests::certs::{postgres_server_cert, TestCa};
 use leaderd_tests::mariadbserver::MariaDbServer;
+use leaderd_tests::store::{acquire, migrated, try_connect};
 use leaderd_tests::{http_get, serial, wait_for, wait_single_leader, Daemon, Scratch, TempDb};
 
 const WITHIN: Duration = Duration::from_secs(10);
 
-async fn connect(url: &str) -> Result<Connection, String> {
-    let url = DatabaseUrl::parse(url).map_err(|e| e.to_string())?;
-    Connection::connect(&url).await.map_err(|e| e.to_string())
-}
-
 /// Connects, migrates and wins the (fresh) election: the connection works.
 async fn leads(url: &str) {
-    connect(url)
-        .await
-        .unwrap()
-        .migrate()
-        .await
-        .unwrap_or_else(|e| panic!("{url}: {e}"));
-    let mut c = connect(url).await.unwrap();
+    let mut c = migrated(url).await;
     let req = LeaseRequest {
         election: "tls",
         holder: "a",
@@ -33,14 +23,7 @@ async fn leads(url: &str) {
         ttl: Duration::from_millis(200),
         held_token: None,
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(3);
-    loop {
-        if let Attempt::Granted { .. } = c.acquire_or_renew(&req).await.unwrap() {
-            return;
-        }
-        assert!(std::time::Instant::now() < deadline, "{url}: never granted");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    acquire(&mut c, &req, Duration::from_secs(3)).await;
 }
 
 /// `(application_name:ssl)` of every other session on the database.
@@ -61,7 +44,7 @@ fn on_localhost(url: &str) -> String {
 async fn postgres_require_encrypts_and_names_the_session_leaderd() {
     let db = TempDb::postgres_with("sslmode=require");
     leads(&db.url).await;
-    let c = connect(&db.url).await.unwrap();
+    let c = try_connect(&db.url).await.unwrap();
     assert_eq!(sessions(&db), "leaderd:true");
     drop(c);
 }
@@ -76,10 +59,10 @@ async fn postgres_verify_full_with_the_servers_certificate() {
     ));
     let url = on_localhost(&db.url);
     leads(&url).await;
-    let _c = connect(&url).await.unwrap();
+    let _c = try_connect(&url).await.unwrap();
     assert_eq!(sessions(&db), "tls-full:true");
     // verify-full checks the name: the certificate is not for 127.0.0.1.
-    let err = connect(&db.url).await.unwrap_err();
+    let err = try_connect(&db.url).await.unwrap_err();
     assert!(err.contains("not valid for name"), "{err}");
     // verify-ca does not.
     leads(&db.url.replace("verify-full", "verify-ca")).await;
@@ -92,14 +75,14 @@ async fn postgres_wrong_ca_is_refused_and_says_why() {
         "sslmode=verify-full&sslrootcert={}",
         ca.ca().display()
     ));
-    let err = connect(&on_localhost(&db.url)).await.unwrap_err();
+    let err = try_connect(&on_localhost(&db.url)).await.unwrap_err();
     assert!(
         err.contains("TLS") && err.contains("UnknownIssuer"),
         "{err}"
     );
     // A CA file that is not there is a clear error too, not plain text.
     let db = TempDb::postgres_with("sslmode=verify-ca&sslrootcert=/nonexistent/ca.pem");
-    let err = connect(&db.url).await.unwrap_err();
+    let err = try_connect(&db.url).await.unwrap_err();
     assert!(err.contains("/nonexistent/ca.pem"), "{err}");
 }
 
@@ -120,11 +103,7 @@ fn postgres_daemon_with_a_wrong_ca_never_leads() {
     });
     // Several attempts later, still once.
     std::thread::sleep(Duration::from_millis(2500));
-    let warned = d
-        .log_events()
-        .iter()
-        .filter(|e| e["message"] == "database attempt failed; retrying")
-        .count();
+    let warned = d.logged("database attempt failed; retrying").len();
     assert_eq!(warned, 1, "{}", d.log_text());
     assert_eq!(d.leader().unwrap().0, 503);
     assert_eq!(http_get(d.port, "/readyz").unwrap().0, 503);
@@ -166,7 +145,7 @@ fn mariadb_tls_only() {
     leaderd_tests::block_on(async move {
         let (base, local) = (b, l);
         // Plain text is refused by the server.
-        let err = connect(&with(&base, "ssl-mode=DISABLED"))
+        let err = try_connect(&with(&base, "ssl-mode=DISABLED"))
             .await
             .unwrap_err();
         // (MariaDB answers "access denied" to a plain login it refuses for
@@ -185,7 +164,7 @@ fn mariadb_tls_only() {
         ))
         .await;
         // Another name is refused.
-        let err = connect(&with(
+        let err = try_connect(&with(
             &base,
             &format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={ca_file}"),
         ))
@@ -198,7 +177,7 @@ fn mariadb_tls_only() {
             format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={}", wrong.ca().display()),
             "ssl-mode=VERIFY_IDENTITY".to_owned(),
         ] {
-            let err = connect(&with(&local, &params)).await.unwrap_err();
+            let err = try_connect(&with(&local, &params)).await.unwrap_err();
             assert!(err.contains("UnknownIssuer"), "{params}: {err}");
         }
     });
@@ -252,7 +231,7 @@ fn a_bad_url_parameter_is_exit_2_naming_it() {
 #[tokio::test]
 async fn mysql_required_against_a_server_without_tls_is_refused() {
     let db = TempDb::mysql();
-    let err = connect(&format!("{}?ssl-mode=REQUIRED", db.url))
+    let err = try_connect(&format!("{}?ssl-mode=REQUIRED", db.url))
         .await
         .unwrap_err();
     assert!(
@@ -271,7 +250,7 @@ async fn postgres_over_a_unix_socket_with_any_sslmode() {
     for mode in ["disable", "prefer", "require"] {
         let url = format!("postgres://postgres@%2Fvar%2Frun%2Fpostgresql/{name}?sslmode={mode}");
         leads(&url).await;
-        let _open = connect(&url).await.unwrap();
+        let _open = try_connect(&url).await.unwrap();
         let over_socket = db.scalar(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
              AND application_name = 'leaderd' AND client_addr IS NULL",

@@ -7,8 +7,9 @@
 use std::time::Duration;
 
 use anyhow::Result;
+use leaderd_tests::replicas::Replicas;
 use leaderd_tests::sse::{boot_us, Watcher};
-use leaderd_tests::{wait_for, Daemon, Scratch, TempDb, Value};
+use leaderd_tests::{wait_for, Daemon, TempDb, Value};
 use rustix::process::Signal;
 
 use crate::stats::{ms, Summary};
@@ -19,70 +20,44 @@ const COMMAND: &[&str] = &["/bin/sleep", "3600"];
 
 /// The boot-clock times (µs) a daemon logged `message` at.
 fn logged(d: &Daemon, message: &str) -> Vec<u64> {
-    d.log_events()
+    d.logged(message)
         .iter()
-        .filter(|e| e["message"] == message)
         .filter_map(|e| e["at_us"].as_u64())
         .collect()
 }
 
-struct Replicas {
-    url: String,
-    dir: Scratch,
-    daemons: Vec<Daemon>,
-    launched: usize,
+/// Three replicas `x0`, `x1`, `x2`, each running [`COMMAND`] under
+/// `leaderd exec`.
+fn replicas(url: &str) -> Replicas {
+    Replicas::direct(url, 3, "x", |launch| launch.exec(COMMAND))
 }
 
-impl Replicas {
-    fn start(url: &str) -> Replicas {
-        let mut r = Replicas {
-            url: url.to_owned(),
-            dir: Scratch::new(),
-            daemons: Vec::new(),
-            launched: 0,
-        };
-        for i in 0..3 {
-            let d = r.launch(i);
-            r.daemons.push(d);
-        }
-        r
-    }
-
-    fn launch(&mut self, i: usize) -> Daemon {
-        self.launched += 1;
-        let stem = format!("x{i}-{}", self.launched);
-        Daemon::launch(&self.url, &format!("x{i}"), &self.dir, &stem, &[])
-            .exec(COMMAND)
-            .start()
-    }
-
-    /// The leader, once its command runs.
-    fn steady(&self) -> usize {
-        wait_for(
-            Duration::from_secs(10),
-            "a leader running its command",
-            || {
-                let leaders: Vec<usize> = (0..3).filter(|&i| self.daemons[i].is_leader()).collect();
-                let &[l] = leaders.as_slice() else {
-                    return None;
-                };
-                // One read of the log per look: it shares the cores being timed.
-                let events = self.daemons[l].log_events();
-                let count = |m: &str| events.iter().filter(|e| e["message"] == m).count();
-                (count("started the command") > count("the command exited")).then_some(l)
-            },
-        )
-    }
+/// The leader, once its command runs.
+fn steady(r: &Replicas) -> usize {
+    wait_for(
+        Duration::from_secs(10),
+        "a leader running its command",
+        || {
+            let leaders: Vec<usize> = (0..3).filter(|&i| r.daemons[i].is_leader()).collect();
+            let &[l] = leaders.as_slice() else {
+                return None;
+            };
+            // One read of the log per look: it shares the cores being timed.
+            let events = r.daemons[l].log_events();
+            let count = |m: &str| events.iter().filter(|e| e["message"] == m).count();
+            (count("started the command") > count("the command exited")).then_some(l)
+        },
+    )
 }
 
 /// `rounds` handovers by `signal`; per round the gap from the old command's
 /// end (its reaping, or the SIGKILL of its leaderd, which takes the command
 /// with it) to the next command's start, both on the boot clock.
 fn gaps(url: &str, signal: Signal, rounds: usize) -> Vec<Duration> {
-    let mut r = Replicas::start(url);
+    let mut r = replicas(url);
     let mut gaps = Vec::new();
     for round in 0..rounds {
-        let l = r.steady();
+        let l = steady(&r);
         // A moment anywhere in the renewal and poll cycles.
         std::thread::sleep(Duration::from_millis(300 + (round as u64 * 137) % 700));
         let before: Vec<usize> = (0..3)
@@ -108,7 +83,7 @@ fn gaps(url: &str, signal: Signal, rounds: usize) -> Vec<Duration> {
             })
         });
         gaps.push(Duration::from_micros(next.saturating_sub(end)));
-        r.daemons[l] = r.launch(l);
+        r.restart_same(l);
     }
     gaps
 }
@@ -116,10 +91,10 @@ fn gaps(url: &str, signal: Signal, rounds: usize) -> Vec<Duration> {
 /// Handovers by `POST /release`; per round the time from the new leader's
 /// logged gain to its watcher hearing `is_leader: true`.
 fn watch_lags(url: &str, rounds: usize) -> Vec<Duration> {
-    let r = Replicas::start(url);
+    let r = replicas(url);
     let mut lags = Vec::new();
     for _ in 0..rounds {
-        let l = r.steady();
+        let l = steady(&r);
         let watchers: Vec<Watcher> = r
             .daemons
             .iter()

@@ -71,9 +71,9 @@ pub(crate) struct Plan {
     pub unlock: &'static str,
     /// The idempotent steps, in order.
     pub steps: &'static [&'static str],
-    /// A step run again after the others whether or not the schema was
-    /// current, best effort: a tuning that tables made by earlier versions
-    /// get too, and that a user without the right to it goes on without.
+    /// The last step, run on its own (best effort) when the schema is
+    /// current: a tuning that tables made by earlier versions get too, and
+    /// that a user without the right to it goes on without.
     pub tune: Option<&'static str>,
     /// One boolean: the legacy bookkeeping table exists.
     pub legacy: &'static str,
@@ -128,7 +128,9 @@ pub(crate) async fn run<M: Migrator>(conn: &mut M, plan: &Plan) -> Result<Migrat
         }
         conn.batch(plan.unlock).await?;
     }
-    if let Some(tune) = plan.tune {
+    // Not after the steps, which end with it: a round trip saved where
+    // each is dear (a first start far from the database).
+    if let (Some(tune), Migrated::UpToDate) = (plan.tune, result) {
         if let Err(e) = conn.batch(tune).await {
             tracing::warn!(error = %e, "could not tune service_leader_lock; it works, at a higher cost");
         }

@@ -232,7 +232,7 @@ fn ssl_opts(verify: Verify, files: &Files) -> mysql_async::SslOpts {
         }
         .with_disable_built_in_roots(true);
     }
-    if let (Some(cert), Some(key)) = (&files.cert, &files.key) {
+    if let Some((cert, key)) = &files.client {
         opts = opts.with_client_identity(Some(mysql_async::ClientIdentity::new(
             cert.clone().into(),
             key.clone().into(),

@@ -44,9 +44,9 @@ pub(crate) enum Verify {
 pub(crate) struct Files {
     /// PEM file of trusted CAs; the system's store when absent.
     pub(crate) root: Option<PathBuf>,
-    /// PEM client certificate (chain) and its key, for servers that ask.
-    pub(crate) cert: Option<PathBuf>,
-    pub(crate) key: Option<PathBuf>,
+    /// PEM client certificate (chain) and its key, for servers that ask;
+    /// both or neither (the URL is refused otherwise).
+    pub(crate) client: Option<(PathBuf, PathBuf)>,
 }
 
 fn provider() -> Arc<CryptoProvider> {
@@ -79,18 +79,15 @@ pub(crate) fn client_config(
         .map_err(|e| StoreError::Tls(e.to_string()))?
         .dangerous()
         .with_custom_certificate_verifier(verifier);
-    match (&files.cert, &files.key) {
-        (None, None) => Ok(builder.with_no_client_auth()),
-        (Some(cert), Some(key)) => {
+    match &files.client {
+        None => Ok(builder.with_no_client_auth()),
+        Some((cert, key)) => {
             let chain = certificates(cert)?;
             let key = PrivateKeyDer::from_pem_file(key).map_err(|e| file_error(key, e))?;
             builder
                 .with_client_auth_cert(chain, key)
                 .map_err(|e| StoreError::Tls(format!("client certificate unusable: {e}")))
         }
-        _ => Err(StoreError::Tls(
-            "a client certificate needs both its certificate and its key file".into(),
-        )),
     }
 }
 

@@ -61,91 +61,149 @@ pub(crate) enum TlsMode {
     Require(Verify),
 }
 
-/// PostgreSQL parameters leaderd accepts. The `ssl*` ones are handled here;
-/// the rest go to tokio-postgres, which reads them as libpq does.
-const PG_PARAMS: &[&str] = &[
-    "sslmode",
-    "sslrootcert",
-    "sslcert",
-    "sslkey",
-    "application_name",
-    "connect_timeout",
-    "options",
-    "user",
-    "password",
-    "dbname",
-    "host",
-    "port",
-    "keepalives",
-    "keepalives_idle",
-    "target_session_attrs",
+/// What a URL parameter is, and so how leaderd reads its value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// The TLS mode; read here, not passed on.
+    Mode,
+    /// A PEM file of trusted CAs; read here.
+    Root,
+    /// A PEM client certificate (chain); read here, with [`Kind::Key`].
+    Cert,
+    /// The client certificate's key; read here, with [`Kind::Cert`].
+    Key,
+    /// Whole seconds; passed on to the driver.
+    Seconds,
+    /// `true` or `false`; passed on.
+    Bool,
+    /// Passed on as it is (the driver reads it).
+    Driver,
+}
+
+impl Kind {
+    /// Read here, and so kept from the driver.
+    fn handled(self) -> bool {
+        matches!(self, Kind::Mode | Kind::Root | Kind::Cert | Kind::Key)
+    }
+}
+
+/// Every parameter of one backend that leaderd accepts: what "leaderd
+/// knows" lists, what is read here and what goes on to the driver.
+type Params = &'static [(&'static str, Kind)];
+
+/// PostgreSQL's, as libpq names them; tokio-postgres reads the passed-on
+/// ones as libpq does.
+const POSTGRES: Params = &[
+    ("sslmode", Kind::Mode),
+    ("sslrootcert", Kind::Root),
+    ("sslcert", Kind::Cert),
+    ("sslkey", Kind::Key),
+    ("application_name", Kind::Driver),
+    ("connect_timeout", Kind::Seconds),
+    ("options", Kind::Driver),
+    ("user", Kind::Driver),
+    ("password", Kind::Driver),
+    ("dbname", Kind::Driver),
+    ("host", Kind::Driver),
+    ("port", Kind::Driver),
+    ("keepalives", Kind::Driver),
+    ("keepalives_idle", Kind::Driver),
+    ("target_session_attrs", Kind::Driver),
 ];
-const PG_HANDLED: &[&str] = &["sslmode", "sslrootcert", "sslcert", "sslkey"];
 const PG_MODES: &str = "disable, prefer, require, verify-ca, verify-full";
 
-/// MySQL parameters leaderd accepts, named as MySQL's own clients name them.
-const MYSQL_PARAMS: &[&str] = &["ssl-mode", "ssl-ca", "ssl-cert", "ssl-key", "prefer_socket"];
-const MYSQL_HANDLED: &[&str] = &["ssl-mode", "ssl-ca", "ssl-cert", "ssl-key"];
+/// MySQL's, named as MySQL's own clients name them.
+const MYSQL: Params = &[
+    ("ssl-mode", Kind::Mode),
+    ("ssl-ca", Kind::Root),
+    ("ssl-cert", Kind::Cert),
+    ("ssl-key", Kind::Key),
+    ("prefer_socket", Kind::Bool),
+];
 /// Not `VERIFY_CA`: mysql_async (0.36) can skip the name check only by
 /// matching the text of rustls's error, which rustls 0.23 no longer words
 /// that way, so it would refuse every server whose name differs. Refused up
 /// front rather than failing at connect (see the README).
 const MYSQL_MODES: &str = "DISABLED, PREFERRED, REQUIRED, VERIFY_IDENTITY";
 
+/// The name of the parameter of `kind` among `params`.
+fn named(params: Params, kind: Kind) -> &'static str {
+    params
+        .iter()
+        .find(|(_, k)| *k == kind)
+        .map_or("", |(name, _)| name)
+}
+
 /// Reads the parameters: every one known, none twice, each value valid.
 fn parameters(url: &url::Url, backend: Backend) -> Result<Tls, StoreError> {
-    let (known, modes, file_keys) = match backend {
-        Backend::Postgres => (PG_PARAMS, PG_MODES, ["sslrootcert", "sslcert", "sslkey"]),
-        _ => (MYSQL_PARAMS, MYSQL_MODES, ["ssl-ca", "ssl-cert", "ssl-key"]),
+    let (params, modes) = match backend {
+        Backend::Postgres => (POSTGRES, PG_MODES),
+        _ => (MYSQL, MYSQL_MODES),
     };
     let mut seen: Vec<String> = Vec::new();
     let mut mode = None;
-    let mut files = [None, None, None];
+    let (mut root, mut cert, mut key) = (None, None, None);
     for (k, v) in url.query_pairs() {
-        if !known.contains(&&*k) {
+        let Some(&(_, kind)) = params.iter().find(|(name, _)| *name == k) else {
+            let known: Vec<&str> = params.iter().map(|(name, _)| *name).collect();
             return Err(StoreError::InvalidUrl(format!(
                 "unknown parameter `{k}` (leaderd knows: {})",
                 known.join(", ")
             )));
-        }
+        };
         if seen.iter().any(|s| *s == k) {
             return Err(StoreError::InvalidUrl(format!(
                 "parameter `{k}` given twice"
             )));
         }
         seen.push(k.clone().into_owned());
-        if k == "sslmode" || k == "ssl-mode" {
-            if backend == Backend::Mysql && v.eq_ignore_ascii_case("VERIFY_CA") {
+        match kind {
+            Kind::Mode => {
+                if backend == Backend::Mysql && v.eq_ignore_ascii_case("VERIFY_CA") {
+                    return Err(StoreError::InvalidUrl(format!(
+                        "`{k}={v}` is not supported on MySQL/MariaDB: use VERIFY_IDENTITY \
+                         (the server's certificate must name the URL's host) or REQUIRED"
+                    )));
+                }
+                mode = Some(parse_mode(backend, &v).ok_or_else(|| {
+                    StoreError::InvalidUrl(format!("`{k}={v}`: expected one of {modes}"))
+                })?);
+            }
+            Kind::Root | Kind::Cert | Kind::Key => {
+                if v.is_empty() {
+                    return Err(StoreError::InvalidUrl(format!("`{k}` names no file")));
+                }
+                let file = Some(PathBuf::from(v.into_owned()));
+                match kind {
+                    Kind::Root => root = file,
+                    Kind::Cert => cert = file,
+                    _ => key = file,
+                }
+            }
+            Kind::Seconds if v.parse::<u32>().is_err() => {
                 return Err(StoreError::InvalidUrl(format!(
-                    "`{k}={v}` is not supported on MySQL/MariaDB: use VERIFY_IDENTITY \
-                     (the server's certificate must name the URL's host) or REQUIRED"
+                    "`{k}={v}`: expected whole seconds"
                 )));
             }
-            mode = Some(parse_mode(backend, &v).ok_or_else(|| {
-                StoreError::InvalidUrl(format!("`{k}={v}`: expected one of {modes}"))
-            })?);
-        } else if let Some(i) = file_keys.iter().position(|f| *f == k) {
-            if v.is_empty() {
-                return Err(StoreError::InvalidUrl(format!("`{k}` names no file")));
+            Kind::Bool if !matches!(&*v, "true" | "false") => {
+                return Err(StoreError::InvalidUrl(format!(
+                    "`{k}={v}`: expected true or false"
+                )));
             }
-            files[i] = Some(PathBuf::from(v.into_owned()));
-        } else if k == "connect_timeout" && v.parse::<u32>().is_err() {
-            return Err(StoreError::InvalidUrl(format!(
-                "`connect_timeout={v}`: expected whole seconds"
-            )));
-        } else if k == "prefer_socket" && !matches!(&*v, "true" | "false") {
-            return Err(StoreError::InvalidUrl(format!(
-                "`prefer_socket={v}`: expected true or false"
-            )));
+            Kind::Seconds | Kind::Bool | Kind::Driver => {}
         }
     }
-    let [root, cert, key] = files;
-    if cert.is_some() != key.is_some() {
-        return Err(StoreError::InvalidUrl(format!(
-            "`{}` and `{}` go together (a client certificate and its key)",
-            file_keys[1], file_keys[2]
-        )));
-    }
+    let client = match (cert, key) {
+        (Some(cert), Some(key)) => Some((cert, key)),
+        (None, None) => None,
+        _ => {
+            return Err(StoreError::InvalidUrl(format!(
+                "`{}` and `{}` go together (a client certificate and its key)",
+                named(params, Kind::Cert),
+                named(params, Kind::Key)
+            )))
+        }
+    };
     if backend == Backend::Mysql && mode.is_none() && root.is_some() {
         // MySQL's clients verify the server with `--ssl-ca` and no mode;
         // leaderd's default (PREFERRED) would ignore the file.
@@ -164,7 +222,7 @@ fn parameters(url: &url::Url, backend: Backend) -> Result<Tls, StoreError> {
     };
     Ok(Tls {
         mode,
-        files: Files { root, cert, key },
+        files: Files { root, client },
     })
 }
 
@@ -190,10 +248,10 @@ fn parse_mode(backend: Backend, v: &str) -> Option<TlsMode> {
     })
 }
 
-/// The URL less the parameters in `handled`. The others are kept byte for
-/// byte: re-encoding them as a web form would turn `%20` into `+`, which the
-/// drivers read literally.
-fn without(url: &url::Url, handled: &[&str]) -> url::Url {
+/// The URL less the parameters read here (see [`Kind::handled`]). The
+/// others are kept byte for byte: re-encoding them as a web form would turn
+/// `%20` into `+`, which the drivers read literally.
+fn without(url: &url::Url, params: Params) -> url::Url {
     let mut out = url.clone();
     let kept: Vec<&str> = url
         .query()
@@ -206,7 +264,9 @@ fn without(url: &url::Url, handled: &[&str]) -> url::Url {
                 .next()
                 .map(|(k, _)| k.into_owned())
                 .unwrap_or_default();
-            !handled.contains(&key.as_str())
+            !params
+                .iter()
+                .any(|(name, kind)| *name == key && kind.handled())
         })
         .collect();
     out.set_query((!kept.is_empty()).then(|| kept.join("&")).as_deref());
@@ -271,7 +331,7 @@ impl DatabaseUrl {
         }
         let tls = parameters(&parsed, backend)?;
         let raw = if backend == Backend::Mysql {
-            let mut driver = without(&parsed, MYSQL_HANDLED);
+            let mut driver = without(&parsed, MYSQL);
             // The driver only knows `mysql://`.
             let _ = driver.set_scheme("mysql");
             // mysql_async would otherwise switch a loopback TCP connection to
@@ -284,7 +344,7 @@ impl DatabaseUrl {
             }
             driver.to_string()
         } else {
-            let mut driver = without(&parsed, PG_HANDLED);
+            let mut driver = without(&parsed, POSTGRES);
             // Sent in the startup packet: a `SET` would be session state,
             // which a transaction pooler does not keep.
             if !driver.query_pairs().any(|(k, _)| k == "application_name") {
@@ -604,7 +664,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(m.tls().mode, TlsMode::Require(Verify::Full));
-        assert_eq!(m.tls().files.key.as_deref(), Some("/k.pem".as_ref()));
+        assert_eq!(
+            m.tls().files.client,
+            Some(("/c.pem".into(), "/k.pem".into()))
+        );
         assert_eq!(m.expose(), "mysql://u@h/d?prefer_socket=false");
         assert_eq!(
             DatabaseUrl::parse("mysql://u@h/d").unwrap().tls().mode,

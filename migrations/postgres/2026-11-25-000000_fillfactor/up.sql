@@ -3,8 +3,8 @@
 -- renewing 10,000 rows in one statement 80 ms -> 45 ms, the database's CPU
 -- with 10,000 elections renewed 60% -> 50%). Pages filled from now on keep
 -- the room; a table that has rows already converges as they are renewed.
--- leaderd runs this at every migrate, outside the check that decides
--- whether the steps above run, so it must never fail nor wait: a
+-- leaderd runs this again on its own whenever the check that decides
+-- whether the steps above run finds them done, so it must never fail nor wait: a
 -- fillfactor someone chose is left alone; only the table's owner may set
 -- it (anyone else, e.g. a user with data rights alone, goes on without);
 -- and a lock held on the table (an index being built, a long ANALYZE) is
