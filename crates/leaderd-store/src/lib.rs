@@ -274,8 +274,8 @@ impl Connection {
     ) -> Result<Attempt, StoreError> {
         match self {
             Connection::Postgres(c) => c.acquire_or_renew(req).await,
-            Connection::Mysql(c) => c.acquire_or_renew(req).await,
-            Connection::Sqlite(c) => c.acquire_or_renew(req).await,
+            Connection::Mysql(c) => cas::acquire_or_renew(c, req).await,
+            Connection::Sqlite(c) => cas::acquire_or_renew(c, req).await,
         }
     }
 

@@ -12,14 +12,12 @@
 use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel_async::{AsyncMysqlConnection, RunQueryDsl};
 
-use crate::cas::{self, CasOps};
+use crate::cas::CasOps;
 use crate::migrate;
 use crate::sql::{Bind, Stmt};
 use crate::tls::{Files, Verify};
 use crate::url::TlsMode;
-use crate::{
-    observed, Attempt, DatabaseUrl, ElectionRow, LeaseRequest, Migrated, Observed, StoreError,
-};
+use crate::{observed, DatabaseUrl, ElectionRow, LeaseRequest, Migrated, Observed, StoreError};
 
 /// A statement for both servers, with its server-side lock waits bounded
 /// inside the statement itself (no session `SET`): a statement that waits on
@@ -297,13 +295,6 @@ impl MysqlStore {
         Stmt::<()>::new(renew_many_sql(rows, self.mariadb), binds)
             .execute(&mut self.conn)
             .await
-    }
-
-    pub(crate) async fn acquire_or_renew(
-        &mut self,
-        req: &LeaseRequest<'_>,
-    ) -> Result<Attempt, StoreError> {
-        cas::acquire_or_renew(self, req).await
     }
 
     pub(crate) async fn release(

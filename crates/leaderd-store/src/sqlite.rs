@@ -30,8 +30,8 @@ use crate::cas::{self, CasOps};
 use crate::migrate;
 use crate::sql::{Bind, Stmt};
 use crate::{
-    boot_id, boot_now, observed, Attempt, DatabaseUrl, ElectionRow, LeaseRequest, Migrated,
-    Observed, StoreError,
+    boot_id, boot_now, observed, DatabaseUrl, ElectionRow, LeaseRequest, Migrated, Observed,
+    StoreError,
 };
 
 /// Connection set-up; see [`open`] and the module docs.
@@ -331,13 +331,6 @@ impl SqliteStore {
             seen: None,
             foreign: std::collections::HashMap::new(),
         })
-    }
-
-    pub(crate) async fn acquire_or_renew(
-        &mut self,
-        req: &LeaseRequest<'_>,
-    ) -> Result<Attempt, StoreError> {
-        cas::acquire_or_renew(self, req).await
     }
 
     pub(crate) async fn release(
