@@ -97,10 +97,9 @@ enum What {
     },
 }
 
-/// What a spread read shows: the live holder of each election, and the
-/// replicas present.
+/// What a spread read shows: the replicas present (what each leads is
+/// counted from the reader's own elections, as the daemon does).
 struct Snapshot {
-    holders: BTreeMap<String, String>,
     present: Vec<String>,
 }
 
@@ -315,7 +314,6 @@ impl Sim {
                 let expires = self.presence.entry(id).or_insert(db_now);
                 *expires = (*expires).max(db_now + TTL);
                 let snapshot = Snapshot {
-                    holders: self.db.live_holders(db_now),
                     present: self
                         .presence
                         .iter()
@@ -447,7 +445,13 @@ impl Sim {
             .iter()
             .filter(|p| **p != id)
             .map(|p| {
-                let leads = seen.holders.values().filter(|h| *h == p).count();
+                // From this replica's own elections' last answers, at most a
+                // heartbeat old, as the daemon counts.
+                let leads = self.replicas[r]
+                    .lanes
+                    .iter()
+                    .filter(|l| l.engine.other_holder(now) == Some(p.as_str()))
+                    .count();
                 (p.as_str(), leads)
             })
             .collect();

@@ -155,13 +155,4 @@ impl Db {
             _ => false,
         }
     }
-
-    /// The live holder of each row, by the database's clock at `now`.
-    pub fn live_holders(&self, now: Us) -> BTreeMap<String, String> {
-        self.rows
-            .iter()
-            .filter(|(_, r)| r.expires > now)
-            .filter_map(|(n, r)| Some((n.clone(), r.holder.clone()?)))
-            .collect()
-    }
 }
