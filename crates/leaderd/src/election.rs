@@ -103,16 +103,6 @@ pub struct Leadership {
     pub token: Option<i64>,
 }
 
-impl From<&View> for Leadership {
-    fn from(v: &View) -> Self {
-        Self {
-            is_leader: v.is_leader,
-            leader: v.leader.clone(),
-            token: v.token,
-        }
-    }
-}
-
 impl From<View> for Leadership {
     fn from(v: View) -> Self {
         Self {

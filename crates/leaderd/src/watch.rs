@@ -91,7 +91,7 @@ fn events(
                 }
                 changes.mark_unchanged();
                 let view = shared.view();
-                let now = Leadership::from(&view);
+                let now = Leadership::from(view.clone());
                 if last.as_ref() == Some(&now) {
                     continue;
                 }
