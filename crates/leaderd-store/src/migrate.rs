@@ -30,9 +30,9 @@ pub(crate) const POSTGRES: &[&str] = &[
     POSTGRES_FILLFACTOR,
 ];
 
-/// The PostgreSQL step that also runs on its own after the others, current
-/// or not: it tunes a table earlier versions made, and never fails (see
-/// the file).
+/// The last PostgreSQL step, also run on its own when the schema is
+/// already current: it tunes a table earlier versions made, and never fails
+/// nor waits (see the file).
 pub(crate) const POSTGRES_FILLFACTOR: &str =
     include_str!("../../../migrations/postgres/2026-11-25-000000_fillfactor/up.sql");
 
