@@ -202,6 +202,25 @@ fn rate(db: &TempDb, sql: &str, window: Duration) -> f64 {
     counted.saturating_sub(own) as f64 / window.as_secs_f64()
 }
 
+const THOUSAND: usize = 1000;
+
+/// One daemon, `a`, running a thousand elections without the spread, once
+/// it leads them all. At the info level: the harness's debug level logs
+/// every renewal.
+fn a_thousand(db: &TempDb, dir: &Scratch) -> Daemon {
+    let names: Vec<String> = (0..THOUSAND).map(|i| format!("job-{i:04}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let a = Daemon::launch(&db.url, "a", dir, "a", &["--no-spread"])
+        .without_flag_file()
+        .elections(&refs)
+        .env("RUST_LOG", "info")
+        .start();
+    wait_for(Duration::from_secs(30), "a to lead all 1,000", || {
+        (a.leading()?.len() == THOUSAND).then_some(())
+    });
+    a
+}
+
 /// A leader of a thousand elections renews each once per renew interval:
 /// the leaders asked to renew early join one wave, and a wave that takes
 /// several batches to send does not ask them again (it once did, at every
@@ -211,17 +230,7 @@ fn a_thousand_elections_on_postgres_are_each_renewed_once_per_interval() {
     let _s = serial();
     let db = TempDb::postgres();
     let dir = Scratch::new();
-    let names: Vec<String> = (0..1000).map(|i| format!("job-{i:04}")).collect();
-    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    let a = Daemon::launch(&db.url, "a", &dir, "a", &["--no-spread"])
-        .without_flag_file()
-        .elections(&refs)
-        // Not the harness's debug level, which logs every renewal.
-        .env("RUST_LOG", "info")
-        .start();
-    wait_for(Duration::from_secs(30), "a to lead all 1,000", || {
-        (a.leading()?.len() == names.len()).then_some(())
-    });
+    let a = a_thousand(&db, &dir);
     let per_second = rate(
         &db,
         "SELECT n_tup_upd FROM pg_stat_user_tables WHERE relname = 'service_leader_lock'",
@@ -231,7 +240,7 @@ fn a_thousand_elections_on_postgres_are_each_renewed_once_per_interval() {
     // 1,000 renewed each 400 ms is 2,500 rows/s (measured: 2,500; asking
     // the leaders again at every batch, as before: 4,458).
     assert!(per_second < 3_500.0, "{per_second:.0} rows renewed/s");
-    assert_eq!(a.leading().unwrap().len(), names.len());
+    assert_eq!(a.leading().unwrap().len(), THOUSAND);
 }
 
 /// One daemon with six elections on MariaDB, leading all six, holds three
@@ -287,19 +296,11 @@ fn a_thousand_elections_on_sqlite_are_held_and_released_together() {
     let _s = serial();
     let db = TempDb::sqlite();
     let dir = Scratch::new();
-    let names: Vec<String> = (0..1000).map(|i| format!("job-{i:04}")).collect();
-    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    let mut a = Daemon::launch(&db.url, "a", &dir, "a", &["--no-spread"])
-        .without_flag_file()
-        .elections(&refs)
-        .start();
-    wait_for(Duration::from_secs(30), "a to lead all 1,000", || {
-        (a.leading()?.len() == names.len()).then_some(())
-    });
+    let mut a = a_thousand(&db, &dir);
     // A window of several renew intervals (400 ms each) in which nothing
     // may be lost.
     std::thread::sleep(Duration::from_secs(3));
-    assert_eq!(a.leading().unwrap().len(), names.len());
+    assert_eq!(a.leading().unwrap().len(), THOUSAND);
     let lost = a.logged("lost leadership").len();
     assert_eq!(lost, 0, "leases lost while held");
     a.sigterm();

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use leaderd_store::{Attempt, Connection, DatabaseUrl, LeaseRequest, Migrated};
-use leaderd_tests::store::{acquire, connect, migrated};
+use leaderd_tests::store::{acquire, connect, migrated, try_connect};
 use leaderd_tests::TempDb;
 
 /// Short enough to keep the suite quick, long enough that a loaded machine
@@ -642,8 +642,7 @@ mod mysql_safety {
     #[tokio::test]
     async fn a_server_with_autocommit_off_is_refused() {
         let server = MariaDbServer::start_with(&["--autocommit=0"]);
-        let url = DatabaseUrl::parse(&server.url()).unwrap();
-        let err = Connection::connect(&url).await.unwrap_err().to_string();
+        let err = try_connect(&server.url()).await.unwrap_err();
         assert!(err.contains("autocommit"), "{err}");
     }
 
@@ -1006,10 +1005,7 @@ mod sqlite_only {
             let opens: Vec<_> = (0..12)
                 .map(|_| {
                     let url = db.url.clone();
-                    tokio::spawn(async move {
-                        let c = Connection::connect(&DatabaseUrl::parse(&url).unwrap()).await?;
-                        c.migrate().await
-                    })
+                    tokio::spawn(async move { connect(&url).await.migrate().await })
                 })
                 .collect();
             for o in opens {

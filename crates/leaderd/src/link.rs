@@ -368,10 +368,10 @@ impl Task {
     /// leads to renew now, and waits (briefly) for their attempts.
     async fn align(&mut self) {
         let now = boot_now();
-        // Once per renew interval: the leaders asked are on their way, in
-        // this batch or the next few. Asking again for each of those batches
-        // scanned every election each time, which with thousands of them
-        // cost this daemon more than the renewals themselves.
+        // Once per wave (waves come a renew interval apart): the leaders
+        // asked are on their way, in this batch or the next few. Asking
+        // again for each of those batches scanned every election each time
+        // and had the leaders that had just renewed renew again.
         if self
             .aligned_at
             .is_some_and(|at| now.saturating_since(at) < self.realign_after)
