@@ -820,6 +820,56 @@ mod postgres_only {
         );
     }
 
+    /// A leader of thousands of elections dies: a follower takes them all
+    /// in one batch, within a ttl, even on a plan made for any batch (a
+    /// prepared statement's generic plan guesses ten rows per array; a
+    /// join of the batch with itself became a nested loop there: 3 s).
+    #[tokio::test]
+    async fn thousands_of_expired_elections_are_taken_in_one_batch_within_a_ttl() {
+        const N: usize = 5_000;
+        let db = TempDb::postgres();
+        migrated(&db.url).await;
+        // 5,000 expired among 30,000; a live leader holds the rest.
+        db.exec(&[
+            &format!(
+                "ALTER DATABASE {} SET plan_cache_mode = force_generic_plan",
+                db.scalar("current_database()")
+            ),
+            "INSERT INTO service_leader_lock (name, holder, instance, token, expires_at) \
+             SELECT 'job-' || i, 'dead', 'dead-instance', i, \
+                    CASE WHEN i % 6 = 0 THEN now() - interval '1 second' \
+                         ELSE now() + interval '1 hour' END \
+             FROM generate_series(1, 30000) i",
+            "ANALYZE service_leader_lock",
+        ]);
+        let names: Vec<String> = (1..=N).map(|i| format!("job-{}", i * 6)).collect();
+        let reqs: Vec<LeaseRequest<'_>> = names.iter().map(|n| req(n, "b", "ib")).collect();
+        let mut b = connect(&db.url).await;
+        let started = Instant::now();
+        let answers = b.acquire_or_renew_many(&reqs).await.unwrap();
+        let took = started.elapsed();
+        let granted = answers
+            .iter()
+            .filter(|a| matches!(a, Ok(Attempt::Granted { .. })))
+            .count();
+        assert_eq!(
+            granted,
+            N,
+            "{:?}",
+            answers
+                .iter()
+                .find(|a| !matches!(a, Ok(Attempt::Granted { .. })))
+        );
+        assert!(took < TTL, "{N} takeovers took {took:?}");
+        assert_eq!(
+            db.scalar(
+                "SELECT count(*) FROM service_leader_lock \
+                 WHERE instance = 'ib' AND token = substr(name, 5)::bigint + 1"
+            ),
+            N.to_string()
+        );
+    }
+
     const FILLFACTOR: &str = "SELECT coalesce(array_to_string(reloptions, ','), '') \
         FROM pg_class WHERE oid = 'service_leader_lock'::regclass";
 

@@ -159,7 +159,12 @@ const RENEW_MANY_TYPES: &[Type] = &[
 
 /// [`ACQUIRE_OR_RENEW`] for several elections in one statement: one row per
 /// election that exists, granted or not, with its place in the arrays (from
-/// 1); a missing election has no row. Binds: names, instances, holders (arrays), ttl in
+/// 1); a missing election has no row. As [`ACQUIRE_OR_RENEW`], the rows are
+/// read once (`r`). The rows to write carry what is written (`c`), so the
+/// `UPDATE` joins nothing else: prepared and planned generically (about
+/// ten rows guessed per array), a join there became a nested loop over the
+/// batch for each row taken, and 5,000 expired elections taken at once
+/// took 3 s (28 ms now). Binds: names, instances, holders (arrays), ttl in
 /// microseconds.
 const ACQUIRE_MANY: &str = "\
 WITH p AS (SELECT * FROM unnest($1::varchar[], $2::varchar[], $3::varchar[])
@@ -171,21 +176,21 @@ r AS (
     FROM service_leader_lock l JOIN p ON l.name = p.name
 ),
 c AS (
-  SELECT l.id, r.n FROM service_leader_lock l JOIN r ON l.id = r.id
+  SELECT l.id, r.n, r.want_inst, r.want_holder FROM service_leader_lock l JOIN r ON l.id = r.id
    WHERE r.open AND (l.expires_at <= now() OR l.instance = r.want_inst)
    FOR UPDATE OF l SKIP LOCKED
 ),
 u AS (
   UPDATE service_leader_lock l SET
-    token = CASE WHEN l.instance = r.want_inst AND l.expires_at > now() THEN l.token ELSE l.token + 1 END,
-    acquired_at = CASE WHEN l.instance = r.want_inst AND l.expires_at > now() THEN l.acquired_at ELSE now() END,
-    holder = r.want_holder,
-    instance = r.want_inst,
+    token = CASE WHEN l.instance = c.want_inst AND l.expires_at > now() THEN l.token ELSE l.token + 1 END,
+    acquired_at = CASE WHEN l.instance = c.want_inst AND l.expires_at > now() THEN l.acquired_at ELSE now() END,
+    holder = c.want_holder,
+    instance = c.want_inst,
     renewed_at = now(),
     expires_at = GREATEST(l.expires_at, now() + $4 * INTERVAL '1 microsecond')
-  FROM c JOIN r ON r.n = c.n
+  FROM c
   WHERE l.id = c.id
-  RETURNING r.n, l.holder, l.instance, l.token, l.expires_at
+  RETURNING c.n, l.holder, l.instance, l.token, l.expires_at
 )
 SELECT TRUE, u.n, u.holder, u.instance, u.token,
        (EXTRACT(EPOCH FROM u.expires_at - now()) * 1000000)::bigint
