@@ -238,29 +238,32 @@ impl Engine {
 
     /// The snapshot served over HTTP at `now`.
     pub fn view(&self, now: BootTime) -> View {
-        if let Some((token, deadline)) = self.lease(now) {
-            return View {
-                is_leader: true,
-                leader: Some(self.id.clone()),
-                token: Some(token),
-                lease_remaining: Some(deadline.saturating_since(now)),
-            };
+        let (is_leader, leader, token) = self.leadership(now);
+        let lease_remaining = match (self.lease(now), &self.other) {
+            (Some((_, deadline)), _) => Some(deadline.saturating_since(now)),
+            (None, Some(o)) if leader.is_some() => Some(o.until.saturating_since(now)),
+            _ => None,
+        };
+        View {
+            is_leader,
+            leader: leader.map(str::to_owned),
+            token,
+            lease_remaining,
+        }
+    }
+
+    /// The parts of [`Engine::view`] whose changes are announced (leading,
+    /// the leader, the token), borrowed: the loop compares them at every
+    /// turn, and a `View` costs an allocation.
+    pub fn leadership(&self, now: BootTime) -> (bool, Option<&str>, Option<i64>) {
+        if let Some((token, _)) = self.lease(now) {
+            return (true, Some(&self.id), Some(token));
         }
         match &self.other {
             // Never name ourselves while not leading: the row may carry our id
             // from another process, or our own lapsed lease.
-            Some(o) if o.holder != self.id => View {
-                is_leader: false,
-                leader: Some(o.holder.clone()),
-                token: Some(o.token),
-                lease_remaining: Some(o.until.saturating_since(now)),
-            },
-            _ => View {
-                is_leader: false,
-                leader: None,
-                token: None,
-                lease_remaining: None,
-            },
+            Some(o) if o.holder != self.id => (false, Some(&o.holder), Some(o.token)),
+            _ => (false, None, None),
         }
     }
 

@@ -11,6 +11,7 @@
 //! leadership first, a statement in flight may finish, then the row is
 //! released on the same connection, all within a fixed budget.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -87,12 +88,15 @@ pub struct Shared {
     /// Whether a command run under `exec` is alive: the row is not released
     /// on purpose until it is gone, or its successor could overlap it.
     child_running: watch::Sender<bool>,
-    /// Asks the loop to renew now (see `link`: renewals go together); the
-    /// flag says the request still stands (an attempt since answers it).
-    renew_soon: Notify,
-    renew_asked: std::sync::atomic::AtomicBool,
+    /// Wakes the loop for a request queued, a renewal asked for or a
+    /// release announced. One `Notify` for all three: each one the loop
+    /// waits on costs a registration and its removal at every turn.
+    wake: Notify,
+    /// A renewal asked for (see `link`: renewals go together) still stands
+    /// (an attempt since answers it).
+    renew_asked: AtomicBool,
     /// A release of this election was announced (see `wakeups`).
-    pub release_notice: Notify,
+    release_noticed: AtomicBool,
 }
 
 /// The part of the `/leader` body whose every change is announced.
@@ -134,38 +138,50 @@ impl Shared {
             control: Inbox::default(),
             changes: watch::Sender::new(Leadership::default()),
             child_running: watch::Sender::new(false),
-            renew_soon: Notify::new(),
-            renew_asked: std::sync::atomic::AtomicBool::new(false),
-            release_notice: Notify::new(),
+            wake: Notify::new(),
+            renew_asked: AtomicBool::new(false),
+            release_noticed: AtomicBool::new(false),
         }
     }
 
     /// Asks the loop to renew now if it leads, so that its renewal goes in
     /// the batch being sent (see `link`).
     pub fn renew_soon(&self) {
-        self.renew_asked
-            .store(true, std::sync::atomic::Ordering::Relaxed);
-        self.renew_soon.notify_one();
+        self.renew_asked.store(true, Ordering::Relaxed);
+        self.wake.notify_one();
     }
 
     /// Whether a renewal asked for by [`Shared::renew_soon`] is still
     /// wanted; taking it answers it.
     fn take_renew_asked(&self) -> bool {
-        self.renew_asked
-            .swap(false, std::sync::atomic::Ordering::Relaxed)
+        self.renew_asked.swap(false, Ordering::Relaxed)
+    }
+
+    /// Tells the loop that a release of its election was announced: its
+    /// follower attempts now.
+    pub fn notice_release(&self) {
+        self.release_noticed.store(true, Ordering::Relaxed);
+        self.wake.notify_one();
     }
 
     /// Announces a change of leadership to watchers. The loop calls it after
     /// every event and answer, and it wakes at the local deadline, so a
     /// deadline passing is announced too. Watchers wake only on a change.
     pub fn publish(&self) {
-        let now = Leadership::from(self.view());
+        let engine = self.engine();
+        let (is_leader, leader, token) = engine.leadership(boot_now());
+        // Compared in place: a copy only when it changed.
         self.changes.send_if_modified(|was| {
-            let changed = *was != now;
-            if changed {
-                *was = now;
+            let same =
+                was.is_leader == is_leader && was.token == token && was.leader.as_deref() == leader;
+            if !same {
+                *was = Leadership {
+                    is_leader,
+                    leader: leader.map(str::to_owned),
+                    token,
+                };
             }
-            changed
+            !same
         });
     }
 
@@ -200,12 +216,22 @@ impl Shared {
 
     /// Sends a request to the election loop; `false` when it has stopped.
     pub fn control(&self, request: Control) -> bool {
-        self.control.send(request)
+        let sent = self.control.send(request);
+        if sent {
+            self.wake.notify_one();
+        }
+        sent
     }
 
-    /// The next request to the loop (the loop's, or a test's stand-in).
+    /// The next request to the loop, for a test's stand-in loop.
+    #[cfg(test)]
     pub async fn next_control(&self) -> Control {
-        self.control.recv().await
+        loop {
+            if let Some(request) = self.control.try_recv() {
+                return request;
+            }
+            self.wake.notified().await;
+        }
     }
 
     /// Asks the loop to step down (see [`Control::Release`]): `Ok` with the
@@ -471,6 +497,11 @@ impl Loop {
                 continue;
             }
             let due = self.shared.engine().attempt_due(now);
+            // Only a loop waiting for a connection hears of connects (see
+            // `on_link`); from before it looks, so none is missed.
+            if due && !self.db.wants_link {
+                self.db.link.mark_seen();
+            }
             if due && !self.db.link.connected() {
                 self.db.wants_link = true;
                 self.db.link.want_connection();
@@ -486,14 +517,9 @@ impl Loop {
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return,
-                request = self.shared.next_control() => Box::pin(self.on_control(request)).await,
-                () = self.shared.release_notice.notified() => self.shared.engine().on_release_notice(boot_now()),
-                changed = self.db.link.changed() => self.on_link(changed),
-                () = self.shared.renew_soon.notified() => {
-                    if self.shared.take_renew_asked() {
-                        self.shared.engine().renew_now(boot_now());
-                    }
-                }
+                // A request is taken at the top of the loop.
+                () = self.shared.wake.notified() => self.on_wake(),
+                changed = self.db.link.changed(), if self.db.wants_link => self.on_link(changed),
                 () = self.timer.sleep_until(wakeup) => {}
             }
         }
@@ -566,16 +592,26 @@ impl Loop {
             .map_or(later, |(_, deadline)| later.min(deadline))
     }
 
-    /// A connect finished: the next turn attempts on it, or, when this loop
-    /// was waiting for it, it failed as an attempt would.
+    /// What [`Shared::wake`] was woken for, beside a request.
+    fn on_wake(&mut self) {
+        let now = boot_now();
+        if self.shared.release_noticed.swap(false, Ordering::Relaxed) {
+            self.shared.engine().on_release_notice(now);
+        }
+        if self.shared.take_renew_asked() {
+            self.shared.engine().renew_now(now);
+        }
+    }
+
+    /// A connect this loop waited for finished: the next turn attempts on
+    /// it, or it failed as an attempt would.
     fn on_link(&mut self, changed: Result<(), String>) {
         match changed {
             Ok(()) => self.db.wants_link = false,
-            Err(reason) if self.db.wants_link => {
+            Err(reason) => {
                 let events = self.failed(reason, boot_now());
                 self.report.handle(&self.shared, events);
             }
-            Err(_) => {}
         }
     }
 

@@ -151,6 +151,12 @@ impl Link {
         self.want.notify_one();
     }
 
+    /// Forgets the connects finished so far: [`Link::changed`] waits for
+    /// the next one.
+    pub fn mark_seen(&mut self) {
+        self.state.borrow_and_update();
+    }
+
     /// Resolves when a connect finished: `Err` with its reason when it
     /// failed and there is still no connection.
     pub async fn changed(&mut self) -> Result<(), String> {

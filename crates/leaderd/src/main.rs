@@ -207,7 +207,9 @@ async fn run(settings: Settings, commands: Option<Vec<Vec<OsString>>>) -> anyhow
                 // Should a loop fail (a panic), nothing may run on as if it
                 // led: cancel the run on the way out.
                 let _stop = shutdown.clone().drop_guard();
-                election.run(shutdown).await;
+                // A token of its own to wait on: thousands of loops waiting
+                // on one shared its lock at every turn of each.
+                election.run(shutdown.child_token()).await;
             })
         })
         .collect();

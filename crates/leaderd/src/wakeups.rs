@@ -42,7 +42,7 @@ pub async fn wait_for_releases(
 ) {
     let notify = |name: &str| {
         if let Ok(shared) = daemon.find(Some(name)) {
-            shared.release_notice.notify_one();
+            shared.notice_release();
         }
     };
     let elections: Vec<String> = daemon.all().iter().map(|s| s.election.clone()).collect();
@@ -81,7 +81,7 @@ pub async fn wait_for_releases(
                 } else {
                     // Another release may hide behind this one: wake all
                     // (a woken follower's attempt is a cheap refusal).
-                    daemon.all().iter().for_each(|s| s.release_notice.notify_one());
+                    daemon.all().iter().for_each(|s| s.notice_release());
                 }
             }
         }
