@@ -69,6 +69,19 @@ impl BootTimer {
         }
     }
 
+    /// [`BootTimer::sleep_until`] when `exact`; else on tokio's timer alone,
+    /// which costs far less (a wheel inside the runtime: no shared heap, no
+    /// wake-up from another thread) but is late after a host suspend by up
+    /// to what was left of the wait. For waits that only pace attempts (a
+    /// follower's), never for a deadline.
+    pub async fn sleep_until_exact_or_not(&mut self, at: BootTime, exact: bool) {
+        if exact {
+            self.sleep_until(at).await;
+        } else {
+            tokio::time::sleep(at.saturating_since(boot_now())).await;
+        }
+    }
+
     /// [`BootTimer::sleep_until`], or never for `None`.
     pub async fn sleep_until_some(&mut self, at: Option<BootTime>) {
         match at {
@@ -362,6 +375,23 @@ mod tests {
             // Arm, wake, see the time: no spinning.
             assert!(timer.rounds <= 3, "{} rounds for one wait", timer.rounds);
         }
+    }
+
+    /// A follower's wait, on tokio's timer: not before its instant either.
+    #[tokio::test]
+    async fn a_loose_wait_wakes_at_its_instant_and_not_before() {
+        let mut timer = BootTimer::new();
+        for ms in [1, 30] {
+            let at = boot_now() + Duration::from_millis(ms);
+            tokio::time::timeout(
+                Duration::from_secs(2),
+                timer.sleep_until_exact_or_not(at, false),
+            )
+            .await
+            .expect("woke");
+            assert!(boot_now() >= at, "woke early");
+        }
+        assert_eq!(timer.rounds, 0, "the boot-clock timer was not used");
     }
 
     #[tokio::test]

@@ -170,18 +170,24 @@ impl Shared {
     pub fn publish(&self) {
         let engine = self.engine();
         let (is_leader, leader, token) = engine.leadership(boot_now());
-        // Compared in place: a copy only when it changed.
+        // Compared in place, under the read lock: the write lock and a copy
+        // only when it changed (rarely; this runs at every turn).
+        let same = |was: &Leadership| {
+            was.is_leader == is_leader && was.token == token && was.leader.as_deref() == leader
+        };
+        if same(&self.changes.borrow()) {
+            return;
+        }
         self.changes.send_if_modified(|was| {
-            let same =
-                was.is_leader == is_leader && was.token == token && was.leader.as_deref() == leader;
-            if !same {
-                *was = Leadership {
-                    is_leader,
-                    leader: leader.map(str::to_owned),
-                    token,
-                };
+            if same(was) {
+                return false;
             }
-            !same
+            *was = Leadership {
+                is_leader,
+                leader: leader.map(str::to_owned),
+                token,
+            };
+            true
         });
     }
 
@@ -513,14 +519,14 @@ impl Loop {
                 }
                 continue;
             }
-            let wakeup = self.wakeup(now, due);
+            let (wakeup, exact) = self.wakeup(now, due);
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return,
                 // A request is taken at the top of the loop.
                 () = self.shared.wake.notified() => self.on_wake(),
                 changed = self.db.link.changed(), if self.db.wants_link => self.on_link(changed),
-                () = self.timer.sleep_until(wakeup) => {}
+                () = self.timer.sleep_until_exact_or_not(wakeup, exact) => {}
             }
         }
     }
@@ -541,6 +547,7 @@ impl Loop {
             // answered (see `Engine::attempt_timeout`): the one timer wakes
             // at it first, then at the attempt's own timeout (later).
             let mut deadline = self.shared.engine().lease(sent_at).map(|(_, d)| d);
+            let renewal = deadline.is_some();
             loop {
                 let wake = deadline.unwrap_or(sent_at + timeout);
                 tokio::select! {
@@ -556,10 +563,11 @@ impl Loop {
                     break (finished.unwrap_or_else(|_| Err("shutdown: attempt abandoned".into())), true);
                 }
                 r = &mut exchange => break (r, false),
-                // On the boot clock, as the lease is: an attempt
-                // caught in a host's suspend ends at resume, and
-                // with it a lease that lapsed meanwhile.
-                () = self.timer.sleep_until(wake) => {
+                // A renewal's on the boot clock, as the lease is: caught
+                // in a host's suspend, it ends at resume, and with it a
+                // lease that lapsed meanwhile. A follower's attempt has
+                // only its timeout, which paces its retries.
+                () = self.timer.sleep_until_exact_or_not(wake, renewal) => {
                     if deadline.take().is_none() {
                         break (Err(format!("attempt timed out after {timeout:?}")), false);
                     }
@@ -578,18 +586,20 @@ impl Loop {
         stopping
     }
 
-    /// When the loop wakes next. While an attempt waits for a connection:
-    /// at the local deadline, or a heartbeat on (the link wakes it sooner
-    /// when a connect finishes).
-    fn wakeup(&self, now: BootTime, due: bool) -> BootTime {
+    /// When the loop wakes next, and whether on the boot clock exactly (see
+    /// [`BootTimer::sleep_until_exact_or_not`]): while leading, as the wake-up
+    /// may be the local deadline; a follower's only paces its attempts.
+    /// While an attempt waits for a connection: at the local deadline, or a
+    /// heartbeat on (the link wakes it sooner when a connect finishes).
+    fn wakeup(&self, now: BootTime, due: bool) -> (BootTime, bool) {
         let engine = self.shared.engine();
+        let lease = engine.lease(now);
         if !due {
-            return engine.next_wakeup();
+            return (engine.next_wakeup(), lease.is_some());
         }
         let later = now + self.shared.timing.heartbeat();
-        engine
-            .lease(now)
-            .map_or(later, |(_, deadline)| later.min(deadline))
+        let at = lease.map_or(later, |(_, deadline)| later.min(deadline));
+        (at, lease.is_some())
     }
 
     /// What [`Shared::wake`] was woken for, beside a request.
