@@ -159,6 +159,40 @@ fn the_releaser_holds_off(db: TempDb) {
     });
 }
 
+/// A replica holding off after a release still goes round its loop: a hold
+/// longer than the `/healthz` watchdog's limit (here 2.5 s against 2 s)
+/// never reads as a stuck daemon (its liveness probe would restart the pod).
+#[test]
+fn a_replica_holding_off_stays_healthy() {
+    let db = TempDb::sqlite();
+    let dir = Scratch::new();
+    let d = Daemon::start(
+        &db.url,
+        "a",
+        &dir,
+        &["--heartbeat", "200ms", "--ttl", "600ms"],
+    );
+    wait_for(Duration::from_secs(10), "leadership", || {
+        d.is_leader().then_some(())
+    });
+    let listen = format!("127.0.0.1:{}", d.port);
+    let released = Instant::now();
+    assert_eq!(
+        run_cli(&["release", "--listen", &listen, "--hold", "2500ms"], &[]).0,
+        0
+    );
+    while released.elapsed() < Duration::from_millis(2400) {
+        let health = leaderd_tests::http_get(d.port, "/healthz").map(|r| r.0);
+        assert_eq!(health, Some(200), "{:?} into the hold", released.elapsed());
+        assert!(
+            !d.is_leader(),
+            "led again {:?} into the hold",
+            released.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 macro_rules! per_backend {
     ($name:ident, $make:expr) => {
         mod $name {

@@ -493,6 +493,11 @@ impl Loop {
             let events: Vec<Event> = self.shared.engine().poll(now).into_iter().collect();
             self.report.handle(&self.shared, events);
             self.sync_presence();
+            // Shutdown before any request still queued (a request handled
+            // meanwhile, say a long release, may have let it come).
+            if shutdown.is_cancelled() {
+                return;
+            }
             // Requests first: renewals slower than the renew interval follow
             // one another without a pause, and a release or an unhealthy
             // app must not wait for them to speed up.
@@ -539,6 +544,12 @@ impl Loop {
         // Read the clock before taking the connection: the lease is
         // measured from here.
         let sent_at = boot_now();
+        // A deadline that passed since the loop's top is announced now, not
+        // once this attempt (then a follower's, on its looser timer) ends.
+        if let Some(event) = self.shared.engine().poll(sent_at) {
+            self.report.handle(&self.shared, vec![event]);
+            self.sync_presence();
+        }
         let timeout = self.shared.engine().attempt_timeout(sent_at);
         let (result, stopping) = {
             let exchange = self.db.exchange(&self.shared, sent_at, sent_at + timeout);
@@ -588,14 +599,22 @@ impl Loop {
 
     /// When the loop wakes next, and whether on the boot clock exactly (see
     /// [`BootTimer::sleep_until_exact_or_not`]): while leading, as the wake-up
-    /// may be the local deadline; a follower's only paces its attempts.
+    /// may be the local deadline; a follower's only paces its attempts, and
+    /// comes at least once per heartbeat.
     /// While an attempt waits for a connection: at the local deadline, or a
     /// heartbeat on (the link wakes it sooner when a connect finishes).
     fn wakeup(&self, now: BootTime, due: bool) -> (BootTime, bool) {
         let engine = self.shared.engine();
         let lease = engine.lease(now);
         if !due {
-            return (engine.next_wakeup(), lease.is_some());
+            let at = engine.next_wakeup();
+            return match lease {
+                Some(_) => (at, true),
+                // At least once per heartbeat: a loose wait (a hold of up
+                // to an hour) caught in a host's suspend is then late by a
+                // heartbeat at most, and the loop shows progress.
+                None => (at.min(now + self.shared.timing.heartbeat()), false),
+            };
         }
         let later = now + self.shared.timing.heartbeat();
         let at = lease.map_or(later, |(_, deadline)| later.min(deadline));
