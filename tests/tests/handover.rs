@@ -131,29 +131,34 @@ fn release_hands_over_at_once(db: TempDb) {
     check_handovers("release", &took);
 }
 
+/// Releases `d` once it leads, with `hold`, and checks through the hold
+/// (but its last 100 ms) that it does not lead again, and `also`.
+fn hold_off(d: &Daemon, hold: Duration, also: impl Fn(Duration)) {
+    wait_for(Duration::from_secs(10), "leadership", || {
+        d.is_leader().then_some(())
+    });
+    let listen = format!("127.0.0.1:{}", d.port);
+    let hold_arg = format!("{}ms", hold.as_millis());
+    let released = Instant::now();
+    assert_eq!(
+        run_cli(&["release", "--listen", &listen, "--hold", &hold_arg], &[]).0,
+        0
+    );
+    while released.elapsed() < hold - Duration::from_millis(100) {
+        let into = released.elapsed();
+        assert!(!d.is_leader(), "led again {into:?} into a {hold:?} hold");
+        also(into);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Alone in its election, a releaser stays out for its hold, then leads
 /// again.
 fn the_releaser_holds_off(db: TempDb) {
     let _s = serial();
     let dir = Scratch::new();
     let d = start(&db, &dir, "a");
-    wait_for(Duration::from_secs(10), "leadership", || {
-        d.is_leader().then_some(())
-    });
-    let listen = format!("127.0.0.1:{}", d.port);
-    let released = Instant::now();
-    assert_eq!(
-        run_cli(&["release", "--listen", &listen, "--hold", "1500ms"], &[]).0,
-        0
-    );
-    while released.elapsed() < Duration::from_millis(1400) {
-        assert!(
-            !d.is_leader(),
-            "led again {:?} into a 1.5 s hold",
-            released.elapsed()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    hold_off(&d, Duration::from_millis(1500), |_| {});
     wait_for(Duration::from_secs(3), "leadership after the hold", || {
         d.is_leader().then_some(())
     });
@@ -166,31 +171,12 @@ fn the_releaser_holds_off(db: TempDb) {
 fn a_replica_holding_off_stays_healthy() {
     let db = TempDb::sqlite();
     let dir = Scratch::new();
-    let d = Daemon::start(
-        &db.url,
-        "a",
-        &dir,
-        &["--heartbeat", "200ms", "--ttl", "600ms"],
-    );
-    wait_for(Duration::from_secs(10), "leadership", || {
-        d.is_leader().then_some(())
-    });
-    let listen = format!("127.0.0.1:{}", d.port);
-    let released = Instant::now();
-    assert_eq!(
-        run_cli(&["release", "--listen", &listen, "--hold", "2500ms"], &[]).0,
-        0
-    );
-    while released.elapsed() < Duration::from_millis(2400) {
+    let timing = ["--heartbeat", "200ms", "--ttl", "600ms"];
+    let d = Daemon::start(&db.url, "a", &dir, &timing);
+    hold_off(&d, Duration::from_millis(2500), |into| {
         let health = leaderd_tests::http_get(d.port, "/healthz").map(|r| r.0);
-        assert_eq!(health, Some(200), "{:?} into the hold", released.elapsed());
-        assert!(
-            !d.is_leader(),
-            "led again {:?} into the hold",
-            released.elapsed()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        assert_eq!(health, Some(200), "{into:?} into the hold");
+    });
 }
 
 macro_rules! per_backend {

@@ -460,8 +460,9 @@ struct Loop {
     /// The wake-up presence (MySQL's named lock), where the backend has one.
     presence: Option<PresenceLink>,
     /// Waits for the next wake-up, and, while an attempt is in flight, for
-    /// the local deadline and the attempt's timeout, on the boot clock, the
-    /// clock of the deadline (see [`BootTimer`]).
+    /// the local deadline and the attempt's timeout: a leader's on the boot
+    /// clock, the clock of the deadline, a follower's on tokio's (see
+    /// [`BootTimer::sleep_until_exact_or_not`]).
     timer: BootTimer,
 }
 
@@ -600,9 +601,9 @@ impl Loop {
     /// When the loop wakes next, and whether on the boot clock exactly (see
     /// [`BootTimer::sleep_until_exact_or_not`]): while leading, as the wake-up
     /// may be the local deadline; a follower's only paces its attempts, and
-    /// comes at least once per heartbeat.
-    /// While an attempt waits for a connection: at the local deadline, or a
-    /// heartbeat on (the link wakes it sooner when a connect finishes).
+    /// comes at least once per heartbeat. While an attempt waits for a
+    /// connection: at the local deadline, or a heartbeat on (the link wakes
+    /// it sooner when a connect finishes).
     fn wakeup(&self, now: BootTime, due: bool) -> (BootTime, bool) {
         let engine = self.shared.engine();
         let lease = engine.lease(now);
