@@ -338,6 +338,27 @@ impl Connection {
         }
     }
 
+    /// MySQL/MariaDB: takes the election's wake-up lock (see
+    /// [`Presence`]) without waiting; whether this session holds it now.
+    /// Held until freed or the connection ends; taken twice by a session,
+    /// it must be freed twice. Elsewhere nothing to hold (the release
+    /// announces): `true`.
+    pub async fn hold_wake_lock(&mut self, election: &str) -> Result<bool, StoreError> {
+        match self {
+            Connection::Mysql(c) => c.hold_wake_lock(election).await,
+            Connection::Postgres(_) | Connection::Sqlite(_) => Ok(true),
+        }
+    }
+
+    /// Frees the election's wake-up lock, waking the waiters (a no-op when
+    /// this session does not hold it, and on other backends).
+    pub async fn free_wake_lock(&mut self, election: &str) -> Result<(), StoreError> {
+        match self {
+            Connection::Mysql(c) => c.free_wake_lock(election).await,
+            Connection::Postgres(_) | Connection::Sqlite(_) => Ok(()),
+        }
+    }
+
     /// The rows whose name starts with `prefix` (`""`: every row), by
     /// name. The filter runs in the database: a daemon that wants a few
     /// rows of a table of thousands does not fetch them all.

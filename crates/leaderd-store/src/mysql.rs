@@ -474,8 +474,8 @@ async fn let_go(conn: &mut AsyncMysqlConnection, election: &str) -> Result<(), S
     Ok(())
 }
 
-/// Wake-ups without polling: while it leads, a leader holds a named lock on a
-/// connection of its own ([`Presence`]); a follower waits for that lock with
+/// Wake-ups without polling: while it leads, a leader holds a named lock on
+/// its connection to the lock table ([`MysqlStore::hold_wake_lock`]); a follower waits for that lock with
 /// `GET_LOCK`, which returns the moment the leader frees it (a release, or
 /// its session ending) and gives it straight back. Only a wake-up: the lock
 /// says nothing about who leads.
@@ -597,34 +597,20 @@ impl LocksWatcher {
     }
 }
 
-/// A leader's named locks (see [`LockWaiter`]), one per election it leads,
-/// all held on one connection of the daemon's while it leads them, and
-/// freed when it stops or its process dies.
-pub struct Presence {
-    conn: AsyncMysqlConnection,
-}
-
-opaque_debug!(Presence);
-
-impl Presence {
-    pub(crate) async fn connect(url: &DatabaseUrl) -> Result<Self, StoreError> {
-        Ok(Self {
-            conn: establish(url).await?,
-        })
-    }
-
-    /// Takes the election's lock without waiting; whether this session
-    /// holds it now (a follower that just woke may hold it for an instant:
-    /// try again).
-    pub(crate) async fn hold(&mut self, election: &str) -> Result<bool, StoreError> {
+impl MysqlStore {
+    /// Takes the election's named lock (see [`LockWaiter`]) without
+    /// waiting; whether this session holds it now (a follower that just
+    /// woke may hold it for an instant: try again).
+    pub(crate) async fn hold_wake_lock(&mut self, election: &str) -> Result<bool, StoreError> {
         let got: i64 = Stmt::<BigInt>::new(TAKE_LOCK, [Bind::Text(election)])
             .get_result(&mut self.conn)
             .await?;
         Ok(got == 1)
     }
 
-    /// Frees the election's lock, waking one waiter (who wakes the next).
-    pub(crate) async fn let_go(&mut self, election: &str) -> Result<(), StoreError> {
+    /// Frees the election's named lock, waking one waiter (who wakes the
+    /// next).
+    pub(crate) async fn free_wake_lock(&mut self, election: &str) -> Result<(), StoreError> {
         let_go(&mut self.conn, election).await
     }
 }

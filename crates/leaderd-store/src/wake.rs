@@ -7,7 +7,7 @@
 //!   at start with a notification to itself, since transaction-pooling
 //!   proxies drop them silently.
 //! - MySQL/MariaDB: a named lock the leader holds while it leads
-//!   ([`Presence`], one connection for all the elections a daemon leads);
+//!   ([`Presence`], on the daemon's connection to the lock table);
 //!   a follower of one election waits on it with `GET_LOCK`, which returns
 //!   when it is freed, by a release or by the leader's session ending; a
 //!   daemon of several elections looks at all the locks together (one
@@ -81,10 +81,12 @@ impl Waiter {
 }
 
 /// The leader side: what a leader holds while it leads so that its end wakes
-/// the others; one connection for every election the daemon leads. Only
-/// MySQL/MariaDB needs one; elsewhere the release itself announces.
+/// the others. Only MySQL/MariaDB needs one, a named lock per election led,
+/// held on the daemon's one connection to the lock table (see
+/// [`crate::Connection::hold_wake_lock`]); elsewhere the release itself
+/// announces.
 #[derive(Debug)]
-pub struct Presence(mysql::Presence);
+pub struct Presence;
 
 impl Presence {
     /// How long the lock must have been held before letting it go wakes the
@@ -95,20 +97,5 @@ impl Presence {
     /// Whether the backend needs a presence at all.
     pub fn needed(url: &DatabaseUrl) -> bool {
         url.backend() == Backend::Mysql
-    }
-
-    /// Connects; only for a backend that [needs](Presence::needed) one.
-    pub async fn connect(url: &DatabaseUrl) -> Result<Self, StoreError> {
-        Ok(Presence(mysql::Presence::connect(url).await?))
-    }
-
-    /// Takes the election's lock without waiting; whether it is held now.
-    pub async fn hold(&mut self, election: &str) -> Result<bool, StoreError> {
-        self.0.hold(election).await
-    }
-
-    /// Frees the election's lock, waking the waiters.
-    pub async fn let_go(&mut self, election: &str) -> Result<(), StoreError> {
-        self.0.let_go(election).await
     }
 }

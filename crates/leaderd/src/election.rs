@@ -324,12 +324,7 @@ pub struct Election {
 
 /// Sets up `shared`'s loop (flag file, presence) without awaiting: the
 /// settings stay out of the loop's future, one of which lives per election.
-pub fn start(
-    shared: Arc<Shared>,
-    settings: &Settings,
-    link: Link,
-    presences: Arc<wakeups::Presences>,
-) -> Election {
+pub fn start(shared: Arc<Shared>, settings: &Settings, link: Link) -> Election {
     let flag =
         settings
             .flag_file
@@ -356,7 +351,7 @@ pub fn start(
             let (held_tx, held) = watch::channel(None);
             let task = tokio::spawn(wakeups::keep_presence(
                 settings.database.clone(),
-                presences,
+                link.clone(),
                 shared.election.clone(),
                 leading_rx,
                 held_tx,
@@ -412,6 +407,8 @@ impl Election {
         // The named lock (MySQL) goes with the process anyway; letting it
         // go first wakes the others a little sooner. The flag file, if the
         // disk allows, should not outlive the process.
+        // Its task ends once the loop's end of `leading` is gone.
+        drop(lp.presence.take());
         let presence_gone = async {
             if let Some(presence) = self.presence {
                 let _ = tokio::time::timeout(PRESENCE_BUDGET, presence).await;

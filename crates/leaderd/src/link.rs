@@ -5,7 +5,9 @@
 //! sends whatever is pending together, as a group commit does: every attempt
 //! in one call ([`Connection::acquire_or_renew_many`], on PostgreSQL one
 //! statement for all renewals), the releases in another, while the next
-//! batch gathers behind it. When a batch carries a renewal, every other
+//! batch gathers behind it. On MySQL the leader's wake-up locks are held on
+//! this connection too (see `wakeups::keep_presence`), so a daemon needs
+//! one more connection only for its release waiter. When a batch carries a renewal, every other
 //! election this daemon leads is asked to renew now ([`Shared::renew_soon`])
 //! and waited for briefly: that brings their schedules into step, so a
 //! leader of E elections sends one renewal statement per renew interval.
@@ -79,6 +81,9 @@ pub struct Failure {
 pub struct State {
     pub connected: bool,
     pub error: Option<String>,
+    /// How many connections were opened: what a session held (MySQL's
+    /// named locks) went with the connection of its generation.
+    pub generation: u64,
 }
 
 type AttemptReply = oneshot::Sender<Result<Attempt, Failure>>;
@@ -100,7 +105,17 @@ enum Job {
         prefix: String,
         reply: oneshot::Sender<Result<Vec<ElectionRow>, String>>,
     },
+    /// Takes (`Some` generation: frees, if still that connection) an
+    /// election's wake-up lock (MySQL; see `wakeups::keep_presence`).
+    WakeLock {
+        election: String,
+        free: Option<u64>,
+        reply: WakeLockReply,
+    },
 }
+
+/// Whether the lock is held now, and on which connection.
+type WakeLockReply = oneshot::Sender<Result<(bool, u64), String>>;
 
 /// A handle on the daemon's connection; one per user (cheap to clone).
 #[derive(Debug, Clone)]
@@ -199,6 +214,39 @@ impl Link {
             .unwrap_or_else(|_| Err("the database link has stopped".into()))
     }
 
+    /// Takes `election`'s wake-up lock on the connection (see
+    /// [`leaderd_store::Connection::hold_wake_lock`]), connecting first if
+    /// needed: whether it is held now, and the connection's generation.
+    pub async fn hold_wake_lock(&self, election: &str) -> Result<(bool, u64), String> {
+        self.wake_lock(election, None).await
+    }
+
+    /// Frees `election`'s wake-up lock taken on connection `generation`
+    /// (nothing to do once that connection is gone: the lock went with it).
+    pub async fn free_wake_lock(&self, election: &str, generation: u64) -> Result<(), String> {
+        self.wake_lock(election, Some(generation)).await.map(drop)
+    }
+
+    async fn wake_lock(&self, election: &str, free: Option<u64>) -> Result<(bool, u64), String> {
+        let (reply, answer) = oneshot::channel();
+        let job = Job::WakeLock {
+            election: election.to_owned(),
+            free,
+            reply,
+        };
+        self.jobs
+            .send(job)
+            .map_err(|_| "the database link has stopped".to_owned())?;
+        answer
+            .await
+            .unwrap_or_else(|_| Err("the database link has stopped".into()))
+    }
+
+    /// A receiver of the link's [`State`], to hear of connections dropped.
+    pub fn state(&self) -> watch::Receiver<State> {
+        self.state.clone()
+    }
+
     /// The rows whose name starts with `prefix`.
     pub async fn read(&self, prefix: &str) -> Result<Vec<ElectionRow>, String> {
         let (reply, answer) = oneshot::channel();
@@ -260,7 +308,8 @@ impl Task {
     }
 
     /// Without a connection: attempts fail at once, unsent (the loop retries
-    /// once connected); releases and reads wait for the connect.
+    /// once connected), and a wake-up lock to free is gone already;
+    /// releases, reads and wake-up locks to take wait for the connect.
     fn answer_unconnected(&mut self) {
         if self.conn.is_some() {
             return;
@@ -271,6 +320,13 @@ impl Task {
                 Job::Attempt { .. } => {
                     fail(job, "no connection", false);
                     self.wanted = true;
+                }
+                Job::WakeLock {
+                    free: Some(generation),
+                    reply,
+                    ..
+                } => {
+                    let _ = reply.send(Ok((false, generation)));
                 }
                 other => kept.push_back(other),
             }
@@ -287,6 +343,7 @@ impl Task {
                 self.state.send_modify(|s| {
                     s.connected = true;
                     s.error = None;
+                    s.generation += 1;
                 });
             }
             Ok(_) => {}
@@ -323,6 +380,7 @@ impl Task {
         let mut attempts = Vec::new();
         let mut releases = Vec::new();
         let mut reads = Vec::new();
+        let mut wake_locks = Vec::new();
         let now = boot_now();
         for job in jobs {
             match job {
@@ -340,6 +398,11 @@ impl Task {
                     reply,
                 } => releases.push((election, instance, reply)),
                 Job::Read { prefix, reply } => reads.push((prefix, reply)),
+                Job::WakeLock {
+                    election,
+                    free,
+                    reply,
+                } => wake_locks.push((election, free, reply)),
             }
         }
         if !attempts.is_empty() {
@@ -359,10 +422,24 @@ impl Task {
             for (prefix, reply) in reads {
                 self.pending.push_back(Job::Read { prefix, reply });
             }
+            for (election, free, reply) in wake_locks {
+                let job = Job::WakeLock {
+                    election,
+                    free,
+                    reply,
+                };
+                self.pending.push_back(job);
+            }
             return;
         }
         if !releases.is_empty() {
             self.send_releases(releases).await;
+        }
+        // After the releases: a wake-up lock is freed only once the row
+        // is, so that the waiters it wakes find the row free.
+        for (election, free, reply) in wake_locks {
+            let answer = self.wake_lock(&election, free).await;
+            let _ = reply.send(answer);
         }
         for (prefix, reply) in reads {
             let answer = self.read(&prefix).await;
@@ -481,6 +558,31 @@ impl Task {
         self.settle(answer, RELEASE_CAP, "reading the table")
     }
 
+    async fn wake_lock(
+        &mut self,
+        election: &str,
+        free: Option<u64>,
+    ) -> Result<(bool, u64), String> {
+        let generation = self.state.borrow().generation;
+        let Some(conn) = self.conn.as_mut() else {
+            return Err("no connection".into());
+        };
+        let answer = match free {
+            // Gone with the connection it was taken on.
+            Some(taken_on) if taken_on != generation => return Ok((false, generation)),
+            Some(_) => {
+                let freed = tokio::time::timeout(RELEASE_CAP, conn.free_wake_lock(election)).await;
+                self.settle(freed, RELEASE_CAP, "freeing a wake-up lock")
+                    .map(|()| false)
+            }
+            None => {
+                let held = tokio::time::timeout(RELEASE_CAP, conn.hold_wake_lock(election)).await;
+                self.settle(held, RELEASE_CAP, "taking a wake-up lock")
+            }
+        };
+        answer.map(|held| (held, generation))
+    }
+
     /// The outcome of one statement run under `limit`: a failure or a
     /// timeout drops the connection, cancelling what the server may still
     /// be running (not after an error it answered).
@@ -516,6 +618,9 @@ fn fail(job: Job, reason: &str, sent: bool) {
             let _ = reply.send(Err(reason.to_owned()));
         }
         Job::Read { reply, .. } => {
+            let _ = reply.send(Err(reason.to_owned()));
+        }
+        Job::WakeLock { reply, .. } => {
             let _ = reply.send(Err(reason.to_owned()));
         }
     }

@@ -195,14 +195,13 @@ async fn run(settings: Settings, commands: Option<Vec<Vec<OsString>>>) -> anyhow
         connector::Connector::new(settings.database.clone(), settings.migrate, settings.timing),
         daemon.all().to_vec(),
     );
-    let presences = Arc::new(wakeups::Presences::default());
     let loops: Vec<_> = daemon
         .all()
         .iter()
         .map(|shared| {
             let (shared, shutdown, link) = (shared.clone(), shutdown.clone(), link.clone());
             let settings = settings.for_election(&shared.election);
-            let election = election::start(shared, &settings, link, presences.clone());
+            let election = election::start(shared, &settings, link);
             tokio::spawn(async move {
                 // Should a loop fail (a panic), nothing may run on as if it
                 // led: cancel the run on the way out.

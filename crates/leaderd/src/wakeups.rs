@@ -1,6 +1,7 @@
 //! The wake-up adapters beside the election loops: a task that waits for
-//! releases and pokes the loop of the election released, and (MySQL) a task that
-//! holds the leader's named lock while this replica leads. Wake-ups only:
+//! releases and pokes the loop of the election released, and (MySQL) a task
+//! per election that holds the leader's named lock, on the daemon's
+//! connection to the lock table, while this replica leads. Wake-ups only:
 //! the loop attempts when poked, and safety rests on the row and the clocks.
 
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
 use crate::daemon::Daemon;
+use crate::link::{Link, State};
 use crate::settings::DatabaseSource;
 
 /// Whether the backend needs a presence (MySQL's named lock), which also
@@ -98,61 +100,14 @@ pub async fn wait_for_releases(
     }
 }
 
-/// The daemon's presence connection (MySQL's named locks), shared by every
-/// election's [`keep_presence`]: one connection whatever their number.
-#[derive(Debug, Default)]
-pub struct Presences {
-    conn: tokio::sync::Mutex<Option<Presence>>,
-    /// Bumped when the connection is dropped: the locks held on it are
-    /// gone, and the elections that still lead take theirs again.
-    generation: watch::Sender<u64>,
-}
-
-impl Presences {
-    /// Takes `election`'s lock without waiting (connecting first if
-    /// needed); whether it is held now.
-    async fn hold(&self, source: &DatabaseSource, election: &str) -> Result<bool, String> {
-        let mut conn = self.conn.lock().await;
-        if conn.is_none() {
-            let url = source.resolve()?;
-            *conn = Some(Presence::connect(&url).await.map_err(|e| e.to_string())?);
-        }
-        let held = conn.as_mut().expect("connected above").hold(election).await;
-        self.settle(&mut conn, held)
-    }
-
-    /// Frees `election`'s lock (nothing to do without a connection: the
-    /// lock went with the last one).
-    async fn let_go(&self, election: &str) -> Result<(), String> {
-        let mut conn = self.conn.lock().await;
-        let Some(presence) = conn.as_mut() else {
-            return Ok(());
-        };
-        let done = presence.let_go(election).await;
-        self.settle(&mut conn, done)
-    }
-
-    /// A failed statement drops the connection, and with it every lock.
-    fn settle<T>(
-        &self,
-        conn: &mut Option<Presence>,
-        outcome: Result<T, leaderd_store::StoreError>,
-    ) -> Result<T, String> {
-        outcome.map_err(|e| {
-            *conn = None;
-            self.generation.send_modify(|g| *g += 1);
-            e.to_string()
-        })
-    }
-}
-
 /// Holds the election's named lock while `leading` is true (MySQL/MariaDB;
 /// returns at once on the other backends, which need none), on the
-/// daemon's one presence connection, and says in `held` since when it holds
-/// it. Ends when the loop drops its end of `leading`, letting the lock go.
+/// daemon's connection to the lock table (the [`Link`]'s), and says in
+/// `held` since when it holds it. Ends when the loop drops its end of
+/// `leading`, letting the lock go.
 pub async fn keep_presence(
     source: DatabaseSource,
-    presences: Arc<Presences>,
+    link: Link,
     election: String,
     mut leading: watch::Receiver<bool>,
     held: watch::Sender<Option<Instant>>,
@@ -160,37 +115,41 @@ pub async fn keep_presence(
     if !presence_needed(&source).await {
         return;
     }
-    let mut generation = presences.generation.subscribe();
+    let mut state = link.state();
     loop {
         if leading.wait_for(|l| *l).await.is_err() {
             return;
         }
-        generation.borrow_and_update();
         let kept: Result<(), String> = async {
             // A follower that just woke holds the lock for an instant.
+            let mut taken_on = None;
             while *leading.borrow() {
-                if presences.hold(&source, &election).await? {
+                let (got, generation) = link.hold_wake_lock(&election).await?;
+                if got {
                     held.send_replace(Some(Instant::now()));
+                    taken_on = Some(generation);
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            // Until it stops leading, or the connection is dropped (by any
-            // election's failure), when the lock is taken again on the next
-            // one: there it may already be held (taken after the drop), and
-            // a session that takes a named lock twice must free it twice.
-            // Either way, free it.
+            let Some(generation) = taken_on else {
+                return Ok(());
+            };
+            // Until it stops leading, or the connection it was taken on is
+            // dropped (by any failure on it), when the lock is taken again
+            // on the next one.
+            let lost = |s: &State| !s.connected || s.generation != generation;
             tokio::select! {
                 _ = leading.wait_for(|l| !*l) => {}
-                _ = generation.changed() => {}
+                _ = state.wait_for(lost) => {}
             }
             held.send_replace(None);
-            presences.let_go(&election).await
+            link.free_wake_lock(&election, generation).await
         }
         .await;
         held.send_replace(None);
         if let Err(e) = kept {
-            debug!(error = %e, "leader presence failed; reconnecting");
+            debug!(error = %e, "leader presence failed; trying again");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
