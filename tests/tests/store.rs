@@ -639,6 +639,32 @@ mod mysql_safety {
     use super::*;
     use leaderd_tests::mariadbserver::MariaDbServer;
 
+    /// A leader's wake-up locks (see `leaderd_store::Presence`): taken
+    /// and freed in one statement each, and taken once per session however
+    /// often it asks (MySQL counts a lock taken twice by one session, and
+    /// one free would leave it held: the next leader could not take it, and
+    /// its releases would wake nobody).
+    #[tokio::test]
+    async fn wake_up_locks_are_taken_once_and_freed_together() {
+        let db = TempDb::mysql();
+        let mut a = connect(&db.url).await;
+        let mut b = connect(&db.url).await;
+        let names = ["jobs", r#"jöb "é" \ 😀"#, "mailer"];
+        assert_eq!(a.hold_wake_locks(&names).await.unwrap(), [true; 3]);
+        // Asked again (a presence retaking what it holds): still held once.
+        assert_eq!(a.hold_wake_locks(&names[..2]).await.unwrap(), [true; 2]);
+        assert_eq!(b.hold_wake_locks(&names).await.unwrap(), [false; 3]);
+        a.free_wake_locks(&names[..2]).await.unwrap();
+        assert_eq!(
+            b.hold_wake_locks(&names).await.unwrap(),
+            [true, true, false],
+            "freed once, the first two are free"
+        );
+        // Freeing what another session holds changes nothing.
+        a.free_wake_locks(&names[..1]).await.unwrap();
+        assert_eq!(a.hold_wake_locks(&names[..1]).await.unwrap(), [false]);
+    }
+
     #[tokio::test]
     async fn a_server_with_autocommit_off_is_refused() {
         let server = MariaDbServer::start_with(&["--autocommit=0"]);

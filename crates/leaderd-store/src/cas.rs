@@ -40,6 +40,25 @@ pub(crate) trait CasOps {
     }
 }
 
+/// A backend that reads, takes and creates several rows in one statement
+/// each (MySQL/MariaDB), for [`acquire_or_renew_many_read_together`]. Not
+/// SQLite, whose take writes only the row its last read saw.
+pub(crate) trait CasBatch: CasOps {
+    /// [`CasOps::observe`] for several elections (distinct names), in order.
+    async fn observe_all(
+        &mut self,
+        reqs: &[&LeaseRequest<'_>],
+    ) -> Result<Vec<Option<Observed>>, StoreError>;
+    /// [`CasOps::take`] for several expired rows (`(request, token seen)`,
+    /// distinct names, one ttl); whether each was taken.
+    async fn take_all(
+        &mut self,
+        items: &[(&LeaseRequest<'_>, i64)],
+    ) -> Result<Vec<bool>, StoreError>;
+    /// [`CasOps::create`] for several missing rows.
+    async fn create_all(&mut self, reqs: &[&LeaseRequest<'_>]) -> Result<(), StoreError>;
+}
+
 /// [`CasOps::renew`] for each item, stopping at the first error.
 pub(crate) async fn renew_each(
     ops: &mut impl CasOps,
@@ -54,47 +73,174 @@ pub(crate) async fn renew_each(
 
 /// Acquire-or-renew for several elections: the renewals together
 /// ([`CasOps::renew_all`]), then the rest one by one, as
-/// [`acquire_or_renew`] alone would. Stops at the first failure that is
-/// not the row's own (see [`crate::Connection::acquire_or_renew_many`]).
+/// [`acquire_or_renew`] alone would. Any failure that is not the row's own
+/// (see [`crate::Connection::acquire_or_renew_many`]) is the only answer.
 pub(crate) async fn acquire_or_renew_many(
     ops: &mut impl CasOps,
     reqs: &[LeaseRequest<'_>],
 ) -> Vec<Result<Attempt, StoreError>> {
+    let answers = async {
+        let renewed = renew_together(ops, reqs).await?;
+        let mut out = Vec::with_capacity(reqs.len());
+        for (req, renewed) in reqs.iter().zip(renewed) {
+            out.push(answer_alone(ops, req, renewed).await?);
+        }
+        Ok(out)
+    };
+    answers.await.unwrap_or_else(|e| vec![Err(e)])
+}
+
+/// [`acquire_or_renew_many`] for a backend that reads, takes and creates
+/// rows together: the followers' rows are read in one statement, then those
+/// missing created in one and those expired taken in one, each decided as
+/// [`acquire_or_renew`] decides it. A lease not renewed together still goes
+/// the whole path alone (rare: a lease lost, a row locked elsewhere).
+/// A server far away costs a few round trips per batch, not a few per
+/// election (150 ms away, six followers one by one ran past their budget).
+pub(crate) async fn acquire_or_renew_many_read_together(
+    ops: &mut impl CasBatch,
+    reqs: &[LeaseRequest<'_>],
+) -> Vec<Result<Attempt, StoreError>> {
+    read_together(ops, reqs)
+        .await
+        .unwrap_or_else(|e| vec![Err(e)])
+}
+
+async fn read_together(
+    ops: &mut impl CasBatch,
+    reqs: &[LeaseRequest<'_>],
+) -> Result<Vec<Result<Attempt, StoreError>>, StoreError> {
+    let renewed = renew_together(ops, reqs).await?;
+    let mut out: Vec<Option<Result<Attempt, StoreError>>> = Vec::with_capacity(reqs.len());
+    let mut followers = Vec::new();
+    for (i, (req, renewed)) in reqs.iter().zip(renewed).enumerate() {
+        if req.held_token.is_none() {
+            followers.push(i);
+            out.push(None);
+        } else {
+            out.push(Some(answer_alone(ops, req, renewed).await?));
+        }
+    }
+    if followers.is_empty() {
+        return Ok(out.into_iter().flatten().collect());
+    }
+    let asked: Vec<&LeaseRequest<'_>> = followers.iter().map(|&i| &reqs[i]).collect();
+    let seen = ops.observe_all(&asked).await?;
+    let mut missing = Vec::new();
+    let mut expired = Vec::new();
+    for (&i, seen) in followers.iter().zip(seen) {
+        out[i] = match seen {
+            None => {
+                missing.push(&reqs[i]);
+                Some(Ok(Attempt::Created))
+            }
+            Some(seen) if seen.remaining_us <= 0 => {
+                expired.push((i, seen));
+                None
+            }
+            Some(seen) => Some(row_error(still_ours(ops, &reqs[i], seen).await)?),
+        };
+    }
+    if !missing.is_empty() {
+        ops.create_all(&missing).await?;
+    }
+    if !expired.is_empty() {
+        let items: Vec<(&LeaseRequest<'_>, i64)> = expired
+            .iter()
+            .map(|(i, seen)| (&reqs[*i], seen.token))
+            .collect();
+        let taken = ops.take_all(&items).await?;
+        for ((i, seen), taken) in expired.into_iter().zip(taken) {
+            out[i] = Some(Ok(taken_or_refused(taken, seen)));
+        }
+    }
+    Ok(out.into_iter().flatten().collect())
+}
+
+/// The held leases of `reqs` renewed together (in one statement where the
+/// backend can): whether each request was.
+async fn renew_together(
+    ops: &mut impl CasOps,
+    reqs: &[LeaseRequest<'_>],
+) -> Result<Vec<bool>, StoreError> {
     let mut renewed = vec![false; reqs.len()];
     let renewing: Vec<(usize, i64)> = reqs
         .iter()
         .enumerate()
         .filter_map(|(i, r)| r.held_token.map(|token| (i, token)))
         .collect();
-    if renewing.len() > 1 {
-        let items: Vec<_> = renewing.iter().map(|&(i, t)| (&reqs[i], t)).collect();
-        match ops.renew_all(&items).await {
-            Ok(matched) => {
-                for (&(i, _), ok) in renewing.iter().zip(matched) {
-                    renewed[i] = ok;
-                }
+    // Even one alone: a backend's batch statement is prepared at connect
+    // (see `Connection::prepare_batches`), so it costs one round trip from
+    // the first use on.
+    if renewing.is_empty() {
+        return Ok(renewed);
+    }
+    let items: Vec<_> = renewing.iter().map(|&(i, t)| (&reqs[i], t)).collect();
+    match ops.renew_all(&items).await {
+        Ok(matched) => {
+            for (&(i, _), ok) in renewing.iter().zip(matched) {
+                renewed[i] = ok;
             }
-            // A row locked elsewhere: each goes alone, and only that one
-            // is answered busy.
-            Err(StoreError::Busy) => {}
-            Err(e) => return vec![Err(e)],
         }
+        // A row locked elsewhere: each goes alone, and only that one is
+        // answered busy.
+        Err(StoreError::Busy) => {}
+        Err(e) => return Err(e),
     }
-    let mut out = Vec::with_capacity(reqs.len());
-    for (req, renewed) in reqs.iter().zip(renewed) {
-        let one = match req.held_token {
-            Some(token) if renewed => Ok(Attempt::Granted { token }),
-            // Not renewed together: the whole path (a renewal that did not
-            // match is tried once more, harmlessly, then the row is read).
-            _ => acquire_or_renew(ops, req).await,
-        };
-        let fatal = matches!(&one, Err(e) if !matches!(e, StoreError::Busy));
-        out.push(one);
-        if fatal {
-            break;
+    Ok(renewed)
+}
+
+/// One request's answer after the renewals together: granted if renewed
+/// there, else the whole path alone (a renewal that did not match is tried
+/// once more, harmlessly, then the row is read). `Err` only for a failure
+/// that is not the row's own.
+async fn answer_alone(
+    ops: &mut impl CasOps,
+    req: &LeaseRequest<'_>,
+    renewed: bool,
+) -> Result<Result<Attempt, StoreError>, StoreError> {
+    match req.held_token {
+        Some(token) if renewed => Ok(Ok(Attempt::Granted { token })),
+        _ => row_error(acquire_or_renew(ops, req).await),
+    }
+}
+
+/// A row's own refusal to be written ([`StoreError::Busy`]) stays that
+/// request's answer; any other failure is the batch's.
+fn row_error(
+    answer: Result<Attempt, StoreError>,
+) -> Result<Result<Attempt, StoreError>, StoreError> {
+    match answer {
+        Err(e) if !matches!(e, StoreError::Busy) => Err(e),
+        answer => Ok(answer),
+    }
+}
+
+/// A live row: refused, unless it is still this instance's though it no
+/// longer counted on it locally (its deadline passed first): renewed then,
+/// same token.
+async fn still_ours(
+    ops: &mut impl CasOps,
+    req: &LeaseRequest<'_>,
+    seen: Observed,
+) -> Result<Attempt, StoreError> {
+    if seen.instance.as_deref() == Some(req.instance) && ops.renew(req, seen.token).await? {
+        return Ok(Attempt::Granted { token: seen.token });
+    }
+    Ok(Attempt::Refused(seen))
+}
+
+/// The answer to a take of an expired row seen with `seen`'s token.
+fn taken_or_refused(taken: bool, seen: Observed) -> Attempt {
+    if taken {
+        Attempt::Granted {
+            token: seen.token + 1,
         }
+    } else {
+        // Someone else won the race: report what we saw; the engine retries
+        // shortly and reads the winner then.
+        Attempt::Refused(seen)
     }
-    out
 }
 
 pub(crate) async fn acquire_or_renew(
@@ -111,19 +257,8 @@ pub(crate) async fn acquire_or_renew(
         return Ok(Attempt::Created);
     };
     if seen.remaining_us <= 0 {
-        if ops.take(req, seen.token).await? {
-            return Ok(Attempt::Granted {
-                token: seen.token + 1,
-            });
-        }
-        // Someone else won the race: report what we saw; the engine retries
-        // shortly and reads the winner then.
-        return Ok(Attempt::Refused(seen));
+        let taken = ops.take(req, seen.token).await?;
+        return Ok(taken_or_refused(taken, seen));
     }
-    if seen.instance.as_deref() == Some(req.instance) && ops.renew(req, seen.token).await? {
-        // Still ours in the database though we no longer counted on it
-        // locally (our deadline passed first): renew, same token.
-        return Ok(Attempt::Granted { token: seen.token });
-    }
-    Ok(Attempt::Refused(seen))
+    still_ours(ops, req, seen).await
 }

@@ -233,6 +233,19 @@ impl Connection {
         })
     }
 
+    /// MySQL/MariaDB: prepares the statements that serve several elections
+    /// at once, so that the first batches after a connect cost one round
+    /// trip each, as every later one does (no table yet: an error the
+    /// server answers; they are then prepared at first use). Elsewhere
+    /// nothing to do: PostgreSQL's unnamed statements go in one round
+    /// trip, SQLite is local.
+    pub async fn prepare_batches(&mut self) -> Result<(), StoreError> {
+        match self {
+            Connection::Mysql(c) => c.prepare_batches().await,
+            Connection::Postgres(_) | Connection::Sqlite(_) => Ok(()),
+        }
+    }
+
     /// A handle that cancels this connection's statement in flight, on
     /// backends that have cancel requests (PostgreSQL). MySQL and SQLite
     /// bound their waits inside each statement instead.
@@ -295,7 +308,7 @@ impl Connection {
     ) -> Result<Vec<Result<Attempt, StoreError>>, StoreError> {
         let mut results = match self {
             Connection::Postgres(c) => c.acquire_or_renew_many(reqs).await?,
-            Connection::Mysql(c) => cas::acquire_or_renew_many(c, reqs).await,
+            Connection::Mysql(c) => cas::acquire_or_renew_many_read_together(c, reqs).await,
             Connection::Sqlite(c) => cas::acquire_or_renew_many(c, reqs).await,
         };
         // Anything but a row's own lock is the connection's (or the
@@ -338,23 +351,24 @@ impl Connection {
         }
     }
 
-    /// MySQL/MariaDB: takes the election's wake-up lock (see
-    /// [`Presence`]) without waiting; whether this session holds it now.
-    /// Held until freed or the connection ends; taken twice by a session,
-    /// it must be freed twice. Elsewhere nothing to hold (the release
-    /// announces): `true`.
-    pub async fn hold_wake_lock(&mut self, election: &str) -> Result<bool, StoreError> {
+    /// MySQL/MariaDB: takes the elections' wake-up locks (see [`Presence`])
+    /// without waiting, in one statement; whether this session holds each
+    /// now. Idempotent (a lock held already stays held once), held until
+    /// freed or the connection ends. Elsewhere nothing to hold (the release
+    /// announces): all `true`.
+    pub async fn hold_wake_locks(&mut self, elections: &[&str]) -> Result<Vec<bool>, StoreError> {
         match self {
-            Connection::Mysql(c) => c.hold_wake_lock(election).await,
-            Connection::Postgres(_) | Connection::Sqlite(_) => Ok(true),
+            Connection::Mysql(c) => c.hold_wake_locks(elections).await,
+            Connection::Postgres(_) | Connection::Sqlite(_) => Ok(vec![true; elections.len()]),
         }
     }
 
-    /// Frees the election's wake-up lock, waking the waiters (a no-op when
-    /// this session does not hold it, and on other backends).
-    pub async fn free_wake_lock(&mut self, election: &str) -> Result<(), StoreError> {
+    /// Frees the elections' wake-up locks in one statement, waking the
+    /// waiters (a no-op for a lock this session does not hold, and on
+    /// other backends).
+    pub async fn free_wake_locks(&mut self, elections: &[&str]) -> Result<(), StoreError> {
         match self {
-            Connection::Mysql(c) => c.free_wake_lock(election).await,
+            Connection::Mysql(c) => c.free_wake_locks(elections).await,
             Connection::Postgres(_) | Connection::Sqlite(_) => Ok(()),
         }
     }

@@ -12,7 +12,7 @@
 use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel_async::{AsyncMysqlConnection, RunQueryDsl};
 
-use crate::cas::CasOps;
+use crate::cas::{CasBatch, CasOps};
 use crate::migrate;
 use crate::sql::{Bind, Stmt};
 use crate::tls::{Files, Verify};
@@ -46,11 +46,18 @@ macro_rules! bounded {
 }
 
 /// What a renewal sets (one bind: ttl µs); shared by [`RENEW`] and
-/// [`renew_many_sql`].
+/// [`RENEW_ALL`].
 macro_rules! renew_set {
-    () => {
-        "SET renewed_at = UTC_TIMESTAMP(6), \
-            expires_at = GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) "
+    ($l:literal) => {
+        concat!(
+            "SET ",
+            $l,
+            "renewed_at = UTC_TIMESTAMP(6), ",
+            $l,
+            "expires_at = GREATEST(",
+            $l,
+            "expires_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) "
+        )
     };
 }
 
@@ -60,51 +67,33 @@ const RENEW: Sql = bounded!(
     "UPDATE",
     concat!(
         " service_leader_lock ",
-        renew_set!(),
+        renew_set!(""),
         "WHERE name = ? AND instance = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)"
     )
 );
 
-/// The most leases one renewal statement carries (four binds each, far
-/// below the server's 65,535).
+/// The most leases one renewal statement carries.
 const RENEW_MANY_MAX: usize = 1024;
 
-/// [`RENEW`] for `rows` leases at once, each matched on its own name,
-/// instance and token and judged by the server's clock. Binds: ttl µs, the
-/// names, then (election, instance, token) per lease. The names' own list
-/// and the index hint keep it on the name index: without them the servers
-/// chose to scan (and, under REPEATABLE READ, lock) the whole table once a
-/// batch was a fair share of it, so one replica's renewal made the others'
-/// statements busy. `rows` is a power of two (a batch is padded by
-/// repeating its last lease), so a connection prepares a handful of these
-/// texts, not one per batch size.
-fn renew_many_sql(rows: usize, mariadb: bool) -> &'static str {
-    static TEXTS: std::sync::Mutex<Vec<(usize, bool, &'static str)>> =
-        std::sync::Mutex::new(Vec::new());
-    let mut texts = TEXTS.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, _, sql)) = texts.iter().find(|(r, m, _)| (*r, *m) == (rows, mariadb)) {
-        return sql;
-    }
-    let names = vec!["?"; rows].join(", ");
-    let tuples = vec!["(?, ?, ?)"; rows].join(", ");
-    let rest = format!(
-        " service_leader_lock FORCE INDEX (service_leader_lock_name) {}\
-         WHERE name IN ({names}) AND (name, instance, token) IN ({tuples}) \
-         AND expires_at > UTC_TIMESTAMP(6)",
-        renew_set!()
-    );
-    let sql = if mariadb {
-        format!(
-            "SET STATEMENT innodb_lock_wait_timeout = 0, lock_wait_timeout = 1 FOR UPDATE{rest}"
-        )
-    } else {
-        format!("UPDATE /*+ SET_VAR(lock_wait_timeout = 1) */{rest}")
-    };
-    // At most two per power of two up to RENEW_MANY_MAX, for the process.
-    let sql: &'static str = Box::leak(sql.into_boxed_str());
-    texts.push((rows, mariadb, sql));
-    sql
-}
+/// [`RENEW`] for several leases at once, each matched on its own name,
+/// instance and token and judged by the server's clock. Binds: a JSON array
+/// of `[name, instance, token]`, sorted by name (two statements lock rows
+/// in one order), then ttl µs. One text whatever the number, prepared once
+/// per connection. The index hint keeps it on the name index: without it
+/// the servers chose to scan (and, under REPEATABLE READ, lock) the whole
+/// table once a batch was a fair share of it, so one replica's renewal made
+/// the others' statements busy.
+const RENEW_ALL: Sql = bounded!(
+    "UPDATE",
+    concat!(
+        " service_leader_lock l FORCE INDEX (service_leader_lock_name) \
+        JOIN (SELECT * FROM JSON_TABLE(?, '$[*]' COLUMNS (n VARCHAR(100) PATH '$[0]', \
+            inst VARCHAR(64) PATH '$[1]', tok BIGINT PATH '$[2]')) AS x) AS j \
+          ON l.name = j.n AND l.instance = j.inst AND l.token = j.tok ",
+        renew_set!("l."),
+        "WHERE l.expires_at > UTC_TIMESTAMP(6)"
+    )
+);
 
 const OBSERVE: Sql = bounded!(
     "SELECT",
@@ -130,6 +119,44 @@ const CREATE: Sql = bounded!(
     SELECT ?, GREATEST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)), \
                        COALESCE((SELECT token + 1 FROM service_leader_token WHERE name = ?), 0)), \
            UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+    ON DUPLICATE KEY UPDATE id = id"
+);
+
+/// [`OBSERVE`] for several elections in one statement: the rows that exist,
+/// each with its place in the JSON array of names (bind), from 1.
+const OBSERVE_ALL: Sql = bounded!(
+    "SELECT",
+    " j.i, l.holder, l.instance, l.token, \
+    TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at) \
+    FROM JSON_TABLE(?, '$[*]' COLUMNS (i FOR ORDINALITY, n VARCHAR(100) PATH '$')) AS j \
+    JOIN service_leader_lock l FORCE INDEX (service_leader_lock_name) ON l.name = j.n"
+);
+
+/// [`TAKE`] for several expired rows in one statement, each on the token
+/// seen. Binds: a JSON array of `[name, holder, instance, token seen]`,
+/// sorted by name so that two takers lock rows in one order, then ttl µs.
+/// The matched-row count says whether all were taken.
+const TAKE_ALL: Sql = bounded!(
+    "UPDATE",
+    " service_leader_lock l FORCE INDEX (service_leader_lock_name) \
+    JOIN (SELECT * FROM JSON_TABLE(?, '$[*]' COLUMNS (n VARCHAR(100) PATH '$[0]', \
+        h VARCHAR(100) PATH '$[1]', inst VARCHAR(64) PATH '$[2]', tok BIGINT PATH '$[3]')) AS x) AS j \
+      ON l.name = j.n AND l.token = j.tok \
+    SET l.token = l.token + 1, l.holder = j.h, l.instance = j.inst, \
+        l.acquired_at = UTC_TIMESTAMP(6), l.renewed_at = UTC_TIMESTAMP(6), \
+        l.expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+    WHERE l.expires_at <= UTC_TIMESTAMP(6)"
+);
+
+/// [`CREATE`] for several missing rows in one statement. Binds: ttl µs,
+/// then a JSON array of names.
+const CREATE_ALL: Sql = bounded!(
+    "INSERT",
+    " INTO service_leader_lock (name, token, expires_at) \
+    SELECT j.n, GREATEST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)), \
+                COALESCE((SELECT t.token + 1 FROM service_leader_token t WHERE t.name = j.n), 0)), \
+           UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+    FROM JSON_TABLE(?, '$[*]' COLUMNS (n VARCHAR(100) PATH '$')) AS j \
     ON DUPLICATE KEY UPDATE id = id"
 );
 
@@ -267,6 +294,26 @@ impl MysqlStore {
         Ok(Self { conn, mariadb })
     }
 
+    /// Runs each batch statement once on nothing (`[]`: no row read,
+    /// locked or written), so that it is prepared at connect, outside any
+    /// attempt's budget: a statement's first use costs a round trip more
+    /// (its prepare), and 120 ms away the first batches after a connect ran
+    /// their leases past the deadline (led, lost and led again for a second
+    /// or more). One text each whatever the batch's size.
+    pub(crate) async fn prepare_batches(&mut self) -> Result<(), StoreError> {
+        self.observe_all(&[]).await?;
+        for sql in [&RENEW_ALL, &TAKE_ALL] {
+            Stmt::<()>::new(self.sql(sql), [Bind::Text("[]"), Bind::BigInt(0)])
+                .execute(&mut self.conn)
+                .await?;
+        }
+        Stmt::<()>::new(self.sql(&CREATE_ALL), [Bind::BigInt(0), Bind::Text("[]")])
+            .execute(&mut self.conn)
+            .await?;
+        self.hold_wake_locks(&[]).await?;
+        self.free_wake_locks(&[]).await
+    }
+
     fn sql(&self, sql: &Sql) -> &'static str {
         if self.mariadb {
             sql.mariadb
@@ -281,20 +328,18 @@ impl MysqlStore {
         &mut self,
         items: &[(&LeaseRequest<'_>, i64)],
     ) -> Result<usize, diesel::result::Error> {
-        let rows = items.len().next_power_of_two();
-        let padded = || (0..rows).map(|i| items[i.min(items.len() - 1)]);
-        let mut binds = vec![Bind::BigInt(items[0].0.ttl_us())];
-        binds.extend(padded().map(|(req, _)| Bind::Text(req.election)));
-        for (req, token) in padded() {
-            binds.extend([
-                Bind::Text(req.election),
-                Bind::Text(req.instance),
-                Bind::BigInt(token),
-            ]);
-        }
-        Stmt::<()>::new(renew_many_sql(rows, self.mariadb), binds)
-            .execute(&mut self.conn)
-            .await
+        let mut rows: Vec<(&str, &str, i64)> = items
+            .iter()
+            .map(|(req, token)| (req.election, req.instance, *token))
+            .collect();
+        rows.sort_unstable_by_key(|r| r.0.as_bytes());
+        let rows = serde_json::to_string(&rows).expect("strings serialize");
+        Stmt::<()>::new(
+            self.sql(&RENEW_ALL),
+            [Bind::Text(&rows), Bind::BigInt(items[0].0.ttl_us())],
+        )
+        .execute(&mut self.conn)
+        .await
     }
 
     pub(crate) async fn release(
@@ -328,10 +373,12 @@ impl MysqlStore {
 }
 
 /// A row-lock wait that the statement's own bound cut short (error 1205):
-/// another transaction holds the row.
+/// another transaction holds the row. Or a deadlock (1213, MySQL, whose
+/// statements wait for row locks; see [`Sql`]): the statement was rolled
+/// back, as after a lock wait.
 fn lock_busy(e: &diesel::result::Error) -> bool {
     matches!(e, diesel::result::Error::DatabaseError(_, info)
-        if info.message().contains("Lock wait timeout"))
+        if info.message().contains("Lock wait timeout") || info.message().contains("Deadlock found"))
 }
 
 impl CasOps for MysqlStore {
@@ -434,11 +481,111 @@ impl CasOps for MysqlStore {
     }
 }
 
+impl CasBatch for MysqlStore {
+    /// One statement for all: a server 150 ms away would otherwise spend a
+    /// round trip per election, and a handful of followers' attempts ran
+    /// past their budget (cut, and retried, for ever).
+    async fn observe_all(
+        &mut self,
+        reqs: &[&LeaseRequest<'_>],
+    ) -> Result<Vec<Option<Observed>>, StoreError> {
+        let names: Vec<&str> = reqs.iter().map(|r| r.election).collect();
+        let names = serde_json::to_string(&names).expect("strings serialize");
+        // Place, then the row as `observed` takes it.
+        type Row = (i64, Option<String>, Option<String>, i64, i64);
+        let rows: Vec<Row> = Stmt::<(BigInt, Nullable<Text>, Nullable<Text>, BigInt, BigInt)>::new(
+            self.sql(&OBSERVE_ALL),
+            [Bind::Text(&names)],
+        )
+        .load(&mut self.conn)
+        .await?;
+        let mut out = vec![None; reqs.len()];
+        for (place, holder, instance, token, remaining_us) in rows {
+            let slot = usize::try_from(place - 1).ok().and_then(|i| out.get_mut(i));
+            if let Some(slot) = slot {
+                *slot = Some(observed((holder, instance, token, remaining_us)));
+            }
+        }
+        Ok(out)
+    }
+
+    /// One statement for all; when it matched fewer rows than it carries
+    /// (another replica took one first, or one is locked), the rows are read
+    /// again to learn which: a row now on this request's instance with the
+    /// next token was taken by it (nobody else writes that instance).
+    async fn take_all(
+        &mut self,
+        items: &[(&LeaseRequest<'_>, i64)],
+    ) -> Result<Vec<bool>, StoreError> {
+        let mut sorted: Vec<usize> = (0..items.len()).collect();
+        sorted.sort_by_key(|&i| items[i].0.election.as_bytes());
+        let rows: Vec<(&str, &str, &str, i64)> = sorted
+            .iter()
+            .map(|&i| {
+                let (req, seen) = items[i];
+                (req.election, req.holder, req.instance, seen)
+            })
+            .collect();
+        let rows = serde_json::to_string(&rows).expect("strings serialize");
+        let n = Stmt::<()>::new(
+            self.sql(&TAKE_ALL),
+            [Bind::Text(&rows), Bind::BigInt(items[0].0.ttl_us())],
+        )
+        .execute(&mut self.conn)
+        .await;
+        match n {
+            Ok(n) if n == items.len() => return Ok(vec![true; items.len()]),
+            Ok(_) => {}
+            // Rolled back whole: none taken (the read below says so).
+            Err(e) if lock_busy(&e) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let reqs: Vec<&LeaseRequest<'_>> = items.iter().map(|(r, _)| *r).collect();
+        let now = self.observe_all(&reqs).await?;
+        Ok(items
+            .iter()
+            .zip(now)
+            .map(|((req, seen), row)| {
+                row.is_some_and(|o| {
+                    o.instance.as_deref() == Some(req.instance) && o.token == seen + 1
+                })
+            })
+            .collect())
+    }
+
+    async fn create_all(&mut self, reqs: &[&LeaseRequest<'_>]) -> Result<(), StoreError> {
+        let names: Vec<&str> = reqs.iter().map(|r| r.election).collect();
+        let names = serde_json::to_string(&names).expect("strings serialize");
+        Stmt::<()>::new(
+            self.sql(&CREATE_ALL),
+            [Bind::BigInt(reqs[0].ttl_us()), Bind::Text(&names)],
+        )
+        .execute(&mut self.conn)
+        .await?;
+        Ok(())
+    }
+}
+
 /// The named lock of an election: server-wide, so the database name is part
 /// of it, hashed to stay within MySQL's 64 characters. Bind: election.
 macro_rules! lock_name {
     () => {
-        "CONCAT('leaderd:', SHA1(CONCAT(DATABASE(), '/', ?)))"
+        lock_name!("?")
+    };
+    ($name:literal) => {
+        concat!(
+            "CONCAT('leaderd:', SHA1(CONCAT(DATABASE(), '/', ",
+            $name,
+            ")))"
+        )
+    };
+}
+
+/// The rows `j.n` of a JSON array of election names (bind), in order.
+macro_rules! names_of_json {
+    () => {
+        " FROM JSON_TABLE(?, '$[*]' COLUMNS (i FOR ORDINALITY, n VARCHAR(100) PATH '$')) AS j \
+         ORDER BY j.i"
     };
 }
 
@@ -449,8 +596,26 @@ const WAIT_FOR_LOCK: &str = concat!("SELECT GET_LOCK(", lock_name!(), ", ? / 100
 const LET_GO: &str = concat!("SELECT RELEASE_LOCK(", lock_name!(), ")");
 /// Whether someone (a leader) holds the lock now.
 const LOCK_HELD: &str = concat!("SELECT IS_USED_LOCK(", lock_name!(), ") IS NOT NULL");
-/// A leader takes the lock without waiting: 1 when it has it.
-const TAKE_LOCK: &str = concat!("SELECT COALESCE(GET_LOCK(", lock_name!(), ", 0), 0)");
+/// A leader takes its elections' locks without waiting, all in one
+/// statement: 1 for each it holds now. Idempotent: a lock this session holds
+/// already is not taken again (a session counts a lock taken twice, and one
+/// free would leave it held). Bind: the names, a JSON array.
+const TAKE_LOCKS: &str = concat!(
+    "SELECT IF(IS_USED_LOCK(",
+    lock_name!("j.n"),
+    ") <=> CONNECTION_ID(), 1, COALESCE(GET_LOCK(",
+    lock_name!("j.n"),
+    ", 0), 0))",
+    names_of_json!()
+);
+/// Frees the leader's locks of those elections (bind: the names, a JSON
+/// array), each waking one waiter.
+const LET_GO_ALL: &str = concat!(
+    "SELECT RELEASE_LOCK(",
+    lock_name!("j.n"),
+    ")",
+    names_of_json!()
+);
 
 /// How soon a waiter looks again for a leader's lock that nobody holds: often
 /// for a while after a release (a new leader takes its lock within
@@ -598,19 +763,123 @@ impl LocksWatcher {
 }
 
 impl MysqlStore {
-    /// Takes the election's named lock (see [`LockWaiter`]) without
-    /// waiting; whether this session holds it now (a follower that just
-    /// woke may hold it for an instant: try again).
-    pub(crate) async fn hold_wake_lock(&mut self, election: &str) -> Result<bool, StoreError> {
-        let got: i64 = Stmt::<BigInt>::new(TAKE_LOCK, [Bind::Text(election)])
-            .get_result(&mut self.conn)
+    /// Takes the elections' named locks (see [`LockWaiter`]) without
+    /// waiting, in one statement; whether this session holds each now (a
+    /// follower that just woke may hold one for an instant: try again).
+    pub(crate) async fn hold_wake_locks(
+        &mut self,
+        elections: &[&str],
+    ) -> Result<Vec<bool>, StoreError> {
+        let names = names_json(elections);
+        let got: Vec<i64> = Stmt::<BigInt>::new(TAKE_LOCKS, [Bind::Text(&names)])
+            .load(&mut self.conn)
             .await?;
-        Ok(got == 1)
+        // One row per name, in order (one missing reads as not held).
+        Ok((0..elections.len())
+            .map(|i| got.get(i) == Some(&1))
+            .collect())
     }
 
-    /// Frees the election's named lock, waking one waiter (who wakes the
-    /// next).
-    pub(crate) async fn free_wake_lock(&mut self, election: &str) -> Result<(), StoreError> {
-        let_go(&mut self.conn, election).await
+    /// Frees the elections' named locks, in one statement, each waking one
+    /// waiter (who wakes the next).
+    pub(crate) async fn free_wake_locks(&mut self, elections: &[&str]) -> Result<(), StoreError> {
+        let names = names_json(elections);
+        Stmt::<Nullable<BigInt>>::new(LET_GO_ALL, [Bind::Text(&names)])
+            .load::<Option<i64>>(&mut self.conn)
+            .await?;
+        Ok(())
+    }
+}
+
+/// Names as a JSON array, for `JSON_TABLE`: one bind, one statement text,
+/// whatever their number.
+fn names_json(elections: &[&str]) -> String {
+    serde_json::to_string(elections).expect("strings serialize")
+}
+
+#[cfg(test)]
+mod tests {
+    //! Against the local MariaDB (127.0.0.1:3306, `root`, no password), in
+    //! a database of its own.
+    use super::*;
+    use diesel_async::SimpleAsyncConnection;
+
+    async fn scratch() -> (String, AsyncMysqlConnection) {
+        let admin = DatabaseUrl::parse("mysql://root@127.0.0.1:3306/test").unwrap();
+        let mut conn = establish(&admin).await.expect("the local MariaDB");
+        let name = format!("leaderd_unit_{}", uuid::Uuid::new_v4().simple());
+        conn.batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .unwrap();
+        (name, conn)
+    }
+
+    /// A batch take that loses one row to another taker between its read
+    /// and its write learns which ones it took by reading them again: its
+    /// own instance with the next token.
+    #[tokio::test]
+    async fn a_batch_take_that_loses_a_race_says_which_rows_it_took() {
+        let (name, mut admin) = scratch().await;
+        let url = DatabaseUrl::parse(&format!("mysql://root@127.0.0.1:3306/{name}")).unwrap();
+        MysqlStore::connect(&url)
+            .await
+            .unwrap()
+            .migrate()
+            .await
+            .unwrap();
+        let mut a = MysqlStore::connect(&url).await.unwrap();
+        let mut b = MysqlStore::connect(&url).await.unwrap();
+        let req = |election, holder, instance| LeaseRequest {
+            election,
+            holder,
+            instance,
+            ttl: std::time::Duration::from_secs(30),
+            held_token: None,
+        };
+        let ours = [
+            req("e1", "a", "ia"),
+            req("e2", "a", "ia"),
+            req("e3", "a", "ia"),
+        ];
+        let refs: Vec<&LeaseRequest<'_>> = ours.iter().collect();
+        // Created expired at once (a ttl of zero blocks them for nothing).
+        let expired: Vec<LeaseRequest<'_>> = ours
+            .iter()
+            .map(|r| LeaseRequest {
+                ttl: std::time::Duration::ZERO,
+                ..*r
+            })
+            .collect();
+        a.create_all(&expired.iter().collect::<Vec<_>>())
+            .await
+            .unwrap();
+        let seen: Vec<i64> = a
+            .observe_all(&refs)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|o| o.expect("created").token)
+            .collect();
+        // B takes e2 between A's read and A's take.
+        assert!(b.take(&req("e2", "b", "ib"), seen[1]).await.unwrap());
+        let items: Vec<(&LeaseRequest<'_>, i64)> = refs.iter().copied().zip(seen.clone()).collect();
+        assert_eq!(a.take_all(&items).await.unwrap(), [true, false, true]);
+        let now = a.observe_all(&refs).await.unwrap();
+        let holders: Vec<(Option<String>, i64)> = now
+            .into_iter()
+            .map(|o| o.map(|o| (o.instance, o.token)).unwrap())
+            .collect();
+        assert_eq!(
+            holders,
+            [
+                (Some("ia".to_owned()), seen[0] + 1),
+                (Some("ib".to_owned()), seen[1] + 1),
+                (Some("ia".to_owned()), seen[2] + 1),
+            ]
+        );
+        admin
+            .batch_execute(&format!("DROP DATABASE {name}"))
+            .await
+            .unwrap();
     }
 }

@@ -179,7 +179,12 @@ async fn open(
             }
         }
     }
-    Connection::connect(&url).await.map_err(|e| e.to_string())
+    let mut conn = Connection::connect(&url).await.map_err(|e| e.to_string())?;
+    match conn.prepare_batches().await {
+        // Answered (no table yet, say): prepared at first use instead.
+        Err(e) if !e.answered() => Err(e.to_string()),
+        _ => Ok(conn),
+    }
 }
 
 /// Says so when one round trip to the database takes longer than the renew

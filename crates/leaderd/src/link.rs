@@ -6,7 +6,8 @@
 //! in one call ([`Connection::acquire_or_renew_many`], on PostgreSQL one
 //! statement for all renewals), the releases in another, while the next
 //! batch gathers behind it. On MySQL the leader's wake-up locks are held on
-//! this connection too (see `wakeups::keep_presence`), so a daemon needs
+//! this connection too (see `wakeups::keep_presence`), taken and freed
+//! after the batch's releases, one statement each way, so a daemon needs
 //! one more connection only for its release waiter. When a batch carries a renewal, every other
 //! election this daemon leads is asked to renew now ([`Shared::renew_soon`])
 //! and waited for briefly: that brings their schedules into step, so a
@@ -17,7 +18,8 @@
 //! connection (cancelling a statement still running) and fails every attempt
 //! in it; the loops retry on a fresh one, opened outside the attempts by the
 //! [`Connector`]. An attempt made while there is no connection fails at once
-//! without being sent; a release or a read waits for one.
+//! without being sent; a release, a read or a wake-up lock to take waits
+//! for one (a wake-up lock to free went with the last one).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -437,9 +439,8 @@ impl Task {
         }
         // After the releases: a wake-up lock is freed only once the row
         // is, so that the waiters it wakes find the row free.
-        for (election, free, reply) in wake_locks {
-            let answer = self.wake_lock(&election, free).await;
-            let _ = reply.send(answer);
+        if !wake_locks.is_empty() {
+            self.wake_locks(wake_locks).await;
         }
         for (prefix, reply) in reads {
             let answer = self.read(&prefix).await;
@@ -558,29 +559,78 @@ impl Task {
         self.settle(answer, RELEASE_CAP, "reading the table")
     }
 
-    async fn wake_lock(
-        &mut self,
-        election: &str,
-        free: Option<u64>,
-    ) -> Result<(bool, u64), String> {
+    /// The batch's wake-up locks: the frees in one statement, then the
+    /// takes in another (a batch holds at most one of each per election:
+    /// its presence task waits for each answer). Any failure, even one the
+    /// server answered, drops the connection and the locks with it: a lock
+    /// left held by a replica that no longer leads would keep the next
+    /// leader from taking it, and its releases would wake nobody.
+    async fn wake_locks(&mut self, jobs: Vec<(String, Option<u64>, WakeLockReply)>) {
         let generation = self.state.borrow().generation;
+        let mut frees = Vec::new();
+        let mut takes = Vec::new();
+        for (election, free, reply) in jobs {
+            match free {
+                // Gone with the connection it was taken on.
+                Some(taken_on) if taken_on != generation => {
+                    let _ = reply.send(Ok((false, generation)));
+                }
+                Some(_) => frees.push((election, reply)),
+                None => takes.push((election, reply)),
+            }
+        }
+        if !frees.is_empty() {
+            let names: Vec<&str> = frees.iter().map(|(e, _)| e.as_str()).collect();
+            let answer = match self.conn.as_mut() {
+                Some(conn) => tokio::time::timeout(RELEASE_CAP, conn.free_wake_locks(&names)).await,
+                None => Ok(Ok(())),
+            };
+            let answer = self.settle_wake_locks(answer, "freeing wake-up locks");
+            for (_, reply) in frees {
+                let _ = reply.send(answer.clone().map(|()| (false, generation)));
+            }
+        }
+        if takes.is_empty() {
+            return;
+        }
         let Some(conn) = self.conn.as_mut() else {
-            return Err("no connection".into());
-        };
-        let answer = match free {
-            // Gone with the connection it was taken on.
-            Some(taken_on) if taken_on != generation => return Ok((false, generation)),
-            Some(_) => {
-                let freed = tokio::time::timeout(RELEASE_CAP, conn.free_wake_lock(election)).await;
-                self.settle(freed, RELEASE_CAP, "freeing a wake-up lock")
-                    .map(|()| false)
+            // The frees cost the connection: the takes wait for the next.
+            for (election, reply) in takes {
+                let job = Job::WakeLock {
+                    election,
+                    free: None,
+                    reply,
+                };
+                self.pending.push_back(job);
             }
-            None => {
-                let held = tokio::time::timeout(RELEASE_CAP, conn.hold_wake_lock(election)).await;
-                self.settle(held, RELEASE_CAP, "taking a wake-up lock")
-            }
+            return;
         };
-        answer.map(|held| (held, generation))
+        let names: Vec<&str> = takes.iter().map(|(e, _)| e.as_str()).collect();
+        let answer = tokio::time::timeout(RELEASE_CAP, conn.hold_wake_locks(&names)).await;
+        match self.settle_wake_locks(answer, "taking wake-up locks") {
+            Ok(held) => {
+                for ((_, reply), held) in takes.into_iter().zip(held) {
+                    let _ = reply.send(Ok((held, generation)));
+                }
+            }
+            Err(e) => {
+                for (_, reply) in takes {
+                    let _ = reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+
+    fn settle_wake_locks<T>(
+        &mut self,
+        outcome: Result<Result<T, StoreError>, tokio::time::error::Elapsed>,
+        what: &str,
+    ) -> Result<T, String> {
+        let settled = self.settle(outcome, RELEASE_CAP, what);
+        if settled.is_err() {
+            self.drop_connection(None);
+        }
+        settled
     }
 
     /// The outcome of one statement run under `limit`: a failure or a

@@ -104,7 +104,8 @@ pub async fn wait_for_releases(
 /// returns at once on the other backends, which need none), on the
 /// daemon's connection to the lock table (the [`Link`]'s), and says in
 /// `held` since when it holds it. Ends when the loop drops its end of
-/// `leading`, letting the lock go.
+/// `leading` (whatever it said last: a loop that panicked drops it still
+/// saying true), letting the lock go.
 pub async fn keep_presence(
     source: DatabaseSource,
     link: Link,
@@ -116,14 +117,18 @@ pub async fn keep_presence(
         return;
     }
     let mut state = link.state();
+    // `wait_for` still answers from the last value once the loop's end is
+    // gone: without this, a `true` left there would take and free the
+    // lock over and over.
+    let closed = |leading: &watch::Receiver<bool>| leading.has_changed().is_err();
     loop {
-        if leading.wait_for(|l| *l).await.is_err() {
+        if closed(&leading) || leading.wait_for(|l| *l).await.is_err() {
             return;
         }
         let kept: Result<(), String> = async {
             // A follower that just woke holds the lock for an instant.
             let mut taken_on = None;
-            while *leading.borrow() {
+            while *leading.borrow() && !closed(&leading) {
                 let (got, generation) = link.hold_wake_lock(&election).await?;
                 if got {
                     held.send_replace(Some(Instant::now()));
@@ -136,8 +141,9 @@ pub async fn keep_presence(
                 return Ok(());
             };
             // Until it stops leading, or the connection it was taken on is
-            // dropped (by any failure on it), when the lock is taken again
-            // on the next one.
+            // dropped (a statement on it timed out or failed unanswered,
+            // or a wake-up lock's failed), when the lock is taken again on
+            // the next one.
             let lost = |s: &State| !s.connected || s.generation != generation;
             tokio::select! {
                 _ = leading.wait_for(|l| !*l) => {}
