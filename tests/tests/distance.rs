@@ -141,6 +141,7 @@ fn six_elections_on_mysql_120ms_away_are_held_with_their_wake_up_locks() {
     let proxy = FaultProxy::start(upstream(&db.url));
     proxy.set(Fault::Distance(Duration::from_millis(60)));
     let names = ["jobs", "mailer", "reports", "billing", "search", "cleanup"];
+    let started = Instant::now();
     let d = Daemon::launch(&proxy.url(&db.url), "far", &dir, "far", &["--no-spread"])
         .elections(&names)
         .start();
@@ -152,6 +153,7 @@ fn six_elections_on_mysql_120ms_away_are_held_with_their_wake_up_locks() {
     wait_for(Duration::from_secs(20), "six led", || {
         (d.leading()?.len() == 6).then_some(())
     });
+    eprintln!("six led after {:?}", started.elapsed());
     let locks = "SELECT COUNT(*) FROM service_leader_lock \
                  WHERE IS_USED_LOCK(CONCAT('leaderd:', SHA1(CONCAT(DATABASE(), '/', name)))) \
                  IS NOT NULL";

@@ -79,16 +79,18 @@ const RENEW_MANY_MAX: usize = 1024;
 /// instance and token and judged by the server's clock. Binds: a JSON array
 /// of `[name, instance, token]`, sorted by name (two statements lock rows
 /// in one order), then ttl µs. One text whatever the number, prepared once
-/// per connection. The index hint keeps it on the name index: without it
-/// the servers chose to scan (and, under REPEATABLE READ, lock) the whole
-/// table once a batch was a fair share of it, so one replica's renewal made
-/// the others' statements busy.
+/// per connection. The names drive the join (`STRAIGHT_JOIN`) and the index
+/// hint keeps each lookup on the name index: the table first, as MariaDB
+/// chose below about 100 rows whatever the hint, scanned and, under
+/// REPEATABLE READ, locked every row, so one replica's renewal made the
+/// others' statements busy (333 of 3,000 renewals of another lease
+/// refused in a review's test).
 const RENEW_ALL: Sql = bounded!(
     "UPDATE",
     concat!(
-        " service_leader_lock l FORCE INDEX (service_leader_lock_name) \
-        JOIN (SELECT * FROM JSON_TABLE(?, '$[*]' COLUMNS (n VARCHAR(100) PATH '$[0]', \
+        " (SELECT * FROM JSON_TABLE(?, '$[*]' COLUMNS (n VARCHAR(100) PATH '$[0]', \
             inst VARCHAR(64) PATH '$[1]', tok BIGINT PATH '$[2]')) AS x) AS j \
+        STRAIGHT_JOIN service_leader_lock l FORCE INDEX (service_leader_lock_name) \
           ON l.name = j.n AND l.instance = j.inst AND l.token = j.tok ",
         renew_set!("l."),
         "WHERE l.expires_at > UTC_TIMESTAMP(6)"
@@ -135,12 +137,13 @@ const OBSERVE_ALL: Sql = bounded!(
 /// [`TAKE`] for several expired rows in one statement, each on the token
 /// seen. Binds: a JSON array of `[name, holder, instance, token seen]`,
 /// sorted by name so that two takers lock rows in one order, then ttl µs.
-/// The matched-row count says whether all were taken.
+/// The matched-row count says whether all were taken. Joined as
+/// [`RENEW_ALL`] is, for the same reason.
 const TAKE_ALL: Sql = bounded!(
     "UPDATE",
-    " service_leader_lock l FORCE INDEX (service_leader_lock_name) \
-    JOIN (SELECT * FROM JSON_TABLE(?, '$[*]' COLUMNS (n VARCHAR(100) PATH '$[0]', \
+    " (SELECT * FROM JSON_TABLE(?, '$[*]' COLUMNS (n VARCHAR(100) PATH '$[0]', \
         h VARCHAR(100) PATH '$[1]', inst VARCHAR(64) PATH '$[2]', tok BIGINT PATH '$[3]')) AS x) AS j \
+    STRAIGHT_JOIN service_leader_lock l FORCE INDEX (service_leader_lock_name) \
       ON l.name = j.n AND l.token = j.tok \
     SET l.token = l.token + 1, l.holder = j.h, l.instance = j.inst, \
         l.acquired_at = UTC_TIMESTAMP(6), l.renewed_at = UTC_TIMESTAMP(6), \
@@ -509,10 +512,15 @@ impl CasBatch for MysqlStore {
         Ok(out)
     }
 
-    /// One statement for all; when it matched fewer rows than it carries
-    /// (another replica took one first, or one is locked), the rows are read
-    /// again to learn which: a row now on this request's instance with the
-    /// next token was taken by it (nobody else writes that instance).
+    /// One statement for all. When it matched fewer rows than it carries
+    /// (another replica took one first), the rows are read again, and one
+    /// now on this request's instance with the next token is renewed
+    /// before it is counted as taken: this statement may not be what put
+    /// it there (an earlier one of this instance, given up on but still
+    /// running on the server, may have, with an expiry counted from its own
+    /// start, long past), while the renewal's expiry counts from now. When
+    /// a row was locked elsewhere (the statement refused whole), each goes
+    /// alone, as before batches: only the locked one is refused.
     async fn take_all(
         &mut self,
         items: &[(&LeaseRequest<'_>, i64)],
@@ -536,20 +544,40 @@ impl CasBatch for MysqlStore {
         match n {
             Ok(n) if n == items.len() => return Ok(vec![true; items.len()]),
             Ok(_) => {}
-            // Rolled back whole: none taken (the read below says so).
-            Err(e) if lock_busy(&e) => {}
+            Err(e) if lock_busy(&e) => {
+                let mut out = Vec::with_capacity(items.len());
+                for (req, seen) in items {
+                    out.push(self.take(req, *seen).await?);
+                }
+                return Ok(out);
+            }
             Err(e) => return Err(e.into()),
         }
         let reqs: Vec<&LeaseRequest<'_>> = items.iter().map(|(r, _)| *r).collect();
         let now = self.observe_all(&reqs).await?;
-        Ok(items
+        let ours: Vec<(&LeaseRequest<'_>, i64)> = items
             .iter()
-            .zip(now)
-            .map(|((req, seen), row)| {
-                row.is_some_and(|o| {
+            .zip(&now)
+            .filter(|((req, seen), row)| {
+                row.as_ref().is_some_and(|o| {
                     o.instance.as_deref() == Some(req.instance) && o.token == seen + 1
                 })
             })
+            .map(|((req, seen), _)| (*req, seen + 1))
+            .collect();
+        let renewed = if ours.is_empty() {
+            Vec::new()
+        } else {
+            self.renew_all(&ours).await?
+        };
+        let confirmed: std::collections::HashSet<&str> = ours
+            .iter()
+            .zip(renewed)
+            .filter_map(|((req, _), ok)| ok.then_some(req.election))
+            .collect();
+        Ok(items
+            .iter()
+            .map(|(req, _)| confirmed.contains(req.election))
             .collect())
     }
 
@@ -814,12 +842,10 @@ mod tests {
         (name, conn)
     }
 
-    /// A batch take that loses one row to another taker between its read
-    /// and its write learns which ones it took by reading them again: its
-    /// own instance with the next token.
-    #[tokio::test]
-    async fn a_batch_take_that_loses_a_race_says_which_rows_it_took() {
-        let (name, mut admin) = scratch().await;
+    /// A migrated scratch database: its URL, a connection to run SQL on
+    /// it, and a connection to drop it with.
+    async fn migrated() -> (DatabaseUrl, AsyncMysqlConnection, Dropper) {
+        let (name, admin) = scratch().await;
         let url = DatabaseUrl::parse(&format!("mysql://root@127.0.0.1:3306/{name}")).unwrap();
         MysqlStore::connect(&url)
             .await
@@ -827,59 +853,186 @@ mod tests {
             .migrate()
             .await
             .unwrap();
-        let mut a = MysqlStore::connect(&url).await.unwrap();
-        let mut b = MysqlStore::connect(&url).await.unwrap();
-        let req = |election, holder, instance| LeaseRequest {
+        let sql = establish(&url).await.unwrap();
+        (url, sql, Dropper(Some((name, admin))))
+    }
+
+    /// Drops the scratch database at the end of a test.
+    struct Dropper(Option<(String, AsyncMysqlConnection)>);
+
+    impl Dropper {
+        async fn drop_now(mut self) {
+            if let Some((name, mut admin)) = self.0.take() {
+                let _ = admin.batch_execute(&format!("DROP DATABASE {name}")).await;
+            }
+        }
+    }
+
+    fn req<'a>(election: &'a str, holder: &'a str, instance: &'a str) -> LeaseRequest<'a> {
+        LeaseRequest {
             election,
             holder,
             instance,
             ttl: std::time::Duration::from_secs(30),
             held_token: None,
-        };
+        }
+    }
+
+    /// Rows created expired at once (a ttl of zero blocks them for nothing),
+    /// and the tokens they were seen with.
+    async fn expired_rows(a: &mut MysqlStore, reqs: &[&LeaseRequest<'_>]) -> Vec<i64> {
+        let at_once: Vec<LeaseRequest<'_>> = reqs
+            .iter()
+            .map(|r| LeaseRequest {
+                ttl: std::time::Duration::ZERO,
+                ..**r
+            })
+            .collect();
+        a.create_all(&at_once.iter().collect::<Vec<_>>())
+            .await
+            .unwrap();
+        a.observe_all(reqs)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|o| o.expect("created").token)
+            .collect()
+    }
+
+    /// A batch take that loses one row to another taker between its read
+    /// and its write learns which ones it took by reading them again: its
+    /// own instance with the next token, and still live (renewed).
+    #[tokio::test]
+    async fn a_batch_take_that_loses_a_race_says_which_rows_it_took() {
+        let (url, _sql, dropper) = migrated().await;
+        let mut a = MysqlStore::connect(&url).await.unwrap();
+        let mut b = MysqlStore::connect(&url).await.unwrap();
         let ours = [
             req("e1", "a", "ia"),
             req("e2", "a", "ia"),
             req("e3", "a", "ia"),
         ];
         let refs: Vec<&LeaseRequest<'_>> = ours.iter().collect();
-        // Created expired at once (a ttl of zero blocks them for nothing).
-        let expired: Vec<LeaseRequest<'_>> = ours
-            .iter()
-            .map(|r| LeaseRequest {
-                ttl: std::time::Duration::ZERO,
-                ..*r
-            })
-            .collect();
-        a.create_all(&expired.iter().collect::<Vec<_>>())
-            .await
-            .unwrap();
-        let seen: Vec<i64> = a
-            .observe_all(&refs)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|o| o.expect("created").token)
-            .collect();
+        let seen = expired_rows(&mut a, &refs).await;
         // B takes e2 between A's read and A's take.
         assert!(b.take(&req("e2", "b", "ib"), seen[1]).await.unwrap());
         let items: Vec<(&LeaseRequest<'_>, i64)> = refs.iter().copied().zip(seen.clone()).collect();
         assert_eq!(a.take_all(&items).await.unwrap(), [true, false, true]);
         let now = a.observe_all(&refs).await.unwrap();
-        let holders: Vec<(Option<String>, i64)> = now
+        let holders: Vec<(Option<String>, i64, bool)> = now
             .into_iter()
-            .map(|o| o.map(|o| (o.instance, o.token)).unwrap())
+            .map(|o| {
+                o.map(|o| (o.instance, o.token, o.remaining_us > 0))
+                    .unwrap()
+            })
             .collect();
         assert_eq!(
             holders,
             [
-                (Some("ia".to_owned()), seen[0] + 1),
-                (Some("ib".to_owned()), seen[1] + 1),
-                (Some("ia".to_owned()), seen[2] + 1),
+                (Some("ia".to_owned()), seen[0] + 1, true),
+                (Some("ib".to_owned()), seen[1] + 1, true),
+                (Some("ia".to_owned()), seen[2] + 1, true),
             ]
         );
-        admin
-            .batch_execute(&format!("DROP DATABASE {name}"))
+        dropper.drop_now().await;
+    }
+
+    /// A row locked elsewhere (an operator's `SELECT … FOR UPDATE`) refuses
+    /// the whole batch take on MariaDB (a lock wait of 0): the rows then go
+    /// one by one, and only the locked one is not taken.
+    #[tokio::test]
+    async fn a_locked_row_costs_a_batch_take_that_row_only() {
+        let (url, mut sql, dropper) = migrated().await;
+        let mut a = MysqlStore::connect(&url).await.unwrap();
+        let ours = [
+            req("e1", "a", "ia"),
+            req("e2", "a", "ia"),
+            req("e3", "a", "ia"),
+        ];
+        let refs: Vec<&LeaseRequest<'_>> = ours.iter().collect();
+        let seen = expired_rows(&mut a, &refs).await;
+        sql.batch_execute("BEGIN; SELECT * FROM service_leader_lock WHERE name = 'e2' FOR UPDATE")
             .await
             .unwrap();
+        let items: Vec<(&LeaseRequest<'_>, i64)> = refs.iter().copied().zip(seen).collect();
+        assert_eq!(a.take_all(&items).await.unwrap(), [true, false, true]);
+        sql.batch_execute("ROLLBACK").await.unwrap();
+        dropper.drop_now().await;
+    }
+
+    /// A row found on this instance with the next token after a partial
+    /// take may have been put there by an earlier statement of this
+    /// instance, given up on but still run by the server later, with an
+    /// expiry counted from that statement's start: already past. Counted as
+    /// taken, it would be led while another replica may take it. It is
+    /// not; the next attempt takes it with a new token.
+    #[tokio::test]
+    async fn a_row_left_expired_by_an_earlier_take_is_not_counted_as_taken() {
+        let (url, mut sql, dropper) = migrated().await;
+        let mut a = MysqlStore::connect(&url).await.unwrap();
+        let ours = [req("e1", "a", "ia"), req("e2", "a", "ia")];
+        let refs: Vec<&LeaseRequest<'_>> = ours.iter().collect();
+        let seen = expired_rows(&mut a, &refs).await;
+        // What the earlier statement did to e2: taken, long expired.
+        sql.batch_execute(&format!(
+            "UPDATE service_leader_lock SET token = {}, holder = 'a', instance = 'ia', \
+             expires_at = UTC_TIMESTAMP(6) - INTERVAL 2 SECOND WHERE name = 'e2'",
+            seen[1] + 1
+        ))
+        .await
+        .unwrap();
+        let items: Vec<(&LeaseRequest<'_>, i64)> = refs.iter().copied().zip(seen.clone()).collect();
+        assert_eq!(a.take_all(&items).await.unwrap(), [true, false]);
+        let e2 = a.observe_all(&refs[1..]).await.unwrap().remove(0).unwrap();
+        assert!(e2.remaining_us <= 0, "e2 was renewed: {e2:?}");
+        dropper.drop_now().await;
+    }
+
+    /// The batch statements lock the rows they match and nothing else, on
+    /// a table of a few rows too (where the servers would rather scan it):
+    /// another replica's renewal of its own row, and a new row's insert,
+    /// never find them locked (a lock wait of 0 refuses at once on
+    /// MariaDB). Also the no-op runs at connect.
+    #[tokio::test]
+    async fn batch_statements_lock_only_the_rows_they_match() {
+        let (url, mut sql, dropper) = migrated().await;
+        let mut b = MysqlStore::connect(&url).await.unwrap();
+        let names = ["e1", "e2", "e3", "e4", "e5"];
+        let rows: Vec<LeaseRequest<'_>> = names.iter().map(|n| req(n, "b", "ib")).collect();
+        let refs: Vec<&LeaseRequest<'_>> = rows.iter().collect();
+        let seen = expired_rows(&mut b, &refs).await;
+        let items: Vec<(&LeaseRequest<'_>, i64)> = refs.iter().copied().zip(seen.clone()).collect();
+        assert_eq!(b.take_all(&items[1..]).await.unwrap(), [true; 4]);
+        sql.batch_execute("ANALYZE TABLE service_leader_lock")
+            .await
+            .unwrap();
+        let literal = |text: &str, json: &str| {
+            text.replacen('?', &format!("'{json}'"), 1)
+                .replacen('?', "1000000", 1)
+        };
+        let held_open = [
+            literal(RENEW_ALL.mariadb, r#"[["e1","ia",1]]"#),
+            literal(RENEW_ALL.mariadb, "[]"),
+            literal(
+                TAKE_ALL.mariadb,
+                &format!(r#"[["e1","a","ia",{}]]"#, seen[0]),
+            ),
+            literal(TAKE_ALL.mariadb, "[]"),
+        ];
+        for statement in held_open {
+            sql.batch_execute(&format!("BEGIN; {statement}"))
+                .await
+                .unwrap();
+            let e5 = LeaseRequest {
+                held_token: Some(seen[4] + 1),
+                ..rows[4]
+            };
+            assert!(
+                b.renew(&e5, seen[4] + 1).await.unwrap(),
+                "e5's renewal behind {statement}"
+            );
+            sql.batch_execute("ROLLBACK").await.unwrap();
+        }
+        dropper.drop_now().await;
     }
 }
