@@ -519,8 +519,8 @@ impl CasBatch for MysqlStore {
     /// it there (an earlier one of this instance, given up on but still
     /// running on the server, may have, with an expiry counted from its own
     /// start, long past), while the renewal's expiry counts from now. When
-    /// a row was locked elsewhere (the statement refused whole), each goes
-    /// alone, as before batches: only the locked one is refused.
+    /// a row was locked elsewhere (the statement refused whole), those still
+    /// open go alone, as before batches: only the locked one is refused.
     async fn take_all(
         &mut self,
         items: &[(&LeaseRequest<'_>, i64)],
@@ -544,13 +544,7 @@ impl CasBatch for MysqlStore {
         match n {
             Ok(n) if n == items.len() => return Ok(vec![true; items.len()]),
             Ok(_) => {}
-            Err(e) if lock_busy(&e) => {
-                let mut out = Vec::with_capacity(items.len());
-                for (req, seen) in items {
-                    out.push(self.take(req, *seen).await?);
-                }
-                return Ok(out);
-            }
+            Err(e) if lock_busy(&e) => return self.take_each_still_open(items).await,
             Err(e) => return Err(e.into()),
         }
         let reqs: Vec<&LeaseRequest<'_>> = items.iter().map(|(r, _)| *r).collect();
@@ -819,6 +813,26 @@ impl MysqlStore {
     }
 }
 
+impl MysqlStore {
+    /// After a batch take refused whole (a row locked elsewhere, or a
+    /// metadata lock): the rows read again in one statement, and only those
+    /// still expired on the token seen taken, one by one (a rival taker
+    /// that caused the refusal has usually taken the rest by now).
+    async fn take_each_still_open(
+        &mut self,
+        items: &[(&LeaseRequest<'_>, i64)],
+    ) -> Result<Vec<bool>, StoreError> {
+        let reqs: Vec<&LeaseRequest<'_>> = items.iter().map(|(r, _)| *r).collect();
+        let now = self.observe_all(&reqs).await?;
+        let mut out = Vec::with_capacity(items.len());
+        for ((req, seen), row) in items.iter().zip(now) {
+            let open = row.is_some_and(|o| o.token == *seen && o.remaining_us <= 0);
+            out.push(open && self.take(req, *seen).await?);
+        }
+        Ok(out)
+    }
+}
+
 /// Names as a JSON array, for `JSON_TABLE`: one bind, one statement text,
 /// whatever their number.
 fn names_json(elections: &[&str]) -> String {
@@ -957,6 +971,20 @@ mod tests {
         let items: Vec<(&LeaseRequest<'_>, i64)> = refs.iter().copied().zip(seen).collect();
         assert_eq!(a.take_all(&items).await.unwrap(), [true, false, true]);
         sql.batch_execute("ROLLBACK").await.unwrap();
+        let rows: Vec<(Option<String>, i64)> = a
+            .observe_all(&refs)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|o| o.map(|o| (o.instance, o.token)).unwrap())
+            .collect();
+        let ia = Some("ia".to_owned());
+        let want = [
+            (ia.clone(), items[0].1 + 1),
+            (None, items[1].1),
+            (ia, items[2].1 + 1),
+        ];
+        assert_eq!(rows, want);
         dropper.drop_now().await;
     }
 
@@ -985,13 +1013,17 @@ mod tests {
         assert_eq!(a.take_all(&items).await.unwrap(), [true, false]);
         let e2 = a.observe_all(&refs[1..]).await.unwrap().remove(0).unwrap();
         assert!(e2.remaining_us <= 0, "e2 was renewed: {e2:?}");
+        // The next attempt's take: a new token.
+        assert_eq!(a.take_all(&[(refs[1], e2.token)]).await.unwrap(), [true]);
+        let e2 = a.observe_all(&refs[1..]).await.unwrap().remove(0).unwrap();
+        assert_eq!((e2.token, e2.remaining_us > 0), (seen[1] + 2, true));
         dropper.drop_now().await;
     }
 
-    /// The batch statements lock the rows they match and nothing else, on
-    /// a table of a few rows too (where the servers would rather scan it):
-    /// another replica's renewal of its own row, and a new row's insert,
-    /// never find them locked (a lock wait of 0 refuses at once on
+    /// The batch statements look up the rows they name and lock nothing
+    /// else, on a table of a few rows too (where the servers would rather
+    /// scan it, locking every row): another replica's renewal of its own
+    /// row never finds it locked (a lock wait of 0 refuses at once on
     /// MariaDB). Also the no-op runs at connect.
     #[tokio::test]
     async fn batch_statements_lock_only_the_rows_they_match() {
