@@ -12,7 +12,7 @@ use std::marker::PhantomData;
 use diesel::backend::Backend;
 use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
 use diesel::serialize::ToSql;
-use diesel::sql_types::{BigInt, HasSqlType, Text};
+use diesel::sql_types::{BigInt, HasSqlType, Nullable, Text};
 use diesel::QueryResult;
 
 /// A bind value.
@@ -20,6 +20,9 @@ use diesel::QueryResult;
 pub(crate) enum Bind<'a> {
     Text(&'a str),
     BigInt(i64),
+    /// A text `NULL` (`x = NULL` is never true: a statement run only to be
+    /// prepared reads and locks nothing).
+    NullText,
 }
 
 /// Fixed SQL with `?` placeholders (MySQL and SQLite; PostgreSQL's statements
@@ -56,6 +59,7 @@ where
             match bind {
                 Bind::Text(s) => out.push_bind_param::<Text, str>(s)?,
                 Bind::BigInt(n) => out.push_bind_param::<BigInt, i64>(n)?,
+                Bind::NullText => out.push_bind_param::<Nullable<Text>, Option<&str>>(&None)?,
             }
             out.push_sql(piece);
         }
