@@ -2,7 +2,7 @@
 //! by side with the approach of the articles leaderd grew from, in one run.
 //!
 //! ```text
-//! cargo run --release -p leaderd-bench -- [--smoke] [--plots DIR] [heartbeat|scale|failover|busy|exec|serve|footprint|elections]...
+//! cargo run --release -p leaderd-bench -- [--smoke] [--plots DIR] [heartbeat|scale|failover|busy|exec|serve|footprint|elections|batch]...
 //! ```
 //!
 //! With no part named, all run. `--smoke` shrinks every part to seconds so
@@ -13,6 +13,7 @@
 //! MariaDB (see the test harness for the URLs) and the `leaderd` binary built
 //! beside it.
 
+mod batch;
 mod busy;
 mod elections;
 mod exec;
@@ -54,6 +55,7 @@ const PARTS: &[&str] = &[
     "serve",
     "footprint",
     "elections",
+    "batch",
 ];
 
 fn main() -> Result<()> {
@@ -147,6 +149,9 @@ fn main() -> Result<()> {
                     "Statements/s, database CPU and attempt p99 against elections per daemon",
                     &|p| plot::elections(p, &steps),
                 )?;
+            }
+            "batch" => {
+                rt.block_on(batch::run(size))?;
             }
             _ => unreachable!(),
         }
