@@ -81,7 +81,10 @@ async fn measure(kind: Kind, leases: usize, rounds: usize) -> Result<Step> {
         let started = Instant::now();
         let answers = conn.acquire_or_renew_many(&renewals).await?;
         took.push(started.elapsed());
-        if !answers.iter().all(|a| matches!(a, Ok(Attempt::Granted { .. }))) {
+        if !answers
+            .iter()
+            .all(|a| matches!(a, Ok(Attempt::Granted { .. })))
+        {
             bail!("a renewal was not granted");
         }
     }

@@ -936,6 +936,11 @@ mod tests {
         }
     }
 
+    /// Requests for elections e1, e2 and e3.
+    fn three<'a>(holder: &'a str, instance: &'a str) -> [LeaseRequest<'a>; 3] {
+        ["e1", "e2", "e3"].map(|e| req(e, holder, instance))
+    }
+
     /// Rows created expired at once (a ttl of zero blocks them for nothing),
     /// and the tokens they were seen with.
     async fn expired_rows(a: &mut MysqlStore, reqs: &[&LeaseRequest<'_>]) -> Vec<i64> {
@@ -965,11 +970,7 @@ mod tests {
         let (url, _sql, dropper) = migrated().await;
         let mut a = MysqlStore::connect(&url).await.unwrap();
         let mut b = MysqlStore::connect(&url).await.unwrap();
-        let ours = [
-            req("e1", "a", "ia"),
-            req("e2", "a", "ia"),
-            req("e3", "a", "ia"),
-        ];
+        let ours = three("a", "ia");
         let refs: Vec<&LeaseRequest<'_>> = ours.iter().collect();
         let seen = expired_rows(&mut a, &refs).await;
         // B takes e2 between A's read and A's take.
@@ -1002,11 +1003,7 @@ mod tests {
     async fn a_locked_row_costs_a_batch_take_that_row_only() {
         let (url, mut sql, dropper) = migrated().await;
         let mut a = MysqlStore::connect(&url).await.unwrap();
-        let ours = [
-            req("e1", "a", "ia"),
-            req("e2", "a", "ia"),
-            req("e3", "a", "ia"),
-        ];
+        let ours = three("a", "ia");
         let refs: Vec<&LeaseRequest<'_>> = ours.iter().collect();
         let seen = expired_rows(&mut a, &refs).await;
         sql.batch_execute("BEGIN; SELECT * FROM service_leader_lock WHERE name = 'e2' FOR UPDATE")

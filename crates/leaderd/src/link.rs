@@ -202,46 +202,47 @@ impl Link {
 
     /// Releases `election` if `instance` holds it; connects first if needed.
     pub async fn release(&self, election: &str, instance: &str) -> Result<bool, String> {
-        let (reply, answer) = oneshot::channel();
-        let job = Job::Release {
+        self.ask(|reply| Job::Release {
             election: election.to_owned(),
             instance: instance.to_owned(),
             reply,
-        };
-        self.jobs
-            .send(job)
-            .map_err(|_| "the database link has stopped".to_owned())?;
-        answer
-            .await
-            .unwrap_or_else(|_| Err("the database link has stopped".into()))
+        })
+        .await
     }
 
     /// Takes `election`'s wake-up lock on the connection (see
-    /// [`leaderd_store::Connection::hold_wake_lock`]), connecting first if
+    /// [`leaderd_store::Connection::hold_wake_locks`]), connecting first if
     /// needed: whether it is held now, and the connection's generation.
     pub async fn hold_wake_lock(&self, election: &str) -> Result<(bool, u64), String> {
-        self.wake_lock(election, None).await
+        self.ask(|reply| Job::WakeLock {
+            election: election.to_owned(),
+            free: None,
+            reply,
+        })
+        .await
     }
 
     /// Frees `election`'s wake-up lock taken on connection `generation`
     /// (nothing to do once that connection is gone: the lock went with it).
     pub async fn free_wake_lock(&self, election: &str, generation: u64) -> Result<(), String> {
-        self.wake_lock(election, Some(generation)).await.map(drop)
+        self.ask(|reply| Job::WakeLock {
+            election: election.to_owned(),
+            free: Some(generation),
+            reply,
+        })
+        .await
+        .map(drop)
     }
 
-    async fn wake_lock(&self, election: &str, free: Option<u64>) -> Result<(bool, u64), String> {
+    /// Sends the job `make` builds around its reply, and waits for that.
+    async fn ask<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T, String>>) -> Job,
+    ) -> Result<T, String> {
+        let stopped = || "the database link has stopped".to_owned();
         let (reply, answer) = oneshot::channel();
-        let job = Job::WakeLock {
-            election: election.to_owned(),
-            free,
-            reply,
-        };
-        self.jobs
-            .send(job)
-            .map_err(|_| "the database link has stopped".to_owned())?;
-        answer
-            .await
-            .unwrap_or_else(|_| Err("the database link has stopped".into()))
+        self.jobs.send(make(reply)).map_err(|_| stopped())?;
+        answer.await.unwrap_or_else(|_| Err(stopped()))
     }
 
     /// A receiver of the link's [`State`], to hear of connections dropped.
@@ -251,14 +252,11 @@ impl Link {
 
     /// The rows whose name starts with `prefix`.
     pub async fn read(&self, prefix: &str) -> Result<Vec<ElectionRow>, String> {
-        let (reply, answer) = oneshot::channel();
-        let prefix = prefix.to_owned();
-        self.jobs
-            .send(Job::Read { prefix, reply })
-            .map_err(|_| "the database link has stopped".to_owned())?;
-        answer
-            .await
-            .unwrap_or_else(|_| Err("the database link has stopped".into()))
+        self.ask(|reply| Job::Read {
+            prefix: prefix.to_owned(),
+            reply,
+        })
+        .await
     }
 }
 
