@@ -169,9 +169,8 @@ async fn renew_together(
         .enumerate()
         .filter_map(|(i, r)| r.held_token.map(|token| (i, token)))
         .collect();
-    // Even one alone: a backend's batch statement is prepared at connect
-    // (see `Connection::prepare_batches`), so it costs one round trip from
-    // the first use on.
+    // Even one alone: `renew_all` picks the backend's statement for one or
+    // for several.
     if renewing.is_empty() {
         return Ok(renewed);
     }

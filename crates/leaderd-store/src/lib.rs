@@ -299,9 +299,11 @@ impl Connection {
     /// that request's alone.
     ///
     /// PostgreSQL renews every held lease in one statement and attempts the
-    /// rest in one more (see `pg`). MySQL renews them in one statement per
-    /// 1,024, SQLite in one transaction (one commit); there, followers'
-    /// attempts run one by one (reads).
+    /// rest in one more (see `pg`). MySQL renews them in one statement (up
+    /// to 16,384), reads the followers' rows in one, and creates or takes
+    /// them in one each (see `cas::acquire_or_renew_many_read_together`).
+    /// SQLite renews them in one transaction (one commit), and its
+    /// followers' attempts run one by one (local reads).
     pub async fn acquire_or_renew_many(
         &mut self,
         reqs: &[LeaseRequest<'_>],

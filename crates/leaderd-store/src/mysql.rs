@@ -127,13 +127,14 @@ const CREATE: Sql = bounded!(
 );
 
 /// [`OBSERVE`] for several elections in one statement: the rows that exist,
-/// each with its place in the JSON array of names (bind), from 1.
+/// each with its place in the JSON array of names (bind), from 1. A plain
+/// read (no lock); the names drive it, one index lookup each.
 const OBSERVE_ALL: Sql = bounded!(
     "SELECT",
     " j.i, l.holder, l.instance, l.token, \
     TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at) \
     FROM JSON_TABLE(?, '$[*]' COLUMNS (i FOR ORDINALITY, n VARCHAR(100) PATH '$')) AS j \
-    JOIN service_leader_lock l FORCE INDEX (service_leader_lock_name) ON l.name = j.n"
+    STRAIGHT_JOIN service_leader_lock l FORCE INDEX (service_leader_lock_name) ON l.name = j.n"
 );
 
 /// [`TAKE`] for several expired rows in one statement, each on the token
@@ -301,10 +302,11 @@ impl MysqlStore {
 
     /// Runs each batch statement once on nothing (`[]`: no row read,
     /// locked or written), and the plain ones a lone lease uses, so that
-    /// each is prepared at connect, outside any attempt's budget: a statement's first use costs a round trip more
-    /// (its prepare), and 120 ms away the first batches after a connect ran
-    /// their leases past the deadline (led, lost and led again for a second
-    /// or more). One text each whatever the batch's size.
+    /// each is prepared at connect, outside any attempt's budget: a
+    /// statement's first use costs a round trip more (its prepare), and
+    /// 120 ms away the first batches after a connect ran their leases past
+    /// the deadline (led, lost and led again for a second or more). One
+    /// text each whatever the batch's size.
     pub(crate) async fn prepare_batches(&mut self) -> Result<(), StoreError> {
         // The plain statements a lone lease uses, on a `NULL` name (never
         // equal to anything: the server sees an impossible `WHERE` and
@@ -706,10 +708,10 @@ async fn let_go(conn: &mut AsyncMysqlConnection, election: &str) -> Result<(), S
 }
 
 /// Wake-ups without polling: while it leads, a leader holds a named lock on
-/// its connection to the lock table ([`MysqlStore::hold_wake_lock`]); a follower waits for that lock with
-/// `GET_LOCK`, which returns the moment the leader frees it (a release, or
-/// its session ending) and gives it straight back. Only a wake-up: the lock
-/// says nothing about who leads.
+/// its connection to the lock table ([`MysqlStore::hold_wake_locks`]); a
+/// follower waits for that lock with `GET_LOCK`, which returns the moment
+/// the leader frees it (a release, or its session ending) and gives it
+/// straight back. Only a wake-up: the lock says nothing about who leads.
 pub struct LockWaiter {
     conn: AsyncMysqlConnection,
     election: String,

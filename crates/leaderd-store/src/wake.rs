@@ -83,7 +83,7 @@ impl Waiter {
 /// The leader side: what a leader holds while it leads so that its end wakes
 /// the others. Only MySQL/MariaDB needs one, a named lock per election led,
 /// held on the daemon's one connection to the lock table (see
-/// [`crate::Connection::hold_wake_lock`]); elsewhere the release itself
+/// [`crate::Connection::hold_wake_locks`]); elsewhere the release itself
 /// announces.
 #[derive(Debug)]
 pub struct Presence;

@@ -5,13 +5,15 @@
 //! sends whatever is pending together, as a group commit does: every attempt
 //! in one call ([`Connection::acquire_or_renew_many`], on PostgreSQL one
 //! statement for all renewals), the releases in another, while the next
-//! batch gathers behind it. On MySQL the leader's wake-up locks are held on
-//! this connection too (see `wakeups::keep_presence`), taken and freed
-//! after the batch's releases, one statement each way, so a daemon needs
-//! one more connection only for its release waiter. When a batch carries a renewal, every other
+//! batch gathers behind it. When a batch carries a renewal, every other
 //! election this daemon leads is asked to renew now ([`Shared::renew_soon`])
 //! and waited for briefly: that brings their schedules into step, so a
 //! leader of E elections sends one renewal statement per renew interval.
+//!
+//! On MySQL the leader's wake-up locks are held on this connection too (see
+//! `wakeups::keep_presence`), taken and freed after the batch's releases,
+//! one statement each way, so a daemon needs one more connection only for
+//! its release waiter.
 //!
 //! Failures are handled as on a connection of one's own: a batch that fails,
 //! or runs past the latest deadline among its attempts, drops the
