@@ -297,6 +297,13 @@ impl MysqlStore {
             ));
         }
         let mariadb = version.contains("MariaDB");
+        if !has_json_table(&version, mariadb) {
+            // Every batch statement reads its rows from `JSON_TABLE`.
+            return Err(StoreError::Unsupported(format!(
+                "the server is {version}; leaderd needs MySQL 8.0.4 or later, or MariaDB \
+                 10.6 or later (JSON_TABLE)"
+            )));
+        }
         Ok(Self { conn, mariadb })
     }
 
@@ -879,6 +886,28 @@ impl MysqlStore {
     }
 }
 
+/// Whether a server of this `VERSION()` has `JSON_TABLE` (MySQL 8.0.4,
+/// MariaDB 10.6). A version that does not parse is given the benefit of the
+/// doubt: its statements say so themselves.
+fn has_json_table(version: &str, mariadb: bool) -> bool {
+    // MariaDB's handshake puts "5.5.5-" before its version (for old
+    // clients); the server's VERSION() may carry it through a proxy.
+    let version = version.strip_prefix("5.5.5-").unwrap_or(version);
+    let mut parts = version
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().ok());
+    let (Some(Some(major)), Some(Some(minor)), patch) = (parts.next(), parts.next(), parts.next())
+    else {
+        return true;
+    };
+    let patch = patch.flatten().unwrap_or(0);
+    if mariadb {
+        (major, minor) >= (10, 6)
+    } else {
+        (major, minor, patch) >= (8, 0, 4)
+    }
+}
+
 /// Names as a JSON array, for `JSON_TABLE`: one bind, one statement text,
 /// whatever their number.
 fn names_json(elections: &[&str]) -> String {
@@ -900,6 +929,25 @@ mod tests {
             .await
             .unwrap();
         (name, conn)
+    }
+
+    #[test]
+    fn json_table_is_there_from_mysql_8_0_4_and_mariadb_10_6() {
+        for (version, mariadb, has) in [
+            ("10.11.19-MariaDB-0+deb12u1", true, true),
+            ("10.6.0-MariaDB", true, true),
+            ("10.5.23-MariaDB-0+deb11u1", true, false),
+            ("5.5.5-10.4.34-MariaDB", true, false),
+            ("5.5.5-10.11.2-MariaDB", true, true),
+            ("8.0.36", false, true),
+            ("8.0.4-rc-log", false, true),
+            ("8.0.3", false, false),
+            ("5.7.44-log", false, false),
+            ("9.1.0", false, true),
+            ("something else", false, true),
+        ] {
+            assert_eq!(has_json_table(version, mariadb), has, "{version}");
+        }
     }
 
     /// A migrated scratch database: its URL, a connection to run SQL on
