@@ -169,9 +169,9 @@ async fn renew_together(
         .enumerate()
         .filter_map(|(i, r)| r.held_token.map(|token| (i, token)))
         .collect();
-    // Even one alone: `renew_all` picks the backend's statement for one or
-    // for several.
-    if renewing.is_empty() {
+    // One alone goes the whole path alone (its plain `renew` first), as
+    // every lease not renewed together does.
+    if renewing.len() < 2 {
         return Ok(renewed);
     }
     let items: Vec<_> = renewing.iter().map(|&(i, t)| (&reqs[i], t)).collect();

@@ -436,13 +436,6 @@ impl CasOps for MysqlStore {
         &mut self,
         items: &[(&LeaseRequest<'_>, i64)],
     ) -> Result<Vec<bool>, StoreError> {
-        // One alone: the plain statement, cheaper for the server.
-        if let [(req, token)] = items {
-            return match self.renew(req, *token).await {
-                Err(StoreError::Busy) => Ok(vec![false]),
-                renewed => Ok(vec![renewed?]),
-            };
-        }
         let mut out = vec![false; items.len()];
         let mut parts: Vec<std::ops::Range<usize>> = (0..items.len())
             .step_by(RENEW_MANY_MAX)

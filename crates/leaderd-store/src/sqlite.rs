@@ -487,10 +487,6 @@ impl CasOps for SqliteStore {
         &mut self,
         items: &[(&LeaseRequest<'_>, i64)],
     ) -> Result<Vec<bool>, StoreError> {
-        // One alone commits on its own.
-        if let [(req, token)] = items {
-            return Ok(vec![self.renew(req, *token).await?]);
-        }
         self.begin().await?;
         let renewed = cas::renew_each(self, items).await;
         self.end(renewed).await
