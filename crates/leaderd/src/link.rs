@@ -380,9 +380,7 @@ impl Task {
         self.align().await;
         let jobs: Vec<Job> = self.pending.drain(..).collect();
         let mut attempts = Vec::new();
-        let mut releases = Vec::new();
-        let mut reads = Vec::new();
-        let mut wake_locks = Vec::new();
+        let mut rest = Vec::new();
         let now = boot_now();
         for job in jobs {
             match job {
@@ -394,6 +392,23 @@ impl Task {
                     fail(job, "timed out before it was sent", false);
                 }
                 Job::Attempt { req, until, reply } => attempts.push((req, until, reply)),
+                other => rest.push(other),
+            }
+        }
+        if !attempts.is_empty() {
+            self.send_attempts(attempts).await;
+        }
+        // The attempts may have cost the connection: what is left waits for
+        // the next one (as a release or read without one always does).
+        if self.conn.is_none() {
+            self.pending.extend(rest);
+            return;
+        }
+        let mut releases = Vec::new();
+        let mut reads = Vec::new();
+        let mut wake_locks = Vec::new();
+        for job in rest {
+            match job {
                 Job::Release {
                     election,
                     instance,
@@ -405,34 +420,8 @@ impl Task {
                     free,
                     reply,
                 } => wake_locks.push((election, free, reply)),
+                Job::Attempt { .. } => unreachable!("attempts were taken above"),
             }
-        }
-        if !attempts.is_empty() {
-            self.send_attempts(attempts).await;
-        }
-        // The attempts may have cost the connection: what is left waits for
-        // the next one (as a release or read without one always does).
-        if self.conn.is_none() {
-            for (election, instance, reply) in releases {
-                let job = Job::Release {
-                    election,
-                    instance,
-                    reply,
-                };
-                self.pending.push_back(job);
-            }
-            for (prefix, reply) in reads {
-                self.pending.push_back(Job::Read { prefix, reply });
-            }
-            for (election, free, reply) in wake_locks {
-                let job = Job::WakeLock {
-                    election,
-                    free,
-                    reply,
-                };
-                self.pending.push_back(job);
-            }
-            return;
         }
         if !releases.is_empty() {
             self.send_releases(releases).await;
