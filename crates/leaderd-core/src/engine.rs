@@ -238,17 +238,12 @@ impl Engine {
 
     /// The snapshot served over HTTP at `now`.
     pub fn view(&self, now: BootTime) -> View {
-        let (is_leader, leader, token) = self.leadership(now);
-        let lease_remaining = match (self.lease(now), &self.other) {
-            (Some((_, deadline)), _) => Some(deadline.saturating_since(now)),
-            (None, Some(o)) if leader.is_some() => Some(o.until.saturating_since(now)),
-            _ => None,
-        };
+        let (is_leader, leader, token, until) = self.reported(now);
         View {
             is_leader,
             leader: leader.map(str::to_owned),
             token,
-            lease_remaining,
+            lease_remaining: until.map(|until| until.saturating_since(now)),
         }
     }
 
@@ -256,14 +251,24 @@ impl Engine {
     /// the leader, the token), borrowed: the loop compares them at every
     /// turn, and a `View` costs an allocation.
     pub fn leadership(&self, now: BootTime) -> (bool, Option<&str>, Option<i64>) {
-        if let Some((token, _)) = self.lease(now) {
-            return (true, Some(&self.id), Some(token));
+        let (is_leader, leader, token, _) = self.reported(now);
+        (is_leader, leader, token)
+    }
+
+    /// Whether this replica leads at `now`, who leads, with which token, and
+    /// until when (this replica's local deadline, or the other holder's
+    /// lease as last seen).
+    fn reported(&self, now: BootTime) -> (bool, Option<&str>, Option<i64>, Option<BootTime>) {
+        if let Some((token, deadline)) = self.lease(now) {
+            return (true, Some(&self.id), Some(token), Some(deadline));
         }
         match &self.other {
             // Never name ourselves while not leading: the row may carry our id
             // from another process, or our own lapsed lease.
-            Some(o) if o.holder != self.id => (false, Some(&o.holder), Some(o.token)),
-            _ => (false, None, None),
+            Some(o) if o.holder != self.id => {
+                (false, Some(&o.holder), Some(o.token), Some(o.until))
+            }
+            _ => (false, None, None, None),
         }
     }
 
