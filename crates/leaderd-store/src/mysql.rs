@@ -536,7 +536,7 @@ impl CasBatch for MysqlStore {
             return Ok(vec![self.observe(req).await?]);
         }
         let names: Vec<&str> = reqs.iter().map(|r| r.election).collect();
-        let names = serde_json::to_string(&names).expect("strings serialize");
+        let names = names_json(&names);
         // Place, then the row as `observed` takes it.
         type Row = (i64, Option<String>, Option<String>, i64, i64);
         let rows: Vec<Row> = Stmt::<(BigInt, Nullable<Text>, Nullable<Text>, BigInt, BigInt)>::new(
@@ -571,15 +571,11 @@ impl CasBatch for MysqlStore {
         if let [(req, seen)] = items {
             return Ok(vec![self.take(req, *seen).await?]);
         }
-        let mut sorted: Vec<usize> = (0..items.len()).collect();
-        sorted.sort_by_key(|&i| items[i].0.election.as_bytes());
-        let rows: Vec<(&str, &str, &str, i64)> = sorted
+        let mut rows: Vec<(&str, &str, &str, i64)> = items
             .iter()
-            .map(|&i| {
-                let (req, seen) = items[i];
-                (req.election, req.holder, req.instance, seen)
-            })
+            .map(|(req, seen)| (req.election, req.holder, req.instance, *seen))
             .collect();
+        rows.sort_unstable_by_key(|r| r.0.as_bytes());
         let rows = serde_json::to_string(&rows).expect("strings serialize");
         let n = Stmt::<()>::new(
             self.sql(&TAKE_ALL),
@@ -623,7 +619,7 @@ impl CasBatch for MysqlStore {
 
     async fn create_all(&mut self, reqs: &[&LeaseRequest<'_>]) -> Result<(), StoreError> {
         let names: Vec<&str> = reqs.iter().map(|r| r.election).collect();
-        let names = serde_json::to_string(&names).expect("strings serialize");
+        let names = names_json(&names);
         Stmt::<()>::new(
             self.sql(&CREATE_ALL),
             [Bind::BigInt(reqs[0].ttl_us()), Bind::Text(&names)],
