@@ -71,21 +71,21 @@ pub(crate) async fn renew_each(
     Ok(out)
 }
 
-/// Acquire-or-renew for several elections: the renewals together
-/// ([`CasOps::renew_all`]), then the rest one by one, as
-/// [`acquire_or_renew`] alone would. Any failure that is not the row's own
-/// (see [`crate::Connection::acquire_or_renew_many`]) is the only answer.
+/// Acquire-or-renew for several elections: the held leases first (renewed
+/// together where there are several, [`CasOps::renew_all`]), then the rest
+/// one by one, as [`acquire_or_renew`] alone would. Any failure that is not
+/// the row's own (see [`crate::Connection::acquire_or_renew_many`]) is the
+/// only answer.
 pub(crate) async fn acquire_or_renew_many(
     ops: &mut impl CasOps,
     reqs: &[LeaseRequest<'_>],
 ) -> Vec<Result<Attempt, StoreError>> {
     let answers = async {
-        let renewed = renew_together(ops, reqs).await?;
-        let mut out = Vec::with_capacity(reqs.len());
-        for (req, renewed) in reqs.iter().zip(renewed) {
-            out.push(answer_alone(ops, req, renewed).await?);
+        let (mut out, followers) = answer_held(ops, reqs).await?;
+        for i in followers {
+            out[i] = Some(row_error(acquire_or_renew(ops, &reqs[i]).await)?);
         }
-        Ok(out)
+        Ok(out.into_iter().flatten().collect())
     };
     answers.await.unwrap_or_else(|e| vec![Err(e)])
 }
@@ -106,12 +106,16 @@ pub(crate) async fn acquire_or_renew_many_read_together(
         .unwrap_or_else(|e| vec![Err(e)])
 }
 
-async fn read_together(
-    ops: &mut impl CasBatch,
+/// The held leases of `reqs` answered, before any follower's statement (a
+/// follower's write may wait for the disk or a lock): renewed together,
+/// else each alone. The answers so far, in `reqs`' order (`None` for a
+/// follower), and the followers' places.
+async fn answer_held(
+    ops: &mut impl CasOps,
     reqs: &[LeaseRequest<'_>],
-) -> Result<Vec<Result<Attempt, StoreError>>, StoreError> {
+) -> Result<(Vec<Option<Result<Attempt, StoreError>>>, Vec<usize>), StoreError> {
     let renewed = renew_together(ops, reqs).await?;
-    let mut out: Vec<Option<Result<Attempt, StoreError>>> = Vec::with_capacity(reqs.len());
+    let mut out = Vec::with_capacity(reqs.len());
     let mut followers = Vec::new();
     for (i, (req, renewed)) in reqs.iter().zip(renewed).enumerate() {
         if req.held_token.is_none() {
@@ -121,6 +125,14 @@ async fn read_together(
             out.push(Some(answer_alone(ops, req, renewed).await?));
         }
     }
+    Ok((out, followers))
+}
+
+async fn read_together(
+    ops: &mut impl CasBatch,
+    reqs: &[LeaseRequest<'_>],
+) -> Result<Vec<Result<Attempt, StoreError>>, StoreError> {
+    let (mut out, followers) = answer_held(ops, reqs).await?;
     if followers.is_empty() {
         return Ok(out.into_iter().flatten().collect());
     }
