@@ -446,3 +446,39 @@ fn two_processes_with_the_same_id_never_both_lead() {
         .count();
     assert_eq!(errors, 1, "logged once, not at every poll");
 }
+
+/// The sample count of one series of `/metrics` (a histogram's `_count`).
+fn series_count(d: &Daemon, name: &str) -> f64 {
+    let (_, metrics) = leaderd_tests::http_get(d.port, "/metrics").unwrap();
+    metrics
+        .lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("{name} missing: {metrics}"))
+}
+
+/// A leader's renewals are counted apart from the followers' polls (which
+/// outnumber them with several elections): the leader's renewal histogram
+/// grows at each renewal, the follower's stays empty while it polls.
+#[test]
+fn renewals_are_timed_apart_from_the_followers_polls() {
+    let _serial = serial();
+    let db = TempDb::sqlite();
+    let dir = Scratch::new();
+    let a = Daemon::start(&db.url, "a", &dir, &[]);
+    let b = Daemon::start(&db.url, "b", &dir, &[]);
+    let refs = [&a, &b];
+    let leader = refs[wait_single_leader(&refs, Duration::from_secs(10))];
+    let follower = if leader.id == a.id { &b } else { &a };
+    let renewals = |d: &Daemon| series_count(d, "leaderd_renewal_duration_seconds_count");
+    let attempts = |d: &Daemon| series_count(d, "leaderd_heartbeat_duration_seconds_count");
+    let (renewed, polled) = (renewals(leader), attempts(follower));
+    // Three renew intervals (ttl / 3 each) and a heartbeat's poll.
+    wait_for(TTL + SLACK, "renewals and polls to be counted", || {
+        (renewals(leader) >= renewed + 3.0 && attempts(follower) > polled).then_some(())
+    });
+    assert!(leader.is_leader(), "the leader kept its lease meanwhile");
+    assert_eq!(renewals(follower), 0.0, "a follower's poll is no renewal");
+    assert!(renewals(leader) <= attempts(leader));
+}

@@ -549,14 +549,15 @@ impl Loop {
             self.sync_presence();
         }
         let timeout = self.shared.engine().attempt_timeout(sent_at);
+        // A lease held at the send: this attempt renews it.
+        let renewal = self.shared.engine().lease(sent_at);
         let (result, stopping) = {
             let exchange = self.db.exchange(&self.shared, sent_at, sent_at + timeout);
             tokio::pin!(exchange);
             // The lease in force, which may run out before its renewal is
             // answered (see `Engine::attempt_timeout`): the one timer wakes
             // at it first, then at the attempt's own timeout (later).
-            let mut deadline = self.shared.engine().lease(sent_at).map(|(_, d)| d);
-            let renewal = deadline.is_some();
+            let mut deadline = renewal.map(|(_, d)| d);
             loop {
                 let wake = deadline.unwrap_or(sent_at + timeout);
                 tokio::select! {
@@ -576,7 +577,7 @@ impl Loop {
                 // in a host's suspend, it ends at resume, and with it a
                 // lease that lapsed meanwhile. A follower's attempt has
                 // only its timeout, which paces its retries.
-                () = self.timer.sleep_until_exact_or_not(wake, renewal) => {
+                () = self.timer.sleep_until_exact_or_not(wake, renewal.is_some()) => {
                     if deadline.take().is_none() {
                         break (Err(format!("attempt timed out after {timeout:?}")), false);
                     }
@@ -591,7 +592,7 @@ impl Loop {
                 }
             }
         };
-        self.finish_attempt(sent_at, result);
+        self.finish_attempt(sent_at, renewal.is_some(), result);
         stopping
     }
 
@@ -701,13 +702,20 @@ impl Loop {
         self.shared.publish();
     }
 
-    /// Feeds an attempt's outcome to the engine and reports what follows.
-    fn finish_attempt(&mut self, sent_at: BootTime, result: Result<leaderd_core::Attempt, String>) {
+    /// Feeds an attempt's outcome to the engine and reports what follows;
+    /// `renewal` when a lease was held at the send.
+    fn finish_attempt(
+        &mut self,
+        sent_at: BootTime,
+        renewal: bool,
+        result: Result<leaderd_core::Attempt, String>,
+    ) {
         let received_at = boot_now();
-        self.shared
-            .metrics
-            .heartbeat_duration
-            .observe(received_at.saturating_since(sent_at).as_secs_f64());
+        let took = received_at.saturating_since(sent_at).as_secs_f64();
+        self.shared.metrics.heartbeat_duration.observe(took);
+        if renewal {
+            self.shared.metrics.renewal_duration.observe(took);
+        }
         let events = match result {
             Ok(answer) => {
                 self.granted = matches!(answer, leaderd_core::Attempt::Granted { .. });

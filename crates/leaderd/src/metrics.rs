@@ -1,7 +1,8 @@
 //! Prometheus metrics, every series labelled `election`.
 //!
-//! Each election keeps only its counters and its attempt histogram, as
-//! plain atomics (about 150 bytes); the gauges that describe leadership
+//! Each election keeps only its counters and its two attempt histograms
+//! (every attempt; a leader's renewals alone), as plain atomics (about 300
+//! bytes); the gauges that describe leadership
 //! (`is_leader`, token, lease remaining, db up) are read from a fresh
 //! [`View`] at scrape time, so they are never staler than the scrape. The
 //! families are built at scrape time for every election at once and
@@ -18,7 +19,7 @@ use prometheus::{Encoder, TextEncoder};
 
 use leaderd_core::View;
 
-/// The attempt histogram's upper bounds, in seconds (`+Inf` is implied).
+/// The attempt histograms' upper bounds, in seconds (`+Inf` is implied).
 const BUCKETS: [f64; 12] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 ];
@@ -96,6 +97,10 @@ pub struct Metrics {
     pub acquired: Counter,
     pub lost: Counter,
     pub heartbeat_duration: Histogram,
+    /// The renewals among [`Metrics::heartbeat_duration`]: what a leader
+    /// needs to keep its lease, apart from the followers' polls that
+    /// outnumber them.
+    pub renewal_duration: Histogram,
     pub heartbeat_errors: Counter,
     pub duplicate_id: Counter,
     /// Whether the app passes its health check (always without one).
@@ -108,6 +113,7 @@ impl Default for Metrics {
             acquired: Counter::default(),
             lost: Counter::default(),
             heartbeat_duration: Histogram::default(),
+            renewal_duration: Histogram::default(),
             heartbeat_errors: Counter::default(),
             duplicate_id: Counter::default(),
             app_healthy: AtomicBool::new(true),
@@ -184,11 +190,14 @@ pub fn render(elections: &[Scraped<'_>]) -> String {
         family(name, help, MetricType::COUNTER, series)
     };
     let dropped = crate::logging::dropped_lines();
-    let histograms = elections.iter().map(|e| {
-        let mut m = Metric::default();
-        m.set_histogram(e.metrics.heartbeat_duration.value());
-        (by(e), m)
-    });
+    let histograms = |name: &str, help: &str, which: &dyn Fn(&Metrics) -> &Histogram| {
+        let series = elections.iter().map(|e| {
+            let mut m = Metric::default();
+            m.set_histogram(which(e.metrics).value());
+            (by(e), m)
+        });
+        family(name, help, MetricType::HISTOGRAM, series)
+    };
     let transitions = elections.iter().flat_map(|e| {
         [("acquired", &e.metrics.acquired), ("lost", &e.metrics.lost)].map(|(kind, n)| {
             (
@@ -223,11 +232,10 @@ pub fn render(elections: &[Scraped<'_>]) -> String {
             #[allow(clippy::cast_precision_loss)]
             &|e| e.view.token.unwrap_or(0) as f64,
         ),
-        family(
+        histograms(
             "leaderd_heartbeat_duration_seconds",
             "Duration of acquire-or-renew attempts, connection included",
-            MetricType::HISTOGRAM,
-            histograms,
+            &|m| &m.heartbeat_duration,
         ),
         counters(
             "leaderd_heartbeat_errors_total",
@@ -248,6 +256,12 @@ pub fn render(elections: &[Scraped<'_>]) -> String {
             "leaderd_log_lines_dropped_total",
             "Log lines dropped because stderr did not drain (logging never blocks the daemon)",
             &|_| dropped,
+        ),
+        histograms(
+            "leaderd_renewal_duration_seconds",
+            "Duration of a leader's renewals (a subset of the attempts), from before the send, \
+             as the lease is counted",
+            &|m| &m.renewal_duration,
         ),
         family(
             "leaderd_transitions_total",
