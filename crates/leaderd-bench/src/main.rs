@@ -146,7 +146,7 @@ fn main() -> Result<()> {
                 let steps = elections::run(size)?;
                 plot(
                     plot::ELECTIONS,
-                    "Statements/s, database CPU and attempt p99 against elections per daemon",
+                    "Statements/s, database CPU, attempt and renewal p99 against elections per daemon",
                     &|p| plot::elections(p, &steps),
                 )?;
             }

@@ -598,9 +598,15 @@ pub fn elections(path: &Path, steps: &[Step]) -> Result<()> {
         "DB CPU % of a core",
     )?;
     legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
-    let lat = log_range(steps.iter().map(|s| s.p99_ms).chain([50.0]), 2.0);
+    let lat = log_range(
+        steps
+            .iter()
+            .flat_map(|s| [s.p99_ms, s.renewal_p99_ms])
+            .chain([50.0]),
+        2.0,
+    );
     let mut chart = ChartBuilder::on(&right)
-        .caption("Attempt p99", (FONT, 17))
+        .caption("p99: attempts, renewals", (FONT, 17))
         .margin(12)
         .x_label_area_size(42)
         .y_label_area_size(62)
@@ -609,7 +615,14 @@ pub fn elections(path: &Path, steps: &[Step]) -> Result<()> {
             lat.clone().log_scale().with_key_points(ticks(&lat)),
         )?;
     axes(&mut chart, "elections per daemon", "ms (log scale)")?;
-    series(&mut chart, &pts(&|s| s.p99_ms), BLUE, false, "p99")?;
+    series(&mut chart, &pts(&|s| s.p99_ms), BLUE, false, "attempts p99")?;
+    series(
+        &mut chart,
+        &pts(&|s| s.renewal_p99_ms),
+        ORANGE,
+        false,
+        "renewals p99",
+    )?;
     reference(&mut chart, 50.0, "target: p99 < 50 ms")?;
     legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
     root.present().context("writing the elections plot")?;
