@@ -447,8 +447,9 @@ fn two_processes_with_the_same_id_never_both_lead() {
     assert_eq!(errors, 1, "logged once, not at every poll");
 }
 
-/// The sample count of one series of `/metrics` (a histogram's `_count`).
-fn series_count(d: &Daemon, name: &str) -> f64 {
+/// The value of the first series of `/metrics` named `name` (for a
+/// histogram's `_count`, its sample count).
+fn series_value(d: &Daemon, name: &str) -> f64 {
     let (_, metrics) = leaderd_tests::http_get(d.port, "/metrics").unwrap();
     metrics
         .lines()
@@ -471,8 +472,8 @@ fn renewals_are_timed_apart_from_the_followers_polls() {
     let refs = [&a, &b];
     let leader = refs[wait_single_leader(&refs, Duration::from_secs(10))];
     let follower = if leader.id == a.id { &b } else { &a };
-    let renewals = |d: &Daemon| series_count(d, "leaderd_renewal_duration_seconds_count");
-    let attempts = |d: &Daemon| series_count(d, "leaderd_heartbeat_duration_seconds_count");
+    let renewals = |d: &Daemon| series_value(d, "leaderd_renewal_duration_seconds_count");
+    let attempts = |d: &Daemon| series_value(d, "leaderd_heartbeat_duration_seconds_count");
     let (renewed, polled) = (renewals(leader), attempts(follower));
     // Three renew intervals (ttl / 3 each) and a heartbeat's poll.
     wait_for(TTL + SLACK, "renewals and polls to be counted", || {
@@ -481,4 +482,10 @@ fn renewals_are_timed_apart_from_the_followers_polls() {
     assert!(leader.is_leader(), "the leader kept its lease meanwhile");
     assert_eq!(renewals(follower), 0.0, "a follower's poll is no renewal");
     assert!(renewals(leader) <= attempts(leader));
+    // What they are measured against: min(heartbeat, ttl / 3).
+    let interval = series_value(leader, "leaderd_renew_interval_seconds");
+    assert!(
+        (interval - TTL.as_secs_f64() / 3.0).abs() < 1e-9,
+        "{interval}"
+    );
 }

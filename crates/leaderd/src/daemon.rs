@@ -85,6 +85,7 @@ impl Daemon {
                 metrics: &shared.metrics,
                 view: shared.view(),
                 db_up: shared.db_up(),
+                renew_every: shared.timing.renew_every(),
             })
             .collect();
         crate::metrics::render(&scraped)

@@ -439,6 +439,7 @@ mod tests {
             "leaderd_transitions_total",
             "leaderd_heartbeat_duration_seconds",
             "leaderd_renewal_duration_seconds",
+            "leaderd_renew_interval_seconds",
             "leaderd_heartbeat_errors_total",
             "leaderd_lease_remaining_seconds",
             "leaderd_db_up",

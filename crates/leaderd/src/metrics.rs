@@ -128,6 +128,9 @@ pub struct Scraped<'a> {
     pub metrics: &'a Metrics,
     pub view: View,
     pub db_up: bool,
+    /// How often a leader renews (`min(heartbeat, ttl/3)`): what the
+    /// renewals' durations are measured against.
+    pub renew_every: std::time::Duration,
 }
 
 /// One family: name, help, type and a value for each election (labels
@@ -256,6 +259,11 @@ pub fn render(elections: &[Scraped<'_>]) -> String {
             "leaderd_log_lines_dropped_total",
             "Log lines dropped because stderr did not drain (logging never blocks the daemon)",
             &|_| dropped,
+        ),
+        gauges(
+            "leaderd_renew_interval_seconds",
+            "How often a leader renews: min(heartbeat, ttl/3)",
+            &|e| e.renew_every.as_secs_f64(),
         ),
         histograms(
             "leaderd_renewal_duration_seconds",
