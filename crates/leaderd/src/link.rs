@@ -7,7 +7,8 @@
 //! statement for all renewals), the releases in another, while the next
 //! batch gathers behind it. When a batch carries a renewal, every other
 //! election this daemon leads is asked to renew now ([`Shared::renew_soon`])
-//! and waited for briefly: that brings their schedules into step, so a
+//! and waited for (a twentieth of the interval at most, see
+//! `Timing::gather_renewals`): that brings their schedules into step, so a
 //! leader of E elections sends one renewal statement per renew interval.
 //!
 //! On MySQL the leader's wake-up locks are held on this connection too (see
@@ -35,11 +36,6 @@ use tracing::debug;
 use crate::clock::boot_now;
 use crate::connector::Connector;
 use crate::election::Shared;
-
-/// How long a batch that carries a renewal waits for the other leaders'
-/// renewals it asked for: they come from tasks of this process, within
-/// microseconds; the bound only keeps a stuck loop from holding the rest.
-const ALIGN_WAIT: Duration = Duration::from_millis(2);
 
 /// The longest a batch of releases (or a read) may take: within the
 /// loops' own release budget.
@@ -153,6 +149,9 @@ impl Link {
             realign_after: elections
                 .first()
                 .map_or(Duration::ZERO, |s| s.timing.renew_every() / 2),
+            gather_for: elections
+                .first()
+                .map_or(Duration::ZERO, |s| s.timing.gather_renewals()),
             elections,
         };
         tokio::spawn(task.run());
@@ -278,6 +277,9 @@ struct Task {
     /// and how long that holds: half a renew interval.
     aligned_at: Option<BootTime>,
     realign_after: Duration,
+    /// How long a batch waits for the leaders asked to join it
+    /// ([`leaderd_core::Timing::gather_renewals`]).
+    gather_for: Duration,
 }
 
 impl Task {
@@ -477,12 +479,16 @@ impl Task {
                 missing += 1;
             }
         }
-        let until = tokio::time::Instant::now() + ALIGN_WAIT;
+        // A leader that does not come (stopping, or releasing on purpose)
+        // costs the wave the whole wait; a release ends it, as a handover
+        // waits on that release.
+        let until = tokio::time::Instant::now() + self.gather_for;
         while missing > 0 {
             let job = match tokio::time::timeout_at(until, self.rx.recv()).await {
                 Ok(Some(job)) => job,
                 Ok(None) | Err(_) => return,
             };
+            let release = matches!(job, Job::Release { .. });
             if let Job::Attempt { req, .. } = &job {
                 let slot = self.slots.get(&req.election).copied();
                 if slot.is_some_and(|i| std::mem::take(&mut asked[i])) {
@@ -490,6 +496,9 @@ impl Task {
                 }
             }
             self.pending.push_back(job);
+            if release {
+                return;
+            }
         }
     }
 
