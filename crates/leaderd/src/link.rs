@@ -114,6 +114,17 @@ enum Job {
     },
 }
 
+impl Job {
+    /// A release, or the freeing of a wake-up lock (what wakes MySQL's
+    /// followers): a handover waits on it, so no batch lingers for it.
+    fn hands_over(&self) -> bool {
+        matches!(
+            self,
+            Job::Release { .. } | Job::WakeLock { free: Some(_), .. }
+        )
+    }
+}
+
 /// Whether the lock is held now, and on which connection.
 type WakeLockReply = oneshot::Sender<Result<(bool, u64), String>>;
 
@@ -480,15 +491,14 @@ impl Task {
             }
         }
         // A leader that does not come (stopping, or releasing on purpose)
-        // costs the wave the whole wait; a release ends it, as a handover
-        // waits on that release.
+        // costs the wave the whole wait; a handover's job, pending or
+        // arriving, ends it (the asked come in the next batch).
         let until = tokio::time::Instant::now() + self.gather_for;
-        while missing > 0 {
+        while missing > 0 && !self.pending.iter().any(Job::hands_over) {
             let job = match tokio::time::timeout_at(until, self.rx.recv()).await {
                 Ok(Some(job)) => job,
                 Ok(None) | Err(_) => return,
             };
-            let release = matches!(job, Job::Release { .. });
             if let Job::Attempt { req, .. } = &job {
                 let slot = self.slots.get(&req.election).copied();
                 if slot.is_some_and(|i| std::mem::take(&mut asked[i])) {
@@ -496,9 +506,6 @@ impl Task {
                 }
             }
             self.pending.push_back(job);
-            if release {
-                return;
-            }
         }
     }
 
