@@ -431,14 +431,8 @@ fn two_processes_with_the_same_id_never_both_lead() {
         );
         assert!(refs[leader].is_leader());
     }
-    let (_, metrics) = leaderd_tests::http_get(follower.port, "/metrics").unwrap();
-    let count = metrics
-        .lines()
-        .find(|l| l.starts_with("leaderd_duplicate_id_total"))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .unwrap();
-    assert!(count >= 1.0, "{metrics}");
+    let count = series_value(follower, "leaderd_duplicate_id_total");
+    assert!(count >= 1.0, "{count} sightings counted");
     let errors = follower
         .log_events()
         .iter()
