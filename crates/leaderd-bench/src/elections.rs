@@ -4,7 +4,8 @@
 //! the elections are spread, over a window: statements the database commits
 //! per second, the CPU its backends serving the daemons use, the p99 of the
 //! daemons' attempts and of their renewals alone (from their `/metrics`
-//! histograms), and each daemon's RSS; then one daemon alone holding 1,000 elections, idle.
+//! histograms), and each daemon's RSS; then one daemon alone holding 1,000
+//! elections, idle.
 
 use std::time::{Duration, Instant};
 
