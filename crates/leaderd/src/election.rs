@@ -23,7 +23,7 @@ use tracing::{debug, error, info, warn};
 use crate::clock::{boot_now, micros, unix_ms, BootTimer};
 use crate::flag_file::{FlagFile, FlagWriter};
 use crate::inbox::Inbox;
-use crate::link::{Link, Request};
+use crate::link::{Link, Reached, Request};
 use crate::metrics::Metrics;
 use crate::settings::Settings;
 use crate::wakeups;
@@ -363,7 +363,7 @@ pub fn start(shared: Arc<Shared>, settings: &Settings, link: Link) -> Election {
     let lp = Loop {
         db: Db {
             link,
-            statement_sent: false,
+            reached: Reached::Nothing,
             wants_link: false,
         },
         report: Report {
@@ -467,9 +467,9 @@ struct Loop {
 /// connection, opened outside the attempts (see [`Link`]).
 struct Db {
     link: Link,
-    /// The current attempt got as far as sending its statement: its fate is
-    /// unknown if no answer comes.
-    statement_sent: bool,
+    /// How far the current attempt (or release) got: once its statement
+    /// was sent, its fate is unknown if no answer comes.
+    reached: Reached,
     /// This loop waits for a connection, and hears how its connect ended.
     wants_link: bool,
 }
@@ -713,9 +713,10 @@ impl Loop {
         let received_at = boot_now();
         let took = received_at.saturating_since(sent_at).as_secs_f64();
         self.shared.metrics.heartbeat_duration.observe(took);
-        // A renewal that never left (no connection) took no time the
-        // database could be blamed for: it would pull the p99 down.
-        if renewal && (result.is_ok() || self.db.statement_sent) {
+        // A renewal that met no connection took no time the database could
+        // be blamed for: it would pull the p99 down. One that waited in a
+        // stalled batch did.
+        if renewal && (result.is_ok() || self.db.reached != Reached::Nothing) {
             self.shared.metrics.renewal_duration.observe(took);
         }
         let events = match result {
@@ -732,7 +733,7 @@ impl Loop {
             Err(reason) => {
                 // A statement that was sent may still commit; a failed connect
                 // cannot have granted anything.
-                self.unanswered |= self.db.statement_sent;
+                self.unanswered |= self.db.reached == Reached::Database;
                 self.failed(reason, received_at)
             }
         };
@@ -848,16 +849,16 @@ impl Db {
             ttl: shared.timing.ttl(),
             held_token,
         };
-        self.statement_sent = true;
+        self.reached = Reached::Database;
         self.link.attempt(req, until).await.map_err(|failure| {
-            self.statement_sent = failure.sent;
+            self.reached = failure.reached;
             failure.reason
         })
     }
 
     /// Releases the row if `instance` holds it (connecting first if needed).
     async fn release(&mut self, election: &str, instance: &str) -> Result<bool, String> {
-        self.statement_sent = true;
+        self.reached = Reached::Database;
         self.link.release(election, instance).await
     }
 }

@@ -70,9 +70,19 @@ impl Request {
 #[derive(Debug, Clone)]
 pub struct Failure {
     pub reason: String,
-    /// Whether its statement may have reached the database (and so may
-    /// still commit).
-    pub sent: bool,
+    pub reached: Reached,
+}
+
+/// How far an unanswered attempt got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reached {
+    /// No connection (or no link): it waited for nothing.
+    Nothing,
+    /// A batch, on a connection, but it timed out before it was sent.
+    Queue,
+    /// Its statement may have reached the database (and so may still
+    /// commit).
+    Database,
 }
 
 /// Whether the link holds a connection, and the last connect's failure.
@@ -115,13 +125,16 @@ enum Job {
 }
 
 impl Job {
-    /// A release, or the freeing of a wake-up lock (what wakes MySQL's
-    /// followers): a handover waits on it, so no batch lingers for it.
-    fn hands_over(&self) -> bool {
-        matches!(
-            self,
-            Job::Release { .. } | Job::WakeLock { free: Some(_), .. }
-        )
+    /// A release, or the freeing of a wake-up lock taken on the connection
+    /// of `generation` (what wakes MySQL's followers; one taken on an
+    /// earlier connection went with it): a handover waits on it, so no
+    /// batch lingers for it.
+    fn hands_over(&self, generation: u64) -> bool {
+        match self {
+            Job::Release { .. } => true,
+            Job::WakeLock { free, .. } => *free == Some(generation),
+            Job::Attempt { .. } | Job::Read { .. } => false,
+        }
     }
 }
 
@@ -204,7 +217,7 @@ impl Link {
         let (reply, answer) = oneshot::channel();
         let stopped = || Failure {
             reason: "the database link has stopped".into(),
-            sent: false,
+            reached: Reached::Nothing,
         };
         if self.jobs.send(Job::Attempt { req, until, reply }).is_err() {
             return Err(stopped());
@@ -333,7 +346,7 @@ impl Task {
         for job in self.pending.drain(..) {
             match job {
                 Job::Attempt { .. } => {
-                    fail(job, "no connection", false);
+                    fail(job, "no connection", Reached::Nothing);
                     self.wanted = true;
                 }
                 Job::WakeLock {
@@ -365,7 +378,7 @@ impl Task {
             Err(reason) if self.conn.is_none() => {
                 // Waiting releases and reads fail with it.
                 for job in std::mem::take(&mut self.pending) {
-                    fail(job, &reason, false);
+                    fail(job, &reason, Reached::Nothing);
                 }
                 self.state.send_modify(|s| s.error = Some(reason));
             }
@@ -393,49 +406,30 @@ impl Task {
         self.align().await;
         let jobs: Vec<Job> = self.pending.drain(..).collect();
         let mut attempts = Vec::new();
-        let mut rest = Vec::new();
-        let now = boot_now();
+        let mut releases = Vec::new();
+        let mut wake_locks = Vec::new();
+        let mut reads = Vec::new();
         for job in jobs {
             match job {
-                // An attempt its loop gave up on is not sent.
-                Job::Attempt { reply, .. } if reply.is_closed() => {}
-                // Nor one whose deadline passed while it waited: it would
-                // cut the whole batch at once.
-                Job::Attempt { until, .. } if until <= now => {
-                    fail(job, "timed out before it was sent", false);
-                }
                 Job::Attempt { req, until, reply } => attempts.push((req, until, reply)),
-                other => rest.push(other),
-            }
-        }
-        if !attempts.is_empty() {
-            self.send_attempts(attempts).await;
-        }
-        // The attempts may have cost the connection: what is left waits for
-        // the next one (as a release or read without one always does).
-        if self.conn.is_none() {
-            self.pending.extend(rest);
-            return;
-        }
-        let mut releases = Vec::new();
-        let mut reads = Vec::new();
-        let mut wake_locks = Vec::new();
-        for job in rest {
-            match job {
                 Job::Release {
                     election,
                     instance,
                     reply,
                 } => releases.push((election, instance, reply)),
-                Job::Read { prefix, reply } => reads.push((prefix, reply)),
                 Job::WakeLock {
                     election,
                     free,
                     reply,
                 } => wake_locks.push((election, free, reply)),
-                Job::Attempt { .. } => unreachable!("attempts were taken above"),
+                Job::Read { prefix, reply } => reads.push((prefix, reply)),
             }
         }
+        // A handover first: the other replicas wait on the release, and on
+        // MySQL on the freeing of its wake-up lock, while the attempts
+        // beside them (a leader's renewals of thousands of elections) may
+        // take tens of milliseconds. A loop has one job out at a time, so a
+        // release never passes an attempt of its own election.
         if !releases.is_empty() {
             self.send_releases(releases).await;
         }
@@ -443,6 +437,24 @@ impl Task {
         // is, so that the waiters it wakes find the row free.
         if !wake_locks.is_empty() {
             self.wake_locks(wake_locks).await;
+        }
+        // What went before may have cost the connection: what is left waits
+        // for the next one (an attempt then fails at once, unsent, and its
+        // loop retries on that one).
+        if self.conn.is_some() && !attempts.is_empty() {
+            self.send_attempts(attempts).await;
+        } else {
+            self.pending.extend(
+                attempts
+                    .into_iter()
+                    .map(|(req, until, reply)| Job::Attempt { req, until, reply }),
+            );
+        }
+        if self.conn.is_none() {
+            let reads = reads.into_iter();
+            self.pending
+                .extend(reads.map(|(prefix, reply)| Job::Read { prefix, reply }));
+            return;
         }
         for (prefix, reply) in reads {
             let answer = self.read(&prefix).await;
@@ -493,12 +505,17 @@ impl Task {
         // A leader that does not come (stopping, or releasing on purpose)
         // costs the wave the whole wait; a handover's job, pending or
         // arriving, ends it (the asked come in the next batch).
+        // The queue is looked through once, then each job as it comes: a
+        // look through it per arrival was quadratic in the wave.
+        let generation = self.state.borrow().generation;
+        let mut handing_over = self.pending.iter().any(|j| j.hands_over(generation));
         let until = tokio::time::Instant::now() + self.gather_for;
-        while missing > 0 && !self.pending.iter().any(Job::hands_over) {
+        while missing > 0 && !handing_over {
             let job = match tokio::time::timeout_at(until, self.rx.recv()).await {
                 Ok(Some(job)) => job,
                 Ok(None) | Err(_) => return,
             };
+            handing_over = job.hands_over(generation);
             if let Job::Attempt { req, .. } = &job {
                 let slot = self.slots.get(&req.election).copied();
                 if slot.is_some_and(|i| std::mem::take(&mut asked[i])) {
@@ -510,12 +527,27 @@ impl Task {
     }
 
     async fn send_attempts(&mut self, attempts: Vec<(Request, BootTime, AttemptReply)>) {
+        // An attempt its loop gave up on is not sent, nor one whose deadline
+        // passed while it waited (it would cut the whole batch at once).
+        let now = boot_now();
+        let (late, attempts): (Vec<_>, Vec<_>) = attempts
+            .into_iter()
+            .filter(|(_, _, reply)| !reply.is_closed())
+            .partition(|(_, until, _)| *until <= now);
+        for (_, _, reply) in late {
+            let _ = reply.send(Err(Failure {
+                reason: "timed out before it was sent".into(),
+                reached: Reached::Queue,
+            }));
+        }
+        if attempts.is_empty() {
+            return;
+        }
         // Cut at the latest deadline among them, not the earliest: a
         // renewal has the whole local lease (a statement cut early loses
         // its place in the server's queue, see `Engine::attempt_timeout`),
         // whatever a follower's poll beside it was given. An attempt whose
         // own deadline passes first is failed by its loop meanwhile.
-        let now = boot_now();
         let limit = attempts
             .iter()
             .map(|(_, until, _)| until.saturating_since(now))
@@ -529,7 +561,7 @@ impl Task {
                 for ((_, _, reply), result) in attempts.into_iter().zip(results) {
                     let _ = reply.send(result.map_err(|e| Failure {
                         reason: e.to_string(),
-                        sent: true,
+                        reached: Reached::Database,
                     }));
                 }
             }
@@ -538,7 +570,7 @@ impl Task {
                 for (_, _, reply) in attempts {
                     let _ = reply.send(Err(Failure {
                         reason: reason.clone(),
-                        sent: true,
+                        reached: Reached::Database,
                     }));
                 }
             }
@@ -661,12 +693,12 @@ impl Task {
     }
 }
 
-fn fail(job: Job, reason: &str, sent: bool) {
+fn fail(job: Job, reason: &str, reached: Reached) {
     match job {
         Job::Attempt { reply, .. } => {
             let _ = reply.send(Err(Failure {
                 reason: reason.to_owned(),
-                sent,
+                reached,
             }));
         }
         Job::Release { reply, .. } => {
@@ -678,5 +710,37 @@ fn fail(job: Job, reason: &str, sent: bool) {
         Job::WakeLock { reply, .. } => {
             let _ = reply.send(Err(reason.to_owned()));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn free(generation: u64) -> Job {
+        Job::WakeLock {
+            election: "jobs".into(),
+            free: Some(generation),
+            reply: oneshot::channel().0,
+        }
+    }
+
+    #[test]
+    fn only_a_release_or_a_live_lock_free_ends_the_gathering() {
+        let release = Job::Release {
+            election: "jobs".into(),
+            instance: "i".into(),
+            reply: oneshot::channel().0,
+        };
+        assert!(release.hands_over(3));
+        assert!(free(3).hands_over(3));
+        // Taken on a connection since dropped: freeing it wakes nobody.
+        assert!(!free(2).hands_over(3));
+        let take = Job::WakeLock {
+            election: "jobs".into(),
+            free: None,
+            reply: oneshot::channel().0,
+        };
+        assert!(!take.hands_over(3));
     }
 }
