@@ -29,18 +29,23 @@ pub struct Step {
     pub daemon_cpu_percent: f64,
 }
 
-fn names(n: usize) -> Vec<String> {
+pub fn names(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("job-{i:05}")).collect()
 }
 
-fn start(db: &TempDb, dir: &Scratch, id: &str, n: usize) -> Daemon {
+/// A daemon running the N elections of [`names`], with `extra` flags.
+pub fn start(db: &TempDb, dir: &Scratch, id: &str, n: usize, extra: &[&str]) -> Daemon {
     // A file: 20,000 names are more than one environment variable may hold.
     let config = dir.path(&format!("{id}.toml"));
     let list: Vec<String> = names(n).iter().map(|e| format!("\"{e}\"")).collect();
     std::fs::write(&config, format!("elections = [{}]\n", list.join(",")))
         .expect("write the elections' config file");
     let config = config.to_string_lossy().into_owned();
-    Daemon::launch(&db.url, id, dir, id, &["--config", &config])
+    let args: Vec<&str> = ["--config", config.as_str()]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect();
+    Daemon::launch(&db.url, id, dir, id, &args)
         .without_flag_file()
         // The default level, as deployed: the harness's debug level logs
         // every renewal (2,500 lines/s at 1,000 elections), which is the
@@ -156,7 +161,7 @@ fn measure(n: usize, window: Duration) -> Result<Option<Step>> {
     let dir = Scratch::new();
     let daemons: Vec<Daemon> = ["a", "b", "c"]
         .iter()
-        .map(|id| start(&db, &dir, id, n))
+        .map(|id| start(&db, &dir, id, n, &[]))
         .collect();
     let share = n.div_ceil(3);
     let spread = || {
@@ -216,7 +221,7 @@ fn measure(n: usize, window: Duration) -> Result<Option<Step>> {
 fn idle_rss(n: usize, settle: Duration) -> Result<f64> {
     let db = TempDb::postgres();
     let dir = Scratch::new();
-    let d = start(&db, &dir, "alone", n);
+    let d = start(&db, &dir, "alone", n, &[]);
     wait_for(Duration::from_secs(60), "all elections led", || {
         (d.leading()?.len() == n).then_some(())
     });

@@ -2,14 +2,14 @@
 //! by side with the approach of the articles leaderd grew from, in one run.
 //!
 //! ```text
-//! cargo run --release -p leaderd-bench -- [--smoke] [--plots DIR] [heartbeat|scale|failover|busy|exec|serve|footprint|elections|batch]...
+//! cargo run --release -p leaderd-bench -- [--smoke] [--plots DIR] [heartbeat|scale|failover|busy|exec|serve|footprint|elections|batch|release]...
 //! ```
 //!
 //! With no part named, all run. `--smoke` shrinks every part to seconds so
 //! the test run can exercise the bench without measuring anything. Output is
 //! Markdown, ready for `BENCHMARKS.md`; with `--plots DIR` every part but
-//! the footprint also draws an SVG plot into `DIR` (see `plot.rs`) and links
-//! it under its table. It uses the local PostgreSQL and
+//! `footprint`, `batch` and `release` also draws an SVG plot into `DIR`
+//! (see `plot.rs`) and links it under its table. It uses the local PostgreSQL and
 //! MariaDB (see the test harness for the URLs) and the `leaderd` binary built
 //! beside it.
 
@@ -20,6 +20,7 @@ mod exec;
 mod failover;
 mod heartbeat;
 mod plot;
+mod release;
 mod seed;
 mod serve;
 mod stats;
@@ -56,6 +57,7 @@ const PARTS: &[&str] = &[
     "footprint",
     "elections",
     "batch",
+    "release",
 ];
 
 fn main() -> Result<()> {
@@ -152,6 +154,9 @@ fn main() -> Result<()> {
             }
             "batch" => {
                 rt.block_on(batch::run(size))?;
+            }
+            "release" => {
+                release::run(size)?;
             }
             _ => unreachable!(),
         }

@@ -2,11 +2,12 @@
 
 use std::time::Duration;
 
-/// p50, p99 and max of a sample.
+/// p50, p90, p99 and max of a sample.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Summary {
     pub n: usize,
     pub p50: Duration,
+    pub p90: Duration,
     pub p99: Duration,
     pub max: Duration,
 }
@@ -21,6 +22,7 @@ impl Summary {
         Summary {
             n: xs.len(),
             p50: at(0.50),
+            p90: at(0.90),
             p99: at(0.99),
             max: *xs.last().expect("not empty"),
         }
@@ -40,6 +42,7 @@ mod tests {
     fn percentiles() {
         let s = Summary::of((1..=100).map(Duration::from_millis).collect());
         assert_eq!(s.p50, Duration::from_millis(50));
+        assert_eq!(s.p90, Duration::from_millis(90));
         assert_eq!(s.p99, Duration::from_millis(99));
         assert_eq!(s.max, Duration::from_millis(100));
         assert_eq!(
