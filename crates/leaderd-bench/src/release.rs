@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use leaderd_tests::{wait_for, Daemon, Scratch, TempDb};
+use leaderd_tests::{wait_for, Scratch, TempDb};
 
 use crate::elections::{names, start};
 use crate::stats::{ms, Summary};
@@ -32,11 +32,10 @@ fn measure(n: usize, rounds: usize) -> Result<Step> {
     let db = TempDb::postgres();
     let dir = Scratch::new();
     let a = start(&db, &dir, "a", n, &["--no-spread"]);
-    let all_led = |d: &Daemon| d.leading().filter(|l| l.len() == n).map(drop);
     wait_for(
         Duration::from_secs(180),
         "the first daemon leads all",
-        || all_led(&a),
+        || a.leading().filter(|l| l.len() == n).map(drop),
     );
     let b = start(&db, &dir, "b", n, &["--no-spread"]);
     let names = names(n);

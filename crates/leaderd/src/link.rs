@@ -406,30 +406,48 @@ impl Task {
         self.align().await;
         let jobs: Vec<Job> = self.pending.drain(..).collect();
         let mut attempts = Vec::new();
-        let mut releases = Vec::new();
-        let mut wake_locks = Vec::new();
-        let mut reads = Vec::new();
+        let mut rest = Vec::new();
         for job in jobs {
             match job {
                 Job::Attempt { req, until, reply } => attempts.push((req, until, reply)),
+                other => rest.push(other),
+            }
+        }
+        // The attempts before the releases: a release that stalls (a row
+        // locked elsewhere; on MySQL a statement per release, far away)
+        // and is cut drops the connection. Sent first, it would cost every
+        // renewal of its batch its lease; sent after them, it delays the
+        // next wave only, whose leases were just renewed. (Releases first
+        // gained at most half a release's leaderless p90 at 6,000
+        // elections, 22 against 28-42 ms: not worth that; BENCHMARKS.md.)
+        if !attempts.is_empty() {
+            self.send_attempts(attempts).await;
+        }
+        // The attempts may have cost the connection: what is left waits for
+        // the next one (as a release or read without one always does).
+        if self.conn.is_none() {
+            self.pending.extend(rest);
+            return;
+        }
+        let mut releases = Vec::new();
+        let mut reads = Vec::new();
+        let mut wake_locks = Vec::new();
+        for job in rest {
+            match job {
                 Job::Release {
                     election,
                     instance,
                     reply,
                 } => releases.push((election, instance, reply)),
+                Job::Read { prefix, reply } => reads.push((prefix, reply)),
                 Job::WakeLock {
                     election,
                     free,
                     reply,
                 } => wake_locks.push((election, free, reply)),
-                Job::Read { prefix, reply } => reads.push((prefix, reply)),
+                Job::Attempt { .. } => unreachable!("attempts were taken above"),
             }
         }
-        // A handover first: the other replicas wait on the release, and on
-        // MySQL on the freeing of its wake-up lock, while the attempts
-        // beside them (a leader's renewals of thousands of elections) may
-        // take tens of milliseconds. A loop has one job out at a time, so a
-        // release never passes an attempt of its own election.
         if !releases.is_empty() {
             self.send_releases(releases).await;
         }
@@ -437,24 +455,6 @@ impl Task {
         // is, so that the waiters it wakes find the row free.
         if !wake_locks.is_empty() {
             self.wake_locks(wake_locks).await;
-        }
-        // What went before may have cost the connection: what is left waits
-        // for the next one (an attempt then fails at once, unsent, and its
-        // loop retries on that one).
-        if self.conn.is_some() && !attempts.is_empty() {
-            self.send_attempts(attempts).await;
-        } else {
-            self.pending.extend(
-                attempts
-                    .into_iter()
-                    .map(|(req, until, reply)| Job::Attempt { req, until, reply }),
-            );
-        }
-        if self.conn.is_none() {
-            let reads = reads.into_iter();
-            self.pending
-                .extend(reads.map(|(prefix, reply)| Job::Read { prefix, reply }));
-            return;
         }
         for (prefix, reply) in reads {
             let answer = self.read(&prefix).await;
