@@ -9,9 +9,9 @@
 //! the test run can exercise the bench without measuring anything. Output is
 //! Markdown, ready for `BENCHMARKS.md`; with `--plots DIR` every part but
 //! `footprint`, `batch` and `release` also draws an SVG plot into `DIR`
-//! (see `plot.rs`) and links it under its table. It uses the local PostgreSQL and
-//! MariaDB (see the test harness for the URLs) and the `leaderd` binary built
-//! beside it.
+//! (see `plot.rs`) and links it under its table. It uses the local
+//! PostgreSQL and MariaDB (see the test harness for the URLs) and the
+//! `leaderd` binary built beside it.
 
 mod batch;
 mod busy;

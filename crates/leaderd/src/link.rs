@@ -407,8 +407,16 @@ impl Task {
         let jobs: Vec<Job> = self.pending.drain(..).collect();
         let mut attempts = Vec::new();
         let mut rest = Vec::new();
+        let now = boot_now();
         for job in jobs {
             match job {
+                // An attempt its loop gave up on is not sent.
+                Job::Attempt { reply, .. } if reply.is_closed() => {}
+                // Nor one whose deadline passed while it waited: it would
+                // cut the whole batch at once.
+                Job::Attempt { until, .. } if until <= now => {
+                    fail(job, "timed out before it was sent", Reached::Queue);
+                }
                 Job::Attempt { req, until, reply } => attempts.push((req, until, reply)),
                 other => rest.push(other),
             }
@@ -527,27 +535,12 @@ impl Task {
     }
 
     async fn send_attempts(&mut self, attempts: Vec<(Request, BootTime, AttemptReply)>) {
-        // An attempt its loop gave up on is not sent, nor one whose deadline
-        // passed while it waited (it would cut the whole batch at once).
-        let now = boot_now();
-        let (late, attempts): (Vec<_>, Vec<_>) = attempts
-            .into_iter()
-            .filter(|(_, _, reply)| !reply.is_closed())
-            .partition(|(_, until, _)| *until <= now);
-        for (_, _, reply) in late {
-            let _ = reply.send(Err(Failure {
-                reason: "timed out before it was sent".into(),
-                reached: Reached::Queue,
-            }));
-        }
-        if attempts.is_empty() {
-            return;
-        }
         // Cut at the latest deadline among them, not the earliest: a
         // renewal has the whole local lease (a statement cut early loses
         // its place in the server's queue, see `Engine::attempt_timeout`),
         // whatever a follower's poll beside it was given. An attempt whose
         // own deadline passes first is failed by its loop meanwhile.
+        let now = boot_now();
         let limit = attempts
             .iter()
             .map(|(_, until, _)| until.saturating_since(now))
