@@ -23,6 +23,7 @@ pub mod proxy;
 pub mod replicas;
 pub mod sse;
 pub mod store;
+pub mod surroundings;
 
 pub use serde_json::Value;
 
@@ -436,9 +437,26 @@ pub fn status_kib(pid: i32, key: &str) -> Option<u64> {
 
 /// Sends raw bytes and returns whatever came back (for junk-request tests).
 pub fn http_raw(port: u16, bytes: &[u8]) -> String {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+    http_raw_from(std::net::Ipv4Addr::LOCALHOST, port, bytes)
+}
+
+/// [`http_raw`] from the source address `from` (any of 127.0.0.0/8, as a
+/// mesh's inbound forwarding uses 127.0.0.6).
+pub fn http_raw_from(from: std::net::Ipv4Addr, port: u16, bytes: &[u8]) -> String {
+    let connect = async {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind((from, 0).into())?;
+        socket.connect(([127, 0, 0, 1], port).into()).await
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .expect("a runtime");
+    let Ok(s) = runtime.block_on(connect).and_then(|s| s.into_std()) else {
         return String::new();
     };
+    let mut s: TcpStream = s;
+    let _ = s.set_nonblocking(false);
     let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
     let _ = s.write_all(bytes);
     let mut out = Vec::new();

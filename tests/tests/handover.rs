@@ -4,13 +4,13 @@
 //! unhealthy app's replica down.
 
 use std::io::{Read, Write};
-use std::net::TcpListener;
+use std::net::{Ipv4Addr, TcpListener};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use leaderd_tests::{
-    http_raw, run_cli, serial, wait_for, wait_single_leader, Daemon, Scratch, TempDb,
+    http_raw, http_raw_from, run_cli, serial, wait_for, wait_single_leader, Daemon, Scratch, TempDb,
 };
 
 /// What the spec promises for a graceful handover, on every backend.
@@ -252,6 +252,16 @@ fn release_is_served_on_loopback_only_and_needs_its_header() {
         assert!(reply.starts_with("HTTP/1.1 403"), "{what}: {reply}");
         assert!(d.is_leader(), "{what} stepped the leader down");
     }
+    // A mesh forwards outside traffic to loopback from 127.0.0.6: with the
+    // header, on the loopback listener, it is still not this pod.
+    let request = "POST /release?hold=1s HTTP/1.1\r\nHost: x\r\nLeaderd-Release: 1\r\n\
+                   Connection: close\r\n\r\n";
+    let reply = http_raw_from(Ipv4Addr::new(127, 0, 0, 6), d.port + 1, request.as_bytes());
+    assert!(reply.starts_with("HTTP/1.1 403"), "from 127.0.0.6: {reply}");
+    assert!(
+        d.is_leader(),
+        "a release from 127.0.0.6 stepped the leader down"
+    );
     let listen = format!("0.0.0.0:{}", d.port);
     let (code, out, err) = run_cli(&["release", "--listen", &listen, "--hold", "1s"], &[]);
     assert_eq!(code, 0, "{out}{err}");

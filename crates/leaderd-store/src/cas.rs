@@ -40,9 +40,9 @@ pub(crate) trait CasOps {
     }
 }
 
-/// A backend that reads, takes and creates several rows in one statement
-/// each (MySQL/MariaDB), for [`acquire_or_renew_many_read_together`]. Not
-/// SQLite, whose take writes only the row its last read saw.
+/// A backend that reads, takes and creates several rows together (MySQL/
+/// MariaDB: one statement each; SQLite: one blocking call each, the writes
+/// in one transaction), for [`acquire_or_renew_many_read_together`].
 pub(crate) trait CasBatch: CasOps {
     /// [`CasOps::observe`] for several elections (distinct names), in order.
     async fn observe_all(
@@ -72,26 +72,8 @@ pub(crate) async fn renew_each(
 }
 
 /// Acquire-or-renew for several elections: the held leases first (renewed
-/// together where there are several, [`CasOps::renew_all`]), then the rest
-/// one by one, as [`acquire_or_renew`] alone would. Any failure that is not
-/// the row's own (see [`crate::Connection::acquire_or_renew_many`]) is the
-/// only answer.
-pub(crate) async fn acquire_or_renew_many(
-    ops: &mut impl CasOps,
-    reqs: &[LeaseRequest<'_>],
-) -> Vec<Result<Attempt, StoreError>> {
-    let answers = async {
-        let (mut out, followers) = answer_held(ops, reqs).await?;
-        for i in followers {
-            out[i] = Some(row_error(acquire_or_renew(ops, &reqs[i]).await)?);
-        }
-        Ok(out.into_iter().flatten().collect())
-    };
-    answers.await.unwrap_or_else(|e| vec![Err(e)])
-}
-
-/// [`acquire_or_renew_many`] for a backend that reads, takes and creates
-/// rows together: the followers' rows are read in one statement, then those
+/// together where there are several, [`CasOps::renew_all`]); then the
+/// followers' rows are read in one statement, then those
 /// missing created in one and those expired taken in one, each decided as
 /// [`acquire_or_renew`] decides it. A lease not renewed together still goes
 /// the whole path alone (rare: a lease lost, a row locked elsewhere).

@@ -302,8 +302,9 @@ impl Connection {
     /// rest in one more (see `pg`). MySQL renews them in one statement (up
     /// to 16,384), reads the followers' rows in one, and creates or takes
     /// them in one each (see `cas::acquire_or_renew_many_read_together`).
-    /// SQLite renews them in one transaction (one commit), and its
-    /// followers' attempts run one by one (local reads).
+    /// SQLite renews them in one transaction (one commit), reads the
+    /// followers' rows together, and takes (or creates) them in one
+    /// transaction more.
     pub async fn acquire_or_renew_many(
         &mut self,
         reqs: &[LeaseRequest<'_>],
@@ -311,7 +312,7 @@ impl Connection {
         let mut results = match self {
             Connection::Postgres(c) => c.acquire_or_renew_many(reqs).await?,
             Connection::Mysql(c) => cas::acquire_or_renew_many_read_together(c, reqs).await,
-            Connection::Sqlite(c) => cas::acquire_or_renew_many(c, reqs).await,
+            Connection::Sqlite(c) => cas::acquire_or_renew_many_read_together(c, reqs).await,
         };
         // Anything but a row's own lock is the connection's (or the
         // answer's) fault: the whole batch fails, and its connection with it.

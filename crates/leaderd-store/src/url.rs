@@ -76,6 +76,10 @@ enum Kind {
     Seconds,
     /// `true` or `false`; passed on.
     Bool,
+    /// libpq's `target_session_attrs`: `any` and `read-write` passed on,
+    /// `primary` (libpq 14's name for it) passed on as `read-write`; those
+    /// that would pick a standby are refused (leaderd writes).
+    Sessions,
     /// Passed on as it is (the driver reads it).
     Driver,
 }
@@ -108,7 +112,7 @@ const POSTGRES: Params = &[
     ("port", Kind::Driver),
     ("keepalives", Kind::Driver),
     ("keepalives_idle", Kind::Driver),
-    ("target_session_attrs", Kind::Driver),
+    ("target_session_attrs", Kind::Sessions),
 ];
 const PG_MODES: &str = "disable, prefer, require, verify-ca, verify-full";
 
@@ -190,6 +194,20 @@ fn parameters(url: &url::Url, backend: Backend) -> Result<Tls, StoreError> {
                     "`{k}={v}`: expected true or false"
                 )));
             }
+            Kind::Sessions => match &*v {
+                "any" | "read-write" | "primary" => {}
+                "standby" | "read-only" | "prefer-standby" => {
+                    return Err(StoreError::InvalidUrl(format!(
+                        "`{k}={v}` would pick a server that cannot write, and leaderd writes \
+                         its lease: use read-write (or primary), or any"
+                    )));
+                }
+                _ => {
+                    return Err(StoreError::InvalidUrl(format!(
+                        "`{k}={v}`: expected any, read-write or primary"
+                    )));
+                }
+            },
             Kind::Seconds | Kind::Bool | Kind::Driver => {}
         }
     }
@@ -273,6 +291,22 @@ fn without(url: &url::Url, params: Params) -> url::Url {
     out
 }
 
+/// `target_session_attrs=primary` spelled as the driver knows it
+/// (tokio-postgres reads `read-write` only; both mean "a server that
+/// writes").
+fn primary_as_read_write(url: &mut url::Url) {
+    let Some(query) = url.query() else { return };
+    let parts: Vec<&str> = query
+        .split('&')
+        .map(|part| match part {
+            "target_session_attrs=primary" => "target_session_attrs=read-write",
+            other => other,
+        })
+        .collect();
+    let query = parts.join("&");
+    url.set_query(Some(&query));
+}
+
 impl DatabaseUrl {
     /// Parses `postgres://…`, `postgresql://…`, `mysql://…`, `mariadb://…` or
     /// `sqlite://PATH` (also `sqlite:PATH`).
@@ -345,6 +379,7 @@ impl DatabaseUrl {
             driver.to_string()
         } else {
             let mut driver = without(&parsed, POSTGRES);
+            primary_as_read_write(&mut driver);
             // Sent in the startup packet: a `SET` would be session state,
             // which a transaction pooler does not keep.
             if !driver.query_pairs().any(|(k, _)| k == "application_name") {
@@ -561,6 +596,26 @@ mod tests {
             config.get_hosts(),
             [tokio_postgres::config::Host::Unix(p)] if p == std::path::Path::new("/var/run/postgresql")
         ));
+        // libpq 14's `primary` is read-write; a standby is refused, naming
+        // the parameter and why.
+        let u = DatabaseUrl::parse("postgres://h1,h2/db?target_session_attrs=primary").unwrap();
+        let config: tokio_postgres::Config = u.expose().parse().unwrap();
+        assert_eq!(
+            config.get_target_session_attrs(),
+            tokio_postgres::config::TargetSessionAttrs::ReadWrite
+        );
+        assert_eq!(
+            u.to_string(),
+            "postgres://h1,h2/db?target_session_attrs=primary"
+        );
+        for standby in ["standby", "read-only", "prefer-standby"] {
+            let raw = format!("postgres://h1,h2/db?target_session_attrs={standby}");
+            let e = DatabaseUrl::parse(&raw).unwrap_err().to_string();
+            assert!(
+                e.contains("target_session_attrs") && e.contains("write"),
+                "{e}"
+            );
+        }
         // Still refused: no host at all, a bad attribute, a bad list.
         for bad in [
             "postgres:///db",

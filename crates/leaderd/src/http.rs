@@ -122,6 +122,16 @@ async fn elections(State(daemon): State<Arc<Daemon>>) -> Response {
     Json(list).into_response()
 }
 
+/// Whether a release's peer is this pod's own loopback address: 127.0.0.1
+/// or ::1 only. The rest of 127.0.0.0/8 is loopback too, but a mesh
+/// forwards outside traffic from there (Istio: 127.0.0.6).
+fn from_this_host(ip: std::net::IpAddr) -> bool {
+    match ip.to_canonical() {
+        std::net::IpAddr::V4(v4) => v4 == std::net::Ipv4Addr::LOCALHOST,
+        std::net::IpAddr::V6(v6) => v6 == std::net::Ipv6Addr::LOCALHOST,
+    }
+}
+
 /// Largest `hold` a release may ask for.
 const MAX_HOLD: Duration = Duration::from_secs(3600);
 
@@ -134,10 +144,10 @@ async fn release(
     headers: axum::http::HeaderMap,
     uri: Uri,
 ) -> Response {
-    if !peer.ip().to_canonical().is_loopback() {
+    if !from_this_host(peer.ip()) {
         return error(
             StatusCode::FORBIDDEN,
-            "release is only accepted from loopback",
+            "release is only accepted from 127.0.0.1 or ::1",
         );
     }
     if headers.contains_key(header::ORIGIN) {
@@ -383,7 +393,7 @@ mod tests {
     /// localhost: neither gets a release (spec, Handover).
     #[tokio::test]
     async fn release_needs_its_header_no_origin_and_the_loopback_listener() {
-        let local = SocketAddr::from(([127, 0, 0, 6], 50000));
+        let local = SocketAddr::from(([127, 0, 0, 1], 50000));
         let here = ReleaseAt::Here;
         let (status, body) = call_with(daemon(), Method::POST, "/release", local, &[], here).await;
         assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
@@ -395,6 +405,17 @@ mod tests {
         let ok = [(RELEASE_HEADER, "1")];
         let (status, body) = call_with(daemon(), Method::POST, "/release", local, &ok, here).await;
         assert_eq!(status, StatusCode::CONFLICT, "not leading: {body}");
+        // The header from a mesh's loopback source (Istio forwards from
+        // 127.0.0.6) is still refused: only 127.0.0.1 and ::1 are this pod.
+        for mesh in ["127.0.0.6:50000", "127.1.2.3:50000"] {
+            let peer: SocketAddr = mesh.parse().unwrap();
+            let (status, body) =
+                call_with(daemon(), Method::POST, "/release", peer, &ok, here).await;
+            assert_eq!(status, StatusCode::FORBIDDEN, "{mesh}: {body}");
+        }
+        let v6: SocketAddr = "[::1]:50000".parse().unwrap();
+        let (status, body) = call_with(daemon(), Method::POST, "/release", v6, &ok, here).await;
+        assert_eq!(status, StatusCode::CONFLICT, "::1: {body}");
         let elsewhere = ReleaseAt::Elsewhere(SocketAddr::from(([127, 0, 0, 1], 4041)));
         let (status, body) =
             call_with(daemon(), Method::POST, "/release", local, &ok, elsewhere).await;
