@@ -44,7 +44,7 @@ impl Waiter {
                 Waiter::Mysql(mysql::LockWaiter::connect(url, one, heartbeat).await?)
             }
             (Backend::Mysql, several) => {
-                Waiter::MysqlSeveral(mysql::LocksWatcher::connect(url, several.len()).await?)
+                Waiter::MysqlSeveral(mysql::LocksWatcher::connect(url, several).await?)
             }
             (Backend::Sqlite, _) => Waiter::Sqlite(sqlite::FileWaiter::watch(url)?),
         })
@@ -69,12 +69,18 @@ impl Waiter {
         !matches!(self, Waiter::Sqlite(_))
     }
 
-    /// The election of the next release.
-    pub async fn next(&mut self) -> Result<String, StoreError> {
+    /// The election of the next release. `wanted` says, at each look,
+    /// whether an election's release is worth looking for (not when this
+    /// daemon leads it): MySQL's several elections are looked for by
+    /// polling, and a daemon leading them all then asks the server nothing.
+    pub async fn next(
+        &mut self,
+        wanted: &(dyn Fn(&str) -> bool + Sync),
+    ) -> Result<String, StoreError> {
         match self {
             Waiter::Postgres(l) => l.next().await,
             Waiter::Mysql(w) => w.next().await,
-            Waiter::MysqlSeveral(w) => w.next().await,
+            Waiter::MysqlSeveral(w) => w.next(wanted).await,
             Waiter::Sqlite(w) => w.next().await,
         }
     }

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
+use crate::clock::boot_now;
 use crate::daemon::Daemon;
 use crate::link::{Link, State};
 use crate::settings::DatabaseSource;
@@ -76,8 +77,15 @@ pub async fn wait_for_releases(
             }
             backoff = Duration::from_millis(100);
             let exact = waiter.names_every_release();
+            // A leader holds its own election's wake-up; no release of it
+            // is worth looking for.
+            let wanted = |name: &str| {
+                daemon
+                    .find(Some(name))
+                    .is_ok_and(|s| !s.is_leader(boot_now()))
+            };
             loop {
-                let released = waiter.next().await.map_err(|e| e.to_string())?;
+                let released = waiter.next(&wanted).await.map_err(|e| e.to_string())?;
                 if exact {
                     notify(&released);
                 } else {
