@@ -804,6 +804,36 @@ pub fn wait_agreed_leader(daemons: &[&Daemon], within: Duration) -> usize {
     })
 }
 
+/// [`run_cli`], killed (and the test failed) when it has not exited
+/// within `within`.
+pub fn run_cli_within(args: &[&str], within: Duration) -> (i32, String, String) {
+    let mut cmd = Command::new(leaderd_bin());
+    scrub_env(&mut cmd);
+    let dir = Scratch::new();
+    let (out, err) = (dir.path("out"), dir.path("err"));
+    let mut child = cmd
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out).expect("stdout file"))
+        .stderr(std::fs::File::create(&err).expect("stderr file"))
+        .spawn()
+        .expect("run leaderd");
+    let deadline = Instant::now() + within;
+    let status = loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("`leaderd {}` still running after {within:?}", args.join(" "));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let read = |p: &PathBuf| std::fs::read_to_string(p).unwrap_or_default();
+    (status.code().unwrap_or(-1), read(&out), read(&err))
+}
+
 /// Runs `leaderd` with `args` to completion: exit code, stdout, stderr.
 pub fn run_cli(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let mut cmd = Command::new(leaderd_bin());
@@ -847,9 +877,17 @@ pub struct RowLock {
 impl TempDb {
     /// Locks the row of `election` in another transaction.
     pub fn lock_row(&self, election: &str) -> RowLock {
+        self.hold(&format!(
+            "SELECT * FROM service_leader_lock WHERE name = '{election}' FOR UPDATE"
+        ))
+    }
+
+    /// Runs `sql` in a transaction on a connection of its own, left open
+    /// (with whatever locks `sql` took) until the guard is dropped. On
+    /// SQLite the transaction is `BEGIN IMMEDIATE` (`sql` is not run).
+    pub fn hold(&self, sql: &str) -> RowLock {
         let (kind, url) = (self.kind, self.plain.clone());
-        let select =
-            format!("SELECT * FROM service_leader_lock WHERE name = '{election}' FOR UPDATE");
+        let select = sql.to_owned();
         let (locked_tx, locked_rx) = std::sync::mpsc::channel();
         let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::spawn(move || {

@@ -85,6 +85,11 @@ pub enum StoreError {
     /// Creating or upgrading the table failed.
     #[error("migration failed: {0}")]
     Migration(String),
+    /// A lock the migration needs is held by another transaction, and was
+    /// not waited for (waiting would queue every renewal behind it):
+    /// nothing was changed; try again later.
+    #[error("migration postponed: the lock table is in use by another transaction ({0})")]
+    MigrationBusy(String),
     /// Local I/O failed (reading the boot id, a blocking task died).
     #[error("{0}")]
     Local(String),
@@ -103,6 +108,8 @@ impl StoreError {
             | StoreError::Busy
             | StoreError::Unsupported(_)
             | StoreError::UnsafeFile(_) => true,
+            // Answered, but not for good: the lock is free again soon.
+            StoreError::MigrationBusy(_) => false,
             StoreError::InvalidUrl(_)
             | StoreError::Connect(_)
             | StoreError::Tls(_)

@@ -116,6 +116,7 @@ pub(crate) async fn run<M: Migrator>(conn: &mut M, plan: &Plan) -> Result<Migrat
             conn.batch(&plan.steps.concat())
                 .await
                 .map_err(|e| match e {
+                    e if lock_wait_cut(&e) => StoreError::MigrationBusy(e.to_string()),
                     StoreError::Query(e @ diesel::result::Error::DatabaseError(..)) => {
                         StoreError::Migration(e.to_string())
                     }
@@ -144,6 +145,22 @@ pub(crate) async fn run<M: Migrator>(conn: &mut M, plan: &Plan) -> Result<Migrat
         }
     }
     Ok(result)
+}
+
+/// Whether a step was refused because a lock it needs was not granted
+/// within the plan's bound: PostgreSQL's `lock_not_available` (55P03),
+/// MySQL's lock wait timeout (1205).
+fn lock_wait_cut(e: &StoreError) -> bool {
+    match e {
+        StoreError::Postgres(e) => {
+            e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE)
+        }
+        StoreError::Query(diesel::result::Error::DatabaseError(_, info)) => {
+            // diesel keeps MySQL's message, not its number.
+            info.message().contains("Lock wait timeout exceeded")
+        }
+        _ => false,
+    }
 }
 
 async fn forget_legacy<M: Migrator>(conn: &mut M) -> Result<(), StoreError> {

@@ -49,7 +49,12 @@ const MIGRATION: migrate::Plan = migrate::Plan {
         WHERE t.tgname = 'service_leader_keep_token' AND c.relname = 'service_leader_lock' \
         AND c.relnamespace = \
         (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = current_schema()))",
-    lock: "BEGIN; SELECT pg_advisory_xact_lock(30510766455353956)",
+    // Once the advisory lock is ours, every lock a step needs (a trigger's
+    // DDL locks the lock table) is waited for 100 ms at most, for this
+    // transaction only: a lock request queued behind a long transaction
+    // queues every renewal behind it, and leaders lose their leases.
+    lock: "BEGIN; SELECT pg_advisory_xact_lock(30510766455353956); \
+        SET LOCAL lock_timeout = '100ms'",
     unlock: "COMMIT",
     steps: migrate::POSTGRES,
     tune: Some(migrate::POSTGRES_FILLFACTOR),
