@@ -826,7 +826,10 @@ pub fn run_cli_within(args: &[&str], within: Duration) -> (i32, String, String) 
         if Instant::now() >= deadline {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("`leaderd {}` still running after {within:?}", args.join(" "));
+            panic!(
+                "`leaderd {}` still running after {within:?}",
+                args.join(" ")
+            );
         }
         std::thread::sleep(Duration::from_millis(10));
     };

@@ -30,6 +30,45 @@ fn a_host_that_is_down_is_skipped() {
     wait_single_leader(&[&d], Duration::from_secs(10));
 }
 
+/// A host that accepts TCP and never answers (a hung server, a half-open
+/// load balancer) costs a connect its per-host bound, then the next host is
+/// tried: `connect_timeout` when the URL sets it, as libpq reads it (the
+/// whole start-up of one host, not its TCP connect only), else 4 s. Before,
+/// the bound was the whole list's 10 s, and every connect began at the hung
+/// host again: no leader, ever.
+fn hung_first_host(params: &str, bound: Duration) {
+    let _s = serial();
+    let db = TempDb::postgres();
+    let dir = Scratch::new();
+    // The kernel completes the handshake; nobody ever reads or answers.
+    let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = hung.local_addr().unwrap().port();
+    let url = db.url.replacen(
+        "@127.0.0.1:5432/",
+        &format!("@127.0.0.1:{port},127.0.0.1:5432/"),
+        1,
+    );
+    let url = format!("{url}{}{params}", if url.contains('?') { '&' } else { '?' });
+    let started = Instant::now();
+    let d = Daemon::start(&url, "a", &dir, &[]);
+    wait_single_leader(&[&d], bound + 2 * TTL);
+    eprintln!("led after {:?}", started.elapsed());
+    drop(hung);
+}
+
+#[test]
+fn a_hung_first_host_costs_connect_timeout_only() {
+    hung_first_host(
+        "connect_timeout=1&target_session_attrs=any",
+        Duration::from_secs(1),
+    );
+}
+
+#[test]
+fn a_hung_first_host_costs_four_seconds_by_default() {
+    hung_first_host("target_session_attrs=any", Duration::from_secs(4));
+}
+
 /// When, and the leader's index and token, if any.
 type Sample = (Instant, Option<(usize, i64)>);
 

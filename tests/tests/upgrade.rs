@@ -34,9 +34,11 @@ fn migration_behind_a_long_transaction(db: TempDb, undo: &str, hold: &str, migra
     let (code, _, err) = run_cli(&["migrate", "--database-url", &db.url], &[]);
     assert_eq!(code, 0, "{err}");
     let old = old_daemon(&db, &dir, "old");
-    wait_for(Duration::from_secs(15), "the old daemon to lead all", || {
-        (old.leading()?.len() == ELECTIONS.len()).then_some(())
-    });
+    wait_for(
+        Duration::from_secs(15),
+        "the old daemon to lead all",
+        || (old.leading()?.len() == ELECTIONS.len()).then_some(()),
+    );
     // Undone once the rows exist: the old release creates none.
     db.exec(&[undo]);
     assert_eq!(db.scalar(migrated), "0", "the step is undone");
@@ -55,7 +57,11 @@ fn migration_behind_a_long_transaction(db: TempDb, undo: &str, hold: &str, migra
     });
     // Leases live through the whole hold, renewed every 400 ms.
     while held.elapsed() < HELD {
-        assert_eq!(old.leading().unwrap().len(), ELECTIONS.len(), "a lease lost");
+        assert_eq!(
+            old.leading().unwrap().len(),
+            ELECTIONS.len(),
+            "a lease lost"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     drop(other);

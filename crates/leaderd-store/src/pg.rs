@@ -265,13 +265,68 @@ struct Opened {
     notifications: Option<mpsc::UnboundedReceiver<Result<String, tokio_postgres::Error>>>,
 }
 
-/// Connects with the URL's TLS (files read now). The connection's messages
-/// are driven by a task that ends when the client is dropped; it forwards
+/// How long one host of a list may take to connect (TCP, TLS,
+/// authentication, the session check) when the URL sets no
+/// `connect_timeout`: a database 150 ms away takes about a second, and two
+/// hosts that never answer still leave a third its turn within the
+/// connector's budget.
+const HOST_BUDGET: Duration = Duration::from_secs(4);
+
+/// The host list of the last connect that succeeded, and the place in it
+/// of the host that answered (see [`open`]).
+static ANSWERED: std::sync::Mutex<Option<(String, usize)>> = std::sync::Mutex::new(None);
+
+/// Connects to the URL's hosts in order, as libpq does, except that the
+/// host that answered the process's last connect is tried first: a host
+/// that accepts TCP and never answers would otherwise cost its bound at
+/// every connect (a daemon opens three at start: the migration's, the lock
+/// table's and the listener's). `connect_timeout` bounds each host's whole
+/// start-up (the driver bounds its TCP connect only), else [`HOST_BUDGET`]
+/// does for a list of hosts.
+async fn open(url: &DatabaseUrl, listen: bool) -> Result<Opened, StoreError> {
+    let config: tokio_postgres::Config = url
+        .expose()
+        .parse()
+        .map_err(|e: tokio_postgres::Error| StoreError::InvalidUrl(e.to_string()))?;
+    let hosts = url.postgres_hosts();
+    let bound = match config.get_connect_timeout() {
+        Some(t) if !t.is_zero() => Some(*t),
+        _ if hosts.len() > 1 => Some(HOST_BUDGET),
+        _ => None,
+    };
+    let Some(bound) = bound else {
+        return open_one(url, url.expose(), listen).await;
+    };
+    let list: Vec<&str> = hosts.iter().map(|(h, _)| h.as_str()).collect();
+    let list = list.join(",");
+    let first = match &*ANSWERED.lock().unwrap_or_else(|e| e.into_inner()) {
+        Some((answered, i)) if *answered == list && *i < hosts.len() => *i,
+        _ => 0,
+    };
+    let mut failures = Vec::new();
+    for i in (first..hosts.len()).chain(0..first) {
+        let (host, raw) = &hosts[i];
+        match tokio::time::timeout(bound, open_one(url, raw, listen)).await {
+            Ok(Ok(opened)) => {
+                *ANSWERED.lock().unwrap_or_else(|e| e.into_inner()) = Some((list, i));
+                return Ok(opened);
+            }
+            Ok(Err(e)) => failures.push(format!("{host}: {e}")),
+            Err(_) => failures.push(format!("{host}: no answer within {bound:?}")),
+        }
+    }
+    Err(StoreError::Connect(diesel::ConnectionError::BadConnection(
+        failures.join("; "),
+    )))
+}
+
+/// Connects with the URL's TLS (files read now) to the host(s) of `raw`
+/// (the URL, or one host of its list). The connection's messages are
+/// driven by a task that ends when the client is dropped; it forwards
 /// notifications only when `listen`, so that a connection that never asked
 /// for any (but, behind a pooler, may be handed some) stores nothing.
-async fn open(url: &DatabaseUrl, listen: bool) -> Result<Opened, StoreError> {
-    let mut config: tokio_postgres::Config = url
-        .expose()
+async fn open_one(url: &DatabaseUrl, raw: &str, listen: bool) -> Result<Opened, StoreError> {
+    let mut config: tokio_postgres::Config = raw
         .parse()
         .map_err(|e: tokio_postgres::Error| StoreError::InvalidUrl(e.to_string()))?;
     let want = url.tls();

@@ -418,6 +418,20 @@ impl DatabaseUrl {
         &self.tls
     }
 
+    /// PostgreSQL: each host of the URL's host list with the driver's URL
+    /// for it alone, in order (one entry for a single host, or for hosts
+    /// given as `host=`, which the driver walks itself). Never log the URLs.
+    pub(crate) fn postgres_hosts(&self) -> Vec<(String, String)> {
+        let (hidden, hosts) = hide_host_list(&self.raw);
+        let Some(hosts) = hosts else {
+            return vec![(String::new(), self.raw.clone())];
+        };
+        hosts
+            .split(',')
+            .map(|host| (host.to_owned(), hidden.replacen(HOST_LIST, host, 1)))
+            .collect()
+    }
+
     /// For SQLite: the file path.
     pub fn sqlite_path(&self) -> Option<&str> {
         (self.backend == Backend::Sqlite).then(|| sqlite_path(&self.raw))
@@ -596,6 +610,23 @@ mod tests {
             config.get_hosts(),
             [tokio_postgres::config::Host::Unix(p)] if p == std::path::Path::new("/var/run/postgresql")
         ));
+        // Each host of a list alone, in order, with the rest of the URL.
+        let u = DatabaseUrl::parse("postgres://u:pw@h1:5433,h2/db?connect_timeout=1").unwrap();
+        let hosts: Vec<(String, String)> = u.postgres_hosts();
+        assert_eq!(hosts.len(), 2);
+        assert_eq!(hosts[0].0, "h1:5433");
+        let one: tokio_postgres::Config = hosts[0].1.parse().unwrap();
+        assert_eq!(one.get_ports(), [5433]);
+        assert_eq!(one.get_password(), Some(&b"pw"[..]));
+        let two: tokio_postgres::Config = hosts[1].1.parse().unwrap();
+        assert!(matches!(
+            two.get_hosts(),
+            [tokio_postgres::config::Host::Tcp(h)] if h == "h2"
+        ));
+        assert_eq!(
+            two.get_connect_timeout(),
+            Some(&std::time::Duration::from_secs(1))
+        );
         // libpq 14's `primary` is read-write; a standby is refused, naming
         // the parameter and why.
         let u = DatabaseUrl::parse("postgres://h1,h2/db?target_session_attrs=primary").unwrap();
