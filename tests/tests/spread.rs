@@ -456,3 +456,37 @@ fn an_idle_daemon_costs_mysql_nothing_beside_twenty_thousand_other_rows() {
     );
     assert_eq!(a.leading().unwrap().len(), 2);
 }
+
+/// A replica released with a hold drains: it leads none of its elections
+/// and counts as absent for the spread until the hold ends, so the others
+/// share its elections between them and hand it nothing (a `preStop`
+/// release must not pull elections onto the pod that is going away).
+/// Before: 320 ms after `leaderd release --hold 1h` the spread handed two
+/// elections to the held replica as "below its share", and it led them.
+#[test]
+fn a_replica_released_with_a_hold_is_given_nothing_by_the_spread() {
+    let _s = serial();
+    let db = TempDb::postgres();
+    let dir = Scratch::new();
+    let a = start(&db, &dir, "a");
+    let b = start(&db, &dir, "b");
+    let c = start(&db, &dir, "c");
+    wait_counts(&[&a, &b, &c], &[2, 2, 2], Duration::from_secs(20), "2/2/2");
+    let listen = format!("127.0.0.1:{}", c.port);
+    let (code, out, err) =
+        leaderd_tests::run_cli(&["release", "--listen", &listen, "--hold", "1h"], &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    wait_counts(&[&a, &b], &[3, 3], Duration::from_secs(10), "3/3 without c");
+    // Several spread rounds (400 ms each) and hand-over cool-downs: c is
+    // given nothing, and the others stay at their shares.
+    let until = Instant::now() + Duration::from_secs(6);
+    while Instant::now() < until {
+        assert_eq!(
+            c.leading().unwrap(),
+            Vec::<String>::new(),
+            "c leads while held"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    wait_counts(&[&a, &b], &[3, 3], Duration::from_secs(1), "still 3/3");
+}

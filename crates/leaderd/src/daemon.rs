@@ -6,14 +6,20 @@
 //! HTTP handlers pick one by name (`?election=NAME`), or the first when no
 //! name is given, so a daemon with one election answers as it always did.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use leaderd_core::BootTime;
+
+use crate::clock::boot_now;
 use crate::election::Shared;
 use crate::settings::Settings;
 
 #[derive(Debug)]
 pub struct Daemon {
     elections: Vec<Arc<Shared>>,
+    /// Until when the replica drains (see [`Daemon::drain`]).
+    draining_until: Mutex<Option<BootTime>>,
 }
 
 /// No election of that name runs here: the message names it and the ones
@@ -32,7 +38,32 @@ impl Daemon {
             .iter()
             .map(|name| Arc::new(Shared::new(&settings.for_election(name))))
             .collect();
-        Self { elections }
+        Self {
+            elections,
+            draining_until: Mutex::new(None),
+        }
+    }
+
+    /// The whole replica was released with `hold` (a `preStop` hook, an
+    /// operator): until it ends the replica attempts none of its elections
+    /// and counts as absent for the spread, which then gives it nothing
+    /// (spec, Handover: a replica released with a hold is draining). Never
+    /// shortens a drain already asked for.
+    pub fn drain(&self, hold: Duration) {
+        let until = boot_now() + hold;
+        let mut draining = self
+            .draining_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        *draining = Some(draining.map_or(until, |was| was.max(until)));
+    }
+
+    /// Whether the replica drains at `now`.
+    pub fn draining(&self, now: BootTime) -> bool {
+        self.draining_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some_and(|until| now < until)
     }
 
     /// Every election, in the configured order (never empty).

@@ -60,6 +60,9 @@ pub enum Control {
     /// `Err` with the view when this replica did not lead.
     Release {
         hold: Duration,
+        /// Hold off for `hold` even when not leading (the whole replica is
+        /// drained, see [`crate::daemon::Daemon::drain`]).
+        drain: bool,
         reply: oneshot::Sender<Result<View, View>>,
     },
     /// The app passes (or fails) its health check.
@@ -242,10 +245,11 @@ impl Shared {
 
     /// Asks the loop to step down (see [`Control::Release`]): `Ok` with the
     /// view after the release, `Err` with the view when it did not lead,
-    /// `None` when the loop has stopped.
-    pub async fn release(&self, hold: Duration) -> Option<Result<View, View>> {
+    /// `None` when the loop has stopped. With `drain`, a loop that did not
+    /// lead holds off all the same.
+    pub async fn release(&self, hold: Duration, drain: bool) -> Option<Result<View, View>> {
         let (reply, answer) = oneshot::channel();
-        if !self.control(Control::Release { hold, reply }) {
+        if !self.control(Control::Release { hold, drain, reply }) {
             return None;
         }
         answer.await.ok()
@@ -646,10 +650,15 @@ impl Loop {
     async fn on_control(&mut self, request: Control) {
         let now = boot_now();
         match request {
-            Control::Release { hold, reply } => {
+            Control::Release { hold, drain, reply } => {
                 let fresh = uuid::Uuid::new_v4().to_string();
                 let step_down = self.shared.engine().release(now, hold, fresh);
                 let Some(step_down) = step_down else {
+                    if drain {
+                        // Not led here: nor taken, while the replica drains
+                        // (a spread hand-over would otherwise land here).
+                        self.shared.engine().hold(now, hold);
+                    }
                     let _ = reply.send(Err(self.shared.view()));
                     return;
                 };

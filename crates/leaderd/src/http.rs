@@ -185,8 +185,14 @@ async fn release(
         },
         None => daemon.all().iter().collect(),
     };
+    // The whole replica: drained for the hold, led elections or not.
+    let drain = q.election.is_none();
+    if drain {
+        daemon.drain(hold);
+    }
     // Each election's loop releases its own row, all at once.
-    let answers = futures_util::future::join_all(chosen.iter().map(|s| s.release(hold))).await;
+    let answers =
+        futures_util::future::join_all(chosen.iter().map(|s| s.release(hold, drain))).await;
     let mut released = false;
     let mut bodies = Vec::new();
     for (shared, answer) in chosen.iter().zip(answers) {

@@ -122,7 +122,10 @@ impl Spread {
             self.link.want_connection();
             return Err("no connection".into());
         }
-        let healthy = self.daemon.first().app_healthy();
+        // A replica drained by a release with a hold (or whose app fails)
+        // counts as absent: it is given no election and is not in the
+        // shares until it competes again.
+        let healthy = self.daemon.first().app_healthy() && !self.daemon.draining(boot_now());
         // A slot is chosen from a fresh look and taken in this same round,
         // so that replicas starting together are counted within a round or
         // two; the same look then serves the plan.
@@ -134,9 +137,14 @@ impl Spread {
                 presence = Some(fresh);
             }
             self.renew_presence().await?;
-        } else if self.held_token.is_some() {
-            // Not waiting for anything: others must not hand over to us.
-            self.leave().await;
+        } else {
+            if self.held_token.is_some() {
+                // Not waiting for anything: others must not hand over to us.
+                self.leave().await;
+            }
+            if self.daemon.draining(boot_now()) {
+                return Ok(());
+            }
         }
         let presence = match presence {
             Some(rows) => rows,
@@ -228,7 +236,7 @@ impl Spread {
         let hold = t.heartbeat() * 2;
         for i in handed {
             let shared = self.daemon.all()[i].clone();
-            tokio::spawn(async move { shared.release(hold).await });
+            tokio::spawn(async move { shared.release(hold, false).await });
         }
     }
 
