@@ -482,4 +482,9 @@ fn renewals_are_timed_apart_from_the_followers_polls() {
         (interval - TTL.as_secs_f64() / 3.0).abs() < 1e-9,
         "{interval}"
     );
+    // And the budget the slow-renewal alert holds them against: ttl, less
+    // the safety margin (50 ms here) and the renew interval.
+    let budget = series_value(leader, "leaderd_renewal_budget_seconds");
+    let want = TTL.as_secs_f64() - 0.05 - interval;
+    assert!((budget - want).abs() < 1e-6, "{budget} != {want}");
 }

@@ -18,7 +18,7 @@ use crate::Size;
 const TIMING: [&str; 4] = ["--ttl", "100ms", "--heartbeat", "33ms"];
 
 /// `pgbench` on `url`, for `secs`: 32 clients, the default TPC-B writes.
-fn pgbench(url: &str, secs: u64) -> Result<Child> {
+pub fn pgbench(url: &str, secs: u64) -> Result<Child> {
     Command::new("pgbench")
         .args(["-n", "-c", "32", "-j", "2", "-T", &secs.to_string(), url])
         .stdin(Stdio::null())
@@ -28,8 +28,37 @@ fn pgbench(url: &str, secs: u64) -> Result<Child> {
         .context("pgbench (Debian's postgresql-client)")
 }
 
+/// Fills `url` with pgbench's tables (scale 10).
+pub fn pgbench_init(url: &str) -> Result<()> {
+    let init = Command::new("pgbench")
+        .args(["-i", "-q", "-s", "10", url])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .context("pgbench -i")?;
+    if !init.success() {
+        bail!("pgbench -i failed: {init}");
+    }
+    Ok(())
+}
+
+/// Waits for `pgbench` and reads its summary: (tps, average latency ms).
+pub fn pgbench_figures(bench: Child) -> Result<(String, String)> {
+    let out = bench.wait_with_output().context("pgbench")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    // `tps = 1438.6 (…)`, `latency average = 22.2 ms`.
+    let figure = |line: &str, word: usize| {
+        text.lines()
+            .find(|l| l.starts_with(line))
+            .and_then(|l| l.split_whitespace().nth(word))
+            .unwrap_or("?")
+            .to_owned()
+    };
+    Ok((figure("tps =", 2), figure("latency average", 3)))
+}
+
 /// The daemons' transitions in their logs: (acquired tokens, losses).
-fn transitions(daemons: &[Daemon]) -> (Vec<i64>, usize) {
+pub fn transitions(daemons: &[Daemon]) -> (Vec<i64>, usize) {
     let mut tokens = Vec::new();
     let mut lost = 0;
     for d in daemons {
@@ -58,15 +87,7 @@ pub fn run(size: Size) -> Result<()> {
     let load = size.pick(600, 3);
     let rounds = size.pick(50, 2);
     let db = TempDb::postgres();
-    let init = Command::new("pgbench")
-        .args(["-i", "-q", "-s", "10", &db.url])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .context("pgbench -i")?;
-    if !init.success() {
-        bail!("pgbench -i failed: {init}");
-    }
+    pgbench_init(&db.url)?;
     let dir = Scratch::new();
     let mut daemons: Vec<Daemon> = ["a", "b", "c"]
         .iter()
@@ -76,19 +97,7 @@ pub fn run(size: Size) -> Result<()> {
     let (before, lost_before) = transitions(&daemons);
 
     // Steady leadership under the load.
-    let bench = pgbench(&db.url, load)?;
-    let out = bench.wait_with_output().context("pgbench")?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    // `tps = 1438.6 (…)`, `latency average = 22.2 ms`.
-    let figure = |line: &str, word: usize| {
-        text.lines()
-            .find(|l| l.starts_with(line))
-            .and_then(|l| l.split_whitespace().nth(word))
-            .unwrap_or("?")
-            .to_owned()
-    };
-    let tps = figure("tps =", 2);
-    let latency = figure("latency average", 3);
+    let (tps, latency) = pgbench_figures(pgbench(&db.url, load)?)?;
     let (after, lost_after) = transitions(&daemons);
     let new_terms = after.len() - before.len();
     let step_downs = lost_after - lost_before;

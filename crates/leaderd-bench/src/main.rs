@@ -2,18 +2,19 @@
 //! by side with the approach of the articles leaderd grew from, in one run.
 //!
 //! ```text
-//! cargo run --release -p leaderd-bench -- [--smoke] [--plots DIR] [heartbeat|scale|failover|busy|exec|serve|footprint|elections|batch|release]...
+//! cargo run --release -p leaderd-bench -- [--smoke] [--plots DIR] [heartbeat|scale|failover|busy|budget|exec|serve|footprint|elections|batch|release]...
 //! ```
 //!
 //! With no part named, all run. `--smoke` shrinks every part to seconds so
 //! the test run can exercise the bench without measuring anything. Output is
 //! Markdown, ready for `BENCHMARKS.md`; with `--plots DIR` every part but
-//! `footprint`, `batch` and `release` also draws an SVG plot into `DIR`
+//! `footprint`, `batch`, `release` and `budget` also draws an SVG plot into `DIR`
 //! (see `plot.rs`) and links it under its table. It uses the local
 //! PostgreSQL and MariaDB (see the test harness for the URLs) and the
 //! `leaderd` binary built beside it.
 
 mod batch;
+mod budget;
 mod busy;
 mod elections;
 mod exec;
@@ -52,6 +53,7 @@ const PARTS: &[&str] = &[
     "scale",
     "failover",
     "busy",
+    "budget",
     "exec",
     "serve",
     "footprint",
@@ -136,6 +138,7 @@ fn main() -> Result<()> {
                 )?;
             }
             "busy" => busy::run(size)?,
+            "budget" => budget::run(size)?,
             "exec" => exec::run(size)?,
             "serve" => {
                 let served = rt.block_on(serve::leader_endpoint(size))?;

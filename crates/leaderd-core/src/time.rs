@@ -143,17 +143,28 @@ impl Timing {
     pub fn local_lease(&self) -> Duration {
         self.ttl - self.safety_margin()
     }
+
+    /// How long a leader's renewal may take, from its send to its answer,
+    /// for the leader to stay leader without a gap: `ttl − safety margin −
+    /// renew interval` (spec, "Renewal budget"). The renewal is sent a
+    /// renew interval after the one before, whose local lease then has this
+    /// much left. No margin can beat it: a short lease needs a database
+    /// whose commits stay within it under load.
+    pub fn renewal_budget(&self) -> Duration {
+        self.local_lease().saturating_sub(self.renew_every())
+    }
 }
 
 impl fmt::Display for Timing {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "heartbeat {:?}, ttl {:?}, renew every {:?}, safety margin {:?}",
+            "heartbeat {:?}, ttl {:?}, renew every {:?}, safety margin {:?}, renewal budget {:?}",
             self.heartbeat,
             self.ttl,
             self.renew_every(),
-            self.safety_margin()
+            self.safety_margin(),
+            self.renewal_budget()
         )
     }
 }
@@ -196,6 +207,30 @@ mod tests {
         assert_eq!(t(33, 100), MS(2));
         // Every 5 s: 250 ms is cut to 25 ms.
         assert_eq!(t(5000, 30_000), MS(25));
+    }
+
+    #[test]
+    fn the_renewal_budget_is_what_a_renewal_may_take() {
+        // The spec's figures: the defaults, ttl 150 ms and ttl 100 ms.
+        assert_eq!(
+            Timing::new(MS(1000), MS(1200)).unwrap().renewal_budget(),
+            MS(750)
+        );
+        assert_eq!(
+            Timing::new(MS(50), MS(150)).unwrap().renewal_budget(),
+            MS(50)
+        );
+        assert_eq!(
+            Timing::new(MS(33), MS(100)).unwrap().renewal_budget(),
+            MS(17)
+        );
+        // A renew interval of ttl / 3 (100 ms / 3) counts whole.
+        let t = Timing::new(MS(40), MS(100)).unwrap();
+        assert_eq!(t.renewal_budget(), MS(50) - MS(100) / 3);
+        assert_eq!(
+            Timing::new(MS(10), MS(100)).unwrap().renewal_budget(),
+            MS(40)
+        );
     }
 
     #[test]

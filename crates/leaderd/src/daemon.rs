@@ -117,6 +117,7 @@ impl Daemon {
                 view: shared.view(),
                 db_up: shared.db_up(),
                 renew_every: shared.timing.renew_every(),
+                renewal_budget: shared.timing.renewal_budget(),
             })
             .collect();
         crate::metrics::render(&scraped)

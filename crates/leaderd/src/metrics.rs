@@ -20,8 +20,12 @@ use prometheus::{Encoder, TextEncoder};
 use leaderd_core::View;
 
 /// The attempt histograms' upper bounds, in seconds (`+Inf` is implied).
-const BUCKETS: [f64; 12] = [
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+/// Fine around the renewal budgets of short leases (17 ms at ttl 100 ms,
+/// 50 ms at 150 ms, 150 ms at 300 ms), so that a p99 against the budget
+/// reads true.
+const BUCKETS: [f64; 18] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25,
+    0.5, 0.75, 1.0, 2.5,
 ];
 
 /// A counter that only goes up.
@@ -128,9 +132,12 @@ pub struct Scraped<'a> {
     pub metrics: &'a Metrics,
     pub view: View,
     pub db_up: bool,
-    /// How often a leader renews (`min(heartbeat, ttl/3)`): what the
-    /// renewals' durations are measured against.
+    /// How often a leader renews (`min(heartbeat, ttl/3)`).
     pub renew_every: std::time::Duration,
+    /// How long a renewal may take for the leader to keep its lease
+    /// (`Timing::renewal_budget`): what the renewals' durations are
+    /// measured against.
+    pub renewal_budget: std::time::Duration,
 }
 
 /// One family: name, help, type and a value for each election (labels
@@ -265,6 +272,12 @@ pub fn render(elections: &[Scraped<'_>]) -> String {
             "How often a leader renews: min(heartbeat, ttl/3)",
             &|e| e.renew_every.as_secs_f64(),
         ),
+        gauges(
+            "leaderd_renewal_budget_seconds",
+            "How long a renewal may take for the leader to keep its lease: \
+             ttl - safety margin - renew interval",
+            &|e| e.renewal_budget.as_secs_f64(),
+        ),
         histograms(
             "leaderd_renewal_duration_seconds",
             "Duration of a leader's renewals (a subset of the attempts), from before the send, \
@@ -301,7 +314,10 @@ mod tests {
             .iter()
             .map(|b| b.cumulative_count())
             .collect();
-        assert_eq!(counts, [2, 2, 2, 3, 3, 3, 3, 3, 4, 4, 4, 4]);
+        assert_eq!(
+            counts,
+            [2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 4, 4, 4, 4, 4]
+        );
         assert_eq!(v.get_sample_count(), 5);
         assert!((v.get_sample_sum() - 9.2036).abs() < 1e-9);
     }
