@@ -69,6 +69,18 @@ fn a_hung_first_host_costs_four_seconds_by_default() {
     hung_first_host("target_session_attrs=any", Duration::from_secs(4));
 }
 
+/// A `connect_timeout` longer than a connect's whole budget (10 s): the
+/// hung host is marked when a connect reaches it, so the next connect, which
+/// starts beside it after a heartbeat, tries the other host first (before:
+/// every connect spent its budget on the hung host, for ever).
+#[test]
+fn a_hung_first_host_with_a_long_connect_timeout_is_tried_last() {
+    hung_first_host(
+        "connect_timeout=30&target_session_attrs=any",
+        Duration::from_secs(1),
+    );
+}
+
 /// When, and the leader's index and token, if any.
 type Sample = (Instant, Option<(usize, i64)>);
 

@@ -490,3 +490,51 @@ fn a_replica_released_with_a_hold_is_given_nothing_by_the_spread() {
     }
     wait_counts(&[&a, &b], &[3, 3], Duration::from_secs(1), "still 3/3");
 }
+
+/// A drained replica still leads an election nobody else will: within
+/// three heartbeats of the election falling free (its regular poll may come
+/// sooner), not at the end of its hold (the elections it released itself
+/// do wait for the hold: that is what a release with a hold asks).
+#[test]
+fn a_drained_replica_still_takes_an_election_nobody_else_takes() {
+    let _s = serial();
+    let db = TempDb::postgres();
+    let dir = Scratch::new();
+    let launch = |id: &str| {
+        Daemon::launch(&db.url, id, &dir, id, &[])
+            .elections(&["jobs", "mailer"])
+            .start()
+    };
+    let a = launch("a");
+    let b = launch("b");
+    let all = |d: &Daemon| d.leading().unwrap_or_default().len();
+    wait_for(Duration::from_secs(20), "one each", || {
+        (all(&a) == 1 && all(&b) == 1).then_some(())
+    });
+    let bs = b.leading().unwrap();
+    let listen = format!("127.0.0.1:{}", a.port);
+    let (code, out, err) =
+        leaderd_tests::run_cli(&["release", "--listen", &listen, "--hold", "1h"], &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    wait_for(Duration::from_secs(5), "b to lead both", || {
+        (all(&b) == 2).then_some(())
+    });
+    b.sigkill();
+    let killed = Instant::now();
+    // b's own election (a never released it): a takes it once free, three
+    // heartbeats late.
+    wait_for(
+        TTL + Duration::from_secs(4),
+        "a to take b's election",
+        || (a.leading()? == bs).then_some(()),
+    );
+    eprintln!(
+        "a drained replica took a free election after {:?}",
+        killed.elapsed()
+    );
+    assert!(
+        killed.elapsed() > TTL + Duration::from_secs(2),
+        "a drained replica came early ({:?})",
+        killed.elapsed()
+    );
+}

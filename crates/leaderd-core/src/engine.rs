@@ -16,7 +16,11 @@
 //!   attempt until its hold ends, nor at all while its app is unhealthy;
 //! - a follower told to yield (see `spread`) attempts a free or expiring row
 //!   one heartbeat late, so that a replica below its share takes it first,
-//!   and still takes it if nobody does.
+//!   and still takes it if nobody does;
+//! - a draining replica (released as a whole, with a hold) comes three
+//!   heartbeats late to a free row it does not lead: after any replica that
+//!   is to take it (a spread hand-over's holds off two heartbeats), yet an
+//!   election nobody else takes is not left leaderless for the whole hold.
 
 use std::time::Duration;
 
@@ -145,6 +149,8 @@ pub struct Engine {
     competing: bool,
     /// Whether a free row is left to others for a heartbeat (see `spread`).
     yielding: bool,
+    /// Until when this replica drains (see [`Engine::drain`]).
+    draining_until: Option<BootTime>,
     /// Instances this replica used before (see [`Engine::release`]): a row
     /// that carries one of them is ours, not a duplicate id's.
     past_instances: Vec<String>,
@@ -171,6 +177,9 @@ const RACE_RETRY: Duration = Duration::from_millis(10);
 const EXPIRY_SLACK: Duration = Duration::from_millis(1);
 /// Backoff after the second consecutive failure; doubles up to a heartbeat.
 const FIRST_BACKOFF: Duration = Duration::from_millis(25);
+/// How many heartbeats late a draining replica comes to a free row: later
+/// than a yielding one (one) and than a spread hand-over's own hold (two).
+const DRAIN_LATE_HEARTBEATS: u32 = 3;
 
 impl Engine {
     /// A follower that attempts at once.
@@ -192,6 +201,7 @@ impl Engine {
             hold_until: None,
             competing: true,
             yielding: false,
+            draining_until: None,
             past_instances: Vec::new(),
         }
     }
@@ -381,10 +391,26 @@ impl Engine {
         self.yielding = yielding;
     }
 
-    /// How much later than it otherwise would a follower attempts a row
-    /// that will be free by then.
-    fn yield_delay(&self) -> Duration {
-        if self.yielding {
+    /// The whole replica drains until `now + hold` (a release with a hold
+    /// that names no election, e.g. a `preStop` hook): a row it does not
+    /// lead is attempted [`DRAIN_LATE_HEARTBEATS`] late when it will be
+    /// free by then, so that the others take it first and a spread's
+    /// hand-over never lands here, while an election nobody else takes
+    /// still gets a leader. Never shortens a drain already asked for.
+    pub fn drain(&mut self, now: BootTime, hold: Duration) {
+        let until = now + hold;
+        self.draining_until = Some(self.draining_until.map_or(until, |d| d.max(until)));
+        if !self.is_leader(now) {
+            self.next_attempt = self.next_attempt.max(now + self.yield_delay(now));
+        }
+    }
+
+    /// How much later than it otherwise would a follower attempts, at
+    /// `now`, a row that will be free by then.
+    fn yield_delay(&self, now: BootTime) -> Duration {
+        if self.draining_until.is_some_and(|until| now < until) {
+            self.timing.heartbeat() * DRAIN_LATE_HEARTBEATS
+        } else if self.yielding {
             self.timing.heartbeat()
         } else {
             Duration::ZERO
@@ -431,7 +457,7 @@ impl Engine {
     /// A release notification for this election arrived: attempt at once.
     pub fn on_release_notice(&mut self, now: BootTime) {
         if !self.is_leader(now) {
-            self.next_attempt = self.next_attempt.min(now + self.yield_delay());
+            self.next_attempt = self.next_attempt.min(now + self.yield_delay(now));
         }
     }
 
@@ -509,7 +535,7 @@ impl Engine {
                 };
                 // Free by the next attempt: a yielding replica comes late.
                 let late = if wait <= self.timing.heartbeat() {
-                    self.yield_delay()
+                    self.yield_delay(received_at)
                 } else {
                     Duration::ZERO
                 };
@@ -534,7 +560,7 @@ impl Engine {
                 self.other = None;
                 self.next_attempt = received_at
                     + self.timing.ttl().min(self.timing.heartbeat())
-                    + self.yield_delay();
+                    + self.yield_delay(received_at);
             }
         }
         events
@@ -617,6 +643,36 @@ mod tests {
         e.on_attempt(at(3330), at(3340), refused("pod-b", 4, -5));
         assert!(!e.attempt_due(at(3500)));
         assert!(e.attempt_due(at(4350)));
+    }
+
+    #[test]
+    fn a_draining_follower_comes_three_heartbeats_late_until_the_drain_ends() {
+        let mut e = engine();
+        e.on_attempt(at(0), at(10), refused("pod-b", 4, 300));
+        assert!(e.attempt_due(at(311)));
+        // Drained for 10 s at 100 ms: no attempt for three heartbeats.
+        e.drain(at(100), Duration::from_secs(10));
+        assert!(!e.attempt_due(at(3099)));
+        assert!(e.attempt_due(at(3100)));
+        // A row held for 300 ms more (a hand-over's holder, say): its
+        // expiry plus three heartbeats, after the yielding (one) and the
+        // releasing replica (two).
+        e.on_attempt(at(3100), at(3110), refused("pod-c", 5, 300));
+        assert!(!e.attempt_due(at(6410)));
+        assert!(e.attempt_due(at(6411)));
+        // A release notice does not bring it forward.
+        e.on_attempt(at(6411), at(6420), refused("pod-c", 5, 5000));
+        e.on_release_notice(at(6500));
+        assert!(!e.attempt_due(at(7419)));
+        // Past the drain (10.1 s): on time again.
+        e.on_attempt(at(10_200), at(10_210), refused("pod-c", 5, 300));
+        assert!(e.attempt_due(at(10_511)));
+        // A shorter drain asked later does not end it sooner.
+        let mut e = engine();
+        e.drain(at(0), Duration::from_secs(10));
+        e.drain(at(0), Duration::from_secs(1));
+        e.on_attempt(at(2000), at(2010), refused("pod-b", 4, 300));
+        assert!(!e.attempt_due(at(2311)));
     }
 
     #[test]

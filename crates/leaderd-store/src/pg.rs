@@ -272,17 +272,43 @@ struct Opened {
 /// connector's budget.
 const HOST_BUDGET: Duration = Duration::from_secs(4);
 
-/// The host list of the last connect that succeeded, and the place in it
-/// of the host that answered (see [`open`]).
-static ANSWERED: std::sync::Mutex<Option<(String, usize)>> = std::sync::Mutex::new(None);
+/// Hosts of a list seen not answering at a connect (its bound ran out, or
+/// the connect was cut while on it), by host list and place, and since
+/// when: tried after the others for [`STALL_MEMORY`] (see [`open`]).
+static STALLED: std::sync::Mutex<Vec<(String, usize, std::time::Instant)>> =
+    std::sync::Mutex::new(Vec::new());
 
-/// Connects to the URL's hosts in order, as libpq does, except that the
-/// host that answered the process's last connect is tried first: a host
-/// that accepts TCP and never answers would otherwise cost its bound at
-/// every connect (a daemon opens three at start: the migration's, the lock
-/// table's and the listener's). `connect_timeout` bounds each host's whole
-/// start-up (the driver bounds its TCP connect only), else [`HOST_BUDGET`]
-/// does for a list of hosts.
+/// How long a host that did not answer goes to the back of its list; then
+/// the list's own order again (a primary that came back is preferred again).
+const STALL_MEMORY: Duration = Duration::from_secs(60);
+
+/// The places in `list` of hosts seen not answering lately.
+fn stalled_hosts(list: &str) -> Vec<usize> {
+    let mut stalled = STALLED.lock().unwrap_or_else(|e| e.into_inner());
+    stalled.retain(|(_, _, since)| since.elapsed() < STALL_MEMORY);
+    stalled
+        .iter()
+        .filter(|(l, _, _)| l == list)
+        .map(|&(_, i, _)| i)
+        .collect()
+}
+
+/// Notes whether host `i` of `list` is (still) not answering.
+fn mark_stalled(list: &str, i: usize, stalled: bool) {
+    let mut marks = STALLED.lock().unwrap_or_else(|e| e.into_inner());
+    marks.retain(|(l, j, _)| !(l == list && *j == i));
+    if stalled {
+        marks.push((list.to_owned(), i, std::time::Instant::now()));
+    }
+}
+
+/// Connects to the URL's hosts in order, as libpq does, except that a host
+/// seen not answering in the last minute goes last: one that accepts TCP
+/// and never answers would otherwise cost its bound at every connect (a
+/// daemon opens three at start: the migration's, the lock table's and the
+/// listener's), or the whole connect budget when its bound is longer.
+/// `connect_timeout` bounds each host's whole start-up (the driver bounds
+/// its TCP connect only), else [`HOST_BUDGET`] does for a list of hosts.
 async fn open(url: &DatabaseUrl, listen: bool) -> Result<Opened, StoreError> {
     let config: tokio_postgres::Config = url
         .expose()
@@ -299,19 +325,24 @@ async fn open(url: &DatabaseUrl, listen: bool) -> Result<Opened, StoreError> {
     };
     let list: Vec<&str> = hosts.iter().map(|(h, _)| h.as_str()).collect();
     let list = list.join(",");
-    let first = match &*ANSWERED.lock().unwrap_or_else(|e| e.into_inner()) {
-        Some((answered, i)) if *answered == list && *i < hosts.len() => *i,
-        _ => 0,
-    };
+    let stalled = stalled_hosts(&list);
+    let (answering, late): (Vec<usize>, Vec<usize>) =
+        (0..hosts.len()).partition(|i| !stalled.contains(i));
     let mut failures = Vec::new();
-    for i in (first..hosts.len()).chain(0..first) {
+    for i in answering.into_iter().chain(late) {
         let (host, raw) = &hosts[i];
+        // Marked first: a connect cut while on this host (by the caller's
+        // budget) leaves it marked.
+        mark_stalled(&list, i, true);
         match tokio::time::timeout(bound, open_one(url, raw, listen)).await {
             Ok(Ok(opened)) => {
-                *ANSWERED.lock().unwrap_or_else(|e| e.into_inner()) = Some((list, i));
+                mark_stalled(&list, i, false);
                 return Ok(opened);
             }
-            Ok(Err(e)) => failures.push(format!("{host}: {e}")),
+            Ok(Err(e)) => {
+                mark_stalled(&list, i, false);
+                failures.push(format!("{host}: {e}"));
+            }
             Err(_) => failures.push(format!("{host}: no answer within {bound:?}")),
         }
     }

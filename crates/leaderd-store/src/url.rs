@@ -419,13 +419,22 @@ impl DatabaseUrl {
     }
 
     /// PostgreSQL: each host of the URL's host list with the driver's URL
-    /// for it alone, in order (one entry for a single host, or for hosts
-    /// given as `host=`, which the driver walks itself). Never log the URLs.
+    /// for it alone, in order (one entry for a single host, or for hosts,
+    /// ports or addresses given as lists in parameters, which the driver
+    /// walks itself). Never log the URLs.
     pub(crate) fn postgres_hosts(&self) -> Vec<(String, String)> {
+        let whole = || vec![(String::new(), self.raw.clone())];
         let (hidden, hosts) = hide_host_list(&self.raw);
         let Some(hosts) = hosts else {
-            return vec![(String::new(), self.raw.clone())];
+            return whole();
         };
+        let listed_in_parameters = self.raw.split_once('?').is_some_and(|(_, query)| {
+            url::form_urlencoded::parse(query.as_bytes())
+                .any(|(k, v)| matches!(&*k, "host" | "hostaddr" | "port") && v.contains(','))
+        });
+        if listed_in_parameters {
+            return whole();
+        }
         hosts
             .split(',')
             .map(|host| (host.to_owned(), hidden.replacen(HOST_LIST, host, 1)))
@@ -627,6 +636,9 @@ mod tests {
             two.get_connect_timeout(),
             Some(&std::time::Duration::from_secs(1))
         );
+        // A port list in the parameters goes to the driver whole.
+        let u = DatabaseUrl::parse("postgres://u@h1,h2/db?port=5432,5433").unwrap();
+        assert_eq!(u.postgres_hosts().len(), 1);
         // libpq 14's `primary` is read-write; a standby is refused, naming
         // the parameter and why.
         let u = DatabaseUrl::parse("postgres://h1,h2/db?target_session_attrs=primary").unwrap();

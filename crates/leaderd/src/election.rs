@@ -60,8 +60,9 @@ pub enum Control {
     /// `Err` with the view when this replica did not lead.
     Release {
         hold: Duration,
-        /// Hold off for `hold` even when not leading (the whole replica is
-        /// drained, see [`crate::daemon::Daemon::drain`]).
+        /// The whole replica drains for `hold` (see
+        /// [`crate::daemon::Daemon::drain`]): an election not led here is
+        /// left to the others ([`leaderd_core::Engine::drain`]).
         drain: bool,
         reply: oneshot::Sender<Result<View, View>>,
     },
@@ -655,9 +656,9 @@ impl Loop {
                 let step_down = self.shared.engine().release(now, hold, fresh);
                 let Some(step_down) = step_down else {
                     if drain {
-                        // Not led here: nor taken, while the replica drains
-                        // (a spread hand-over would otherwise land here).
-                        self.shared.engine().hold(now, hold);
+                        // Not led here: left to the others while the
+                        // replica drains (see `Engine::drain`).
+                        self.shared.engine().drain(now, hold);
                     }
                     let _ = reply.send(Err(self.shared.view()));
                     return;
@@ -665,6 +666,9 @@ impl Loop {
                 info!(election = %self.shared.election, hold = ?hold, "stepping down on request");
                 self.step_down(step_down).await;
                 self.shared.engine().hold(boot_now(), hold);
+                if drain {
+                    self.shared.engine().drain(boot_now(), hold);
+                }
                 let _ = reply.send(Ok(self.shared.view()));
             }
             Control::AppHealthy(healthy) => {

@@ -49,6 +49,11 @@ pub async fn wait_for_releases(
         }
     };
     let elections: Vec<String> = daemon.all().iter().map(|s| s.election.clone()).collect();
+    let slots: std::collections::HashMap<String, usize> = elections
+        .iter()
+        .enumerate()
+        .map(|(i, name)| (name.clone(), i))
+        .collect();
     let nonce = uuid::Uuid::new_v4().to_string();
     let mut backoff = Duration::from_millis(100);
     let mut checked = false;
@@ -78,11 +83,12 @@ pub async fn wait_for_releases(
             backoff = Duration::from_millis(100);
             let exact = waiter.names_every_release();
             // A leader holds its own election's wake-up; no release of it
-            // is worth looking for.
+            // is worth looking for. Found by index: with thousands of
+            // elections, a search by name per election per look cost a core.
             let wanted = |name: &str| {
-                daemon
-                    .find(Some(name))
-                    .is_ok_and(|s| !s.is_leader(boot_now()))
+                slots
+                    .get(name)
+                    .is_some_and(|&i| !daemon.all()[i].is_leader(boot_now()))
             };
             loop {
                 let released = waiter.next(&wanted).await.map_err(|e| e.to_string())?;
