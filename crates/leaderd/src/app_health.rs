@@ -11,9 +11,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use crate::daemon::Daemon;
-use crate::election::Control;
 use crate::http_client;
 use crate::settings::AppHealth;
+use crate::shared::Control;
 
 /// Checks until `shutdown`. A check is a GET with a timeout of one
 /// heartbeat; any 2xx passes.

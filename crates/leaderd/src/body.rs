@@ -11,7 +11,7 @@ use axum::Json;
 use serde::Serialize;
 
 use crate::daemon::Daemon;
-use crate::election::Shared;
+use crate::shared::Shared;
 
 /// The `/leader` body (spec, HTTP).
 #[derive(Serialize)]

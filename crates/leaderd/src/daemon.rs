@@ -12,8 +12,8 @@ use std::time::Duration;
 use leaderd_core::BootTime;
 
 use crate::clock::boot_now;
-use crate::election::Shared;
 use crate::settings::Settings;
+use crate::shared::Shared;
 
 #[derive(Debug)]
 pub struct Daemon {

@@ -1,5 +1,7 @@
-//! The election loop: drives the [`Engine`] with real database answers and
-//! real time, and carries out its events (logs, metrics, flag file).
+//! The election loop: drives the [`leaderd_core::Engine`] with real
+//! database answers and real time, and carries out its events (logs,
+//! metrics, flag file). The state it shares with the rest of the daemon is
+//! in `shared`.
 //!
 //! One loop per election, one attempt at a time, on the daemon's one
 //! connection (see `link`, which sends the loops' statements together).
@@ -11,21 +13,20 @@
 //! leadership first, a statement in flight may finish, then the row is
 //! released on the same connection, all within a fixed budget.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
-use leaderd_core::{BootTime, Engine, Event, Timing, View};
-use tokio::sync::{oneshot, watch, Notify};
+use leaderd_core::{BootTime, Event};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::clock::{boot_now, micros, unix_ms, BootTimer};
 use crate::flag_file::{FlagFile, FlagWriter};
-use crate::inbox::Inbox;
 use crate::link::{Link, Reached, Request};
-use crate::metrics::Metrics;
 use crate::settings::Settings;
+use crate::shared::{Control, Shared};
 use crate::wakeups;
 
 /// How long shutdown waits for a statement already in flight, then how long
@@ -50,273 +51,6 @@ const PRESENCE_BUDGET: Duration = Duration::from_millis(100);
 
 /// How long after a command's deadline its reaping may take.
 const CHILD_REAP_BUDGET: Duration = Duration::from_millis(200);
-
-/// A request to the election loop from outside it (HTTP, the app-health
-/// check).
-#[derive(Debug)]
-pub enum Control {
-    /// Step down, release the row, wake the others, and do not attempt again
-    /// for `hold`. Answered with the `/leader` view after the release, or
-    /// `Err` with the view when this replica did not lead.
-    Release {
-        hold: Duration,
-        /// The whole replica drains for `hold` (see
-        /// [`crate::daemon::Daemon::drain`]): an election not led here is
-        /// left to the others ([`leaderd_core::Engine::drain`]).
-        drain: bool,
-        reply: oneshot::Sender<Result<View, View>>,
-    },
-    /// The app passes (or fails) its health check.
-    AppHealthy(bool),
-    /// Leave free rows to others for a heartbeat, or stop (see `spread`).
-    Yield(bool),
-}
-
-/// State shared by the election loop and the HTTP handlers.
-#[derive(Debug)]
-pub struct Shared {
-    pub election: String,
-    pub id: String,
-    /// Fixed for the process; kept here so readers need not lock the engine.
-    pub timing: Timing,
-    engine: Mutex<Engine>,
-    /// Last successful database round trip, for `/readyz`.
-    last_db_ok: Mutex<Option<BootTime>>,
-    /// Last time the loop went round, for the `/healthz` watchdog.
-    last_progress: Mutex<BootTime>,
-    pub metrics: Metrics,
-    /// Requests to the loop (see [`Shared::control`]).
-    control: Inbox<Control>,
-    /// What `/leader/watch` and `exec` react to; see [`Shared::publish`].
-    changes: watch::Sender<Leadership>,
-    /// Whether a command run under `exec` is alive: the row is not released
-    /// on purpose until it is gone, or its successor could overlap it.
-    child_running: watch::Sender<bool>,
-    /// Wakes the loop for a request queued, a renewal asked for or a
-    /// release announced. One `Notify` for all three: each one the loop
-    /// waits on costs a registration and its removal at every turn.
-    wake: Notify,
-    /// A renewal asked for (see `link`: renewals go together) still stands
-    /// (an attempt since answers it).
-    renew_asked: AtomicBool,
-    /// A release of this election was announced (see `wakeups`).
-    release_noticed: AtomicBool,
-}
-
-/// The part of the `/leader` body whose every change is announced.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Leadership {
-    pub is_leader: bool,
-    pub leader: Option<String>,
-    pub token: Option<i64>,
-}
-
-impl From<View> for Leadership {
-    fn from(v: View) -> Self {
-        Self {
-            is_leader: v.is_leader,
-            leader: v.leader,
-            token: v.token,
-        }
-    }
-}
-
-impl Shared {
-    pub fn new(settings: &Settings) -> Self {
-        let instance = uuid::Uuid::new_v4().to_string();
-        let now = boot_now();
-        let mut engine = Engine::new(settings.timing, settings.id.clone(), instance, now);
-        if settings.app_health.is_some() {
-            // Not before the app's first check passes: an app that never
-            // became healthy never leads.
-            engine.set_competing(now, false, uuid::Uuid::new_v4().to_string());
-        }
-        Self {
-            election: settings.election.clone(),
-            id: settings.id.clone(),
-            timing: settings.timing,
-            engine: Mutex::new(engine),
-            last_db_ok: Mutex::new(None),
-            last_progress: Mutex::new(now),
-            metrics: Metrics::default(),
-            control: Inbox::default(),
-            changes: watch::Sender::new(Leadership::default()),
-            child_running: watch::Sender::new(false),
-            wake: Notify::new(),
-            renew_asked: AtomicBool::new(false),
-            release_noticed: AtomicBool::new(false),
-        }
-    }
-
-    /// Asks the loop to renew now if it leads, so that its renewal goes in
-    /// the batch being sent (see `link`).
-    pub fn renew_soon(&self) {
-        self.renew_asked.store(true, Ordering::Relaxed);
-        self.wake.notify_one();
-    }
-
-    /// Whether a renewal asked for by [`Shared::renew_soon`] is still
-    /// wanted; taking it answers it.
-    fn take_renew_asked(&self) -> bool {
-        self.renew_asked.swap(false, Ordering::Relaxed)
-    }
-
-    /// Tells the loop that a release of its election was announced: its
-    /// follower attempts now.
-    pub fn notice_release(&self) {
-        self.release_noticed.store(true, Ordering::Relaxed);
-        self.wake.notify_one();
-    }
-
-    /// Announces a change of leadership to watchers. The loop calls it after
-    /// every event and answer, and it wakes at the local deadline, so a
-    /// deadline passing is announced too. Watchers wake only on a change.
-    pub fn publish(&self) {
-        let engine = self.engine();
-        let (is_leader, leader, token) = engine.leadership(boot_now());
-        // Compared in place, under the read lock: the write lock and a copy
-        // only when it changed (rarely; this runs at every turn).
-        let same = |was: &Leadership| {
-            was.is_leader == is_leader && was.token == token && was.leader.as_deref() == leader
-        };
-        if same(&self.changes.borrow()) {
-            return;
-        }
-        self.changes.send_if_modified(|was| {
-            if same(was) {
-                return false;
-            }
-            *was = Leadership {
-                is_leader,
-                leader: leader.map(str::to_owned),
-                token,
-            };
-            true
-        });
-    }
-
-    /// A receiver woken at every change [`Shared::publish`] announces.
-    pub fn subscribe(&self) -> watch::Receiver<Leadership> {
-        self.changes.subscribe()
-    }
-
-    /// The lease this replica holds at this instant (token and deadline),
-    /// for a supervisor that may start a child on it: the gate is closed in
-    /// the same engine lock, so a step-down either comes first (no lease) or
-    /// finds the gate closed and waits for [`Shared::set_child_running`].
-    pub fn lease_for_child(&self) -> Option<(i64, BootTime)> {
-        let engine = self.engine();
-        let lease = engine.lease(boot_now());
-        if lease.is_some() {
-            self.child_running.send_replace(true);
-        }
-        lease
-    }
-
-    /// Tells the loop whether a command run under `exec` is alive.
-    pub fn set_child_running(&self, running: bool) {
-        self.child_running.send_replace(running);
-    }
-
-    /// Resolves once no command run under `exec` is alive.
-    async fn child_gone(&self) {
-        let mut running = self.child_running.subscribe();
-        let _ = running.wait_for(|r| !r).await;
-    }
-
-    /// Sends a request to the election loop; `false` when it has stopped.
-    pub fn control(&self, request: Control) -> bool {
-        let sent = self.control.send(request);
-        if sent {
-            self.wake.notify_one();
-        }
-        sent
-    }
-
-    /// The next request to the loop, for a test's stand-in loop.
-    #[cfg(test)]
-    pub async fn next_control(&self) -> Control {
-        loop {
-            if let Some(request) = self.control.try_recv() {
-                return request;
-            }
-            self.wake.notified().await;
-        }
-    }
-
-    /// Asks the loop to step down (see [`Control::Release`]): `Ok` with the
-    /// view after the release, `Err` with the view when it did not lead,
-    /// `None` when the loop has stopped. With `drain`, a loop that did not
-    /// lead holds off all the same.
-    pub async fn release(&self, hold: Duration, drain: bool) -> Option<Result<View, View>> {
-        let (reply, answer) = oneshot::channel();
-        if !self.control(Control::Release { hold, drain, reply }) {
-            return None;
-        }
-        answer.await.ok()
-    }
-
-    /// Whether this replica competes (its app passes its health check, or
-    /// none is configured).
-    pub fn app_healthy(&self) -> bool {
-        self.engine().competing()
-    }
-
-    fn engine(&self) -> MutexGuard<'_, Engine> {
-        // A panic while holding the lock cannot leave the engine half-updated
-        // in a way that matters more than stopping would.
-        self.engine.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Who holds this election at `now`, in one look: `Ok(token)` while
-    /// this replica leads, else the other replica last seen holding a live
-    /// lease, if any (see [`Engine::other_holder`]).
-    pub fn holder_at<R>(&self, now: BootTime, f: impl FnOnce(Result<i64, Option<&str>>) -> R) -> R {
-        let engine = self.engine();
-        match engine.lease(now) {
-            Some((token, _)) => f(Ok(token)),
-            None => f(Err(engine.other_holder(now))),
-        }
-    }
-
-    /// Whether this replica leads at `now` (cheaper than a [`View`]).
-    pub fn is_leader(&self, now: BootTime) -> bool {
-        self.engine().is_leader(now)
-    }
-
-    /// Leadership as of this instant.
-    pub fn view(&self) -> View {
-        self.engine().view(boot_now())
-    }
-
-    /// A database round trip succeeded within `max(3 × heartbeat, ttl)`.
-    pub fn db_up(&self) -> bool {
-        let t = self.timing;
-        let window = (t.heartbeat() * 3).max(t.ttl());
-        let last = *self.last_db_ok.lock().unwrap_or_else(|e| e.into_inner());
-        last.is_some_and(|at| boot_now().saturating_since(at) <= window)
-    }
-
-    /// The loop went round recently. It wakes at least once per heartbeat and
-    /// every attempt is bounded (a follower's by a heartbeat, a leader's
-    /// renewal by the local lease it would grant), so silence longer than
-    /// either means it is stuck.
-    pub fn healthy(&self) -> bool {
-        let t = self.timing;
-        let limit =
-            (t.heartbeat() * 5).max(t.local_lease() + t.heartbeat()) + Duration::from_secs(1);
-        let last = *self.last_progress.lock().unwrap_or_else(|e| e.into_inner());
-        boot_now().saturating_since(last) <= limit
-    }
-
-    fn progress(&self, now: BootTime) {
-        *self.last_progress.lock().unwrap_or_else(|e| e.into_inner()) = now;
-    }
-
-    fn db_ok(&self, now: BootTime) {
-        *self.last_db_ok.lock().unwrap_or_else(|e| e.into_inner()) = Some(now);
-    }
-}
 
 /// One election's loop, ready to run (see [`Election::run`]).
 pub struct Election {

@@ -33,7 +33,7 @@ use axum::http::Uri;
 
 use crate::body::{election, error, leader_fields, query, LeaderBody};
 use crate::daemon::Daemon;
-use crate::election::Shared;
+use crate::shared::Shared;
 
 /// The request header `POST /release` needs (`leaderd release` sends it).
 pub const RELEASE_HEADER: &str = "leaderd-release";
@@ -269,7 +269,7 @@ async fn not_found() -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::election::Control;
+    use crate::shared::Control;
     use axum::body::Body;
     use axum::http::{Method, Request};
     use http_body_util::BodyExt;

@@ -35,7 +35,7 @@ use tracing::debug;
 
 use crate::clock::boot_now;
 use crate::connector::Connector;
-use crate::election::Shared;
+use crate::shared::Shared;
 
 /// The longest a batch of releases (or a read) may take: within the
 /// loops' own release budget.

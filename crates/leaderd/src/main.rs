@@ -23,6 +23,7 @@ mod metrics;
 mod release;
 mod server;
 mod settings;
+mod shared;
 mod signals;
 mod spread;
 mod wakeups;

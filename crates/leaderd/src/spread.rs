@@ -32,9 +32,9 @@ use tracing::{debug, info};
 
 use crate::clock::boot_now;
 use crate::daemon::Daemon;
-use crate::election::Control;
 use crate::link::{Link, Request};
 use crate::settings::Settings;
+use crate::shared::Control;
 
 /// How long shutdown gives the presence release: with the loops' own
 /// budgets, shutdown stays within the spec's 2 s.

@@ -24,8 +24,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::body::{election, error, leader_fields, query};
 use crate::daemon::Daemon;
-use crate::election::{Leadership, Shared};
 use crate::server::{ProbeSlot, MAX_CONNECTIONS};
+use crate::shared::{Leadership, Shared};
 
 /// Most streams open at once: the server's connection limit less a few
 /// slots for `/leader`, `/metrics` and the kubelet's probes.

@@ -1,0 +1,286 @@
+//! The state one election shares between its loop (`election`), the HTTP
+//! handlers, the daemon's link and wake-ups, and the spread: the engine
+//! behind a lock, the requests to the loop, and what watchers are told.
+//!
+//! It sits below all of them, so that none of them imports another to reach
+//! it (the loop's file once held it, and the link, the wake-ups and the
+//! daemon imported the loop's file, which imported them: a circle).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use leaderd_core::{BootTime, Engine, Timing, View};
+use tokio::sync::{oneshot, watch, Notify};
+
+use crate::clock::boot_now;
+use crate::inbox::Inbox;
+use crate::metrics::Metrics;
+use crate::settings::Settings;
+
+/// A request to the election loop from outside it (HTTP, the app-health
+/// check).
+#[derive(Debug)]
+pub enum Control {
+    /// Step down, release the row, wake the others, and do not attempt again
+    /// for `hold`. Answered with the `/leader` view after the release, or
+    /// `Err` with the view when this replica did not lead.
+    Release {
+        hold: Duration,
+        /// The whole replica drains for `hold` (see
+        /// the daemon's drain): an election not led here is
+        /// left to the others ([`leaderd_core::Engine::drain`]).
+        drain: bool,
+        reply: oneshot::Sender<Result<View, View>>,
+    },
+    /// The app passes (or fails) its health check.
+    AppHealthy(bool),
+    /// Leave free rows to others for a heartbeat, or stop (see `spread`).
+    Yield(bool),
+}
+
+/// State shared by the election loop and the HTTP handlers.
+#[derive(Debug)]
+pub struct Shared {
+    pub election: String,
+    pub id: String,
+    /// Fixed for the process; kept here so readers need not lock the engine.
+    pub timing: Timing,
+    pub(crate) engine: Mutex<Engine>,
+    /// Last successful database round trip, for `/readyz`.
+    pub(crate) last_db_ok: Mutex<Option<BootTime>>,
+    /// Last time the loop went round, for the `/healthz` watchdog.
+    pub(crate) last_progress: Mutex<BootTime>,
+    pub metrics: Metrics,
+    /// Requests to the loop (see [`Shared::control`]).
+    pub(crate) control: Inbox<Control>,
+    /// What `/leader/watch` and `exec` react to; see [`Shared::publish`].
+    pub(crate) changes: watch::Sender<Leadership>,
+    /// Whether a command run under `exec` is alive: the row is not released
+    /// on purpose until it is gone, or its successor could overlap it.
+    pub(crate) child_running: watch::Sender<bool>,
+    /// Wakes the loop for a request queued, a renewal asked for or a
+    /// release announced. One `Notify` for all three: each one the loop
+    /// waits on costs a registration and its removal at every turn.
+    pub(crate) wake: Notify,
+    /// A renewal asked for (see `link`: renewals go together) still stands
+    /// (an attempt since answers it).
+    pub(crate) renew_asked: AtomicBool,
+    /// A release of this election was announced (see `wakeups`).
+    pub(crate) release_noticed: AtomicBool,
+}
+
+/// The part of the `/leader` body whose every change is announced.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Leadership {
+    pub is_leader: bool,
+    pub leader: Option<String>,
+    pub token: Option<i64>,
+}
+
+impl From<View> for Leadership {
+    fn from(v: View) -> Self {
+        Self {
+            is_leader: v.is_leader,
+            leader: v.leader,
+            token: v.token,
+        }
+    }
+}
+
+impl Shared {
+    pub fn new(settings: &Settings) -> Self {
+        let instance = uuid::Uuid::new_v4().to_string();
+        let now = boot_now();
+        let mut engine = Engine::new(settings.timing, settings.id.clone(), instance, now);
+        if settings.app_health.is_some() {
+            // Not before the app's first check passes: an app that never
+            // became healthy never leads.
+            engine.set_competing(now, false, uuid::Uuid::new_v4().to_string());
+        }
+        Self {
+            election: settings.election.clone(),
+            id: settings.id.clone(),
+            timing: settings.timing,
+            engine: Mutex::new(engine),
+            last_db_ok: Mutex::new(None),
+            last_progress: Mutex::new(now),
+            metrics: Metrics::default(),
+            control: Inbox::default(),
+            changes: watch::Sender::new(Leadership::default()),
+            child_running: watch::Sender::new(false),
+            wake: Notify::new(),
+            renew_asked: AtomicBool::new(false),
+            release_noticed: AtomicBool::new(false),
+        }
+    }
+
+    /// Asks the loop to renew now if it leads, so that its renewal goes in
+    /// the batch being sent (see `link`).
+    pub fn renew_soon(&self) {
+        self.renew_asked.store(true, Ordering::Relaxed);
+        self.wake.notify_one();
+    }
+
+    /// Whether a renewal asked for by [`Shared::renew_soon`] is still
+    /// wanted; taking it answers it.
+    pub(crate) fn take_renew_asked(&self) -> bool {
+        self.renew_asked.swap(false, Ordering::Relaxed)
+    }
+
+    /// Tells the loop that a release of its election was announced: its
+    /// follower attempts now.
+    pub fn notice_release(&self) {
+        self.release_noticed.store(true, Ordering::Relaxed);
+        self.wake.notify_one();
+    }
+
+    /// Announces a change of leadership to watchers. The loop calls it after
+    /// every event and answer, and it wakes at the local deadline, so a
+    /// deadline passing is announced too. Watchers wake only on a change.
+    pub fn publish(&self) {
+        let engine = self.engine();
+        let (is_leader, leader, token) = engine.leadership(boot_now());
+        // Compared in place, under the read lock: the write lock and a copy
+        // only when it changed (rarely; this runs at every turn).
+        let same = |was: &Leadership| {
+            was.is_leader == is_leader && was.token == token && was.leader.as_deref() == leader
+        };
+        if same(&self.changes.borrow()) {
+            return;
+        }
+        self.changes.send_if_modified(|was| {
+            if same(was) {
+                return false;
+            }
+            *was = Leadership {
+                is_leader,
+                leader: leader.map(str::to_owned),
+                token,
+            };
+            true
+        });
+    }
+
+    /// A receiver woken at every change [`Shared::publish`] announces.
+    pub fn subscribe(&self) -> watch::Receiver<Leadership> {
+        self.changes.subscribe()
+    }
+
+    /// The lease this replica holds at this instant (token and deadline),
+    /// for a supervisor that may start a child on it: the gate is closed in
+    /// the same engine lock, so a step-down either comes first (no lease) or
+    /// finds the gate closed and waits for [`Shared::set_child_running`].
+    pub fn lease_for_child(&self) -> Option<(i64, BootTime)> {
+        let engine = self.engine();
+        let lease = engine.lease(boot_now());
+        if lease.is_some() {
+            self.child_running.send_replace(true);
+        }
+        lease
+    }
+
+    /// Tells the loop whether a command run under `exec` is alive.
+    pub fn set_child_running(&self, running: bool) {
+        self.child_running.send_replace(running);
+    }
+
+    /// Resolves once no command run under `exec` is alive.
+    pub(crate) async fn child_gone(&self) {
+        let mut running = self.child_running.subscribe();
+        let _ = running.wait_for(|r| !r).await;
+    }
+
+    /// Sends a request to the election loop; `false` when it has stopped.
+    pub fn control(&self, request: Control) -> bool {
+        let sent = self.control.send(request);
+        if sent {
+            self.wake.notify_one();
+        }
+        sent
+    }
+
+    /// The next request to the loop, for a test's stand-in loop.
+    #[cfg(test)]
+    pub async fn next_control(&self) -> Control {
+        loop {
+            if let Some(request) = self.control.try_recv() {
+                return request;
+            }
+            self.wake.notified().await;
+        }
+    }
+
+    /// Asks the loop to step down (see [`Control::Release`]): `Ok` with the
+    /// view after the release, `Err` with the view when it did not lead,
+    /// `None` when the loop has stopped. With `drain`, a loop that did not
+    /// lead holds off all the same.
+    pub async fn release(&self, hold: Duration, drain: bool) -> Option<Result<View, View>> {
+        let (reply, answer) = oneshot::channel();
+        if !self.control(Control::Release { hold, drain, reply }) {
+            return None;
+        }
+        answer.await.ok()
+    }
+
+    /// Whether this replica competes (its app passes its health check, or
+    /// none is configured).
+    pub fn app_healthy(&self) -> bool {
+        self.engine().competing()
+    }
+
+    pub(crate) fn engine(&self) -> MutexGuard<'_, Engine> {
+        // A panic while holding the lock cannot leave the engine half-updated
+        // in a way that matters more than stopping would.
+        self.engine.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Who holds this election at `now`, in one look: `Ok(token)` while
+    /// this replica leads, else the other replica last seen holding a live
+    /// lease, if any (see [`Engine::other_holder`]).
+    pub fn holder_at<R>(&self, now: BootTime, f: impl FnOnce(Result<i64, Option<&str>>) -> R) -> R {
+        let engine = self.engine();
+        match engine.lease(now) {
+            Some((token, _)) => f(Ok(token)),
+            None => f(Err(engine.other_holder(now))),
+        }
+    }
+
+    /// Whether this replica leads at `now` (cheaper than a [`View`]).
+    pub fn is_leader(&self, now: BootTime) -> bool {
+        self.engine().is_leader(now)
+    }
+
+    /// Leadership as of this instant.
+    pub fn view(&self) -> View {
+        self.engine().view(boot_now())
+    }
+
+    /// A database round trip succeeded within `max(3 × heartbeat, ttl)`.
+    pub fn db_up(&self) -> bool {
+        let t = self.timing;
+        let window = (t.heartbeat() * 3).max(t.ttl());
+        let last = *self.last_db_ok.lock().unwrap_or_else(|e| e.into_inner());
+        last.is_some_and(|at| boot_now().saturating_since(at) <= window)
+    }
+
+    /// The loop went round recently. It wakes at least once per heartbeat and
+    /// every attempt is bounded (a follower's by a heartbeat, a leader's
+    /// renewal by the local lease it would grant), so silence longer than
+    /// either means it is stuck.
+    pub fn healthy(&self) -> bool {
+        let t = self.timing;
+        let limit =
+            (t.heartbeat() * 5).max(t.local_lease() + t.heartbeat()) + Duration::from_secs(1);
+        let last = *self.last_progress.lock().unwrap_or_else(|e| e.into_inner());
+        boot_now().saturating_since(last) <= limit
+    }
+
+    pub(crate) fn progress(&self, now: BootTime) {
+        *self.last_progress.lock().unwrap_or_else(|e| e.into_inner()) = now;
+    }
+
+    pub(crate) fn db_ok(&self, now: BootTime) {
+        *self.last_db_ok.lock().unwrap_or_else(|e| e.into_inner()) = Some(now);
+    }
+}

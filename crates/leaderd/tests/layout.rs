@@ -1,0 +1,132 @@
+//! The binary's modules import one another one way only: no two modules
+//! import each other, directly or around a loop (a circle hides which part
+//! rests on which, and every change then passes through all of it).
+//!
+//! Read from the source as text: every `crate::NAME` outside a comment is an
+//! import of module `NAME` (a folder counts as one module, its files
+//! together). The test names the first circle it finds.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Every `.rs` file under `dir`.
+fn sources(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("read src") {
+        let path = entry.expect("entry").path();
+        if path.is_dir() {
+            out.extend(sources(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// The modules `text` imports: every `crate::NAME` outside comments.
+fn imports(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for line in text.lines() {
+        let code = line.split("//").next().unwrap_or_default();
+        let mut rest = code;
+        while let Some(at) = rest.find("crate::") {
+            rest = &rest[at + "crate::".len()..];
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() {
+                out.insert(name);
+            }
+        }
+    }
+    out
+}
+
+/// The module graph of the binary's `src`: module -> modules it imports.
+fn graph() -> BTreeMap<String, BTreeSet<String>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in sources(&src) {
+        let relative = file.strip_prefix(&src).expect("under src");
+        let first = relative
+            .components()
+            .next()
+            .expect("a file")
+            .as_os_str()
+            .to_string_lossy()
+            .trim_end_matches(".rs")
+            .to_owned();
+        let text = std::fs::read_to_string(&file).expect("read a source file");
+        let edges = graph.entry(first.clone()).or_default();
+        edges.extend(imports(&text).into_iter().filter(|m| *m != first));
+    }
+    graph
+}
+
+/// A circle through the graph, if there is one, as the modules in order.
+fn circle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mark {
+        Open,
+        Done,
+    }
+    fn visit(
+        node: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        marks: &mut BTreeMap<String, Mark>,
+        path: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        match marks.get(node) {
+            Some(Mark::Done) => return None,
+            Some(Mark::Open) => {
+                let from = path.iter().position(|n| n == node).unwrap_or(0);
+                let mut found = path[from..].to_vec();
+                found.push(node.to_owned());
+                return Some(found);
+            }
+            None => {}
+        }
+        marks.insert(node.to_owned(), Mark::Open);
+        path.push(node.to_owned());
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(found) = visit(next, graph, marks, path) {
+                return Some(found);
+            }
+        }
+        path.pop();
+        marks.insert(node.to_owned(), Mark::Done);
+        None
+    }
+    let mut marks = BTreeMap::new();
+    for node in graph.keys() {
+        if let Some(found) = visit(node, graph, &mut marks, &mut Vec::new()) {
+            return Some(found);
+        }
+    }
+    None
+}
+
+#[test]
+fn no_two_modules_import_each_other() {
+    let graph = graph();
+    assert!(graph.contains_key("main") && graph.len() > 10, "{graph:?}");
+    if let Some(found) = circle(&graph) {
+        panic!("an import circle: {}", found.join(" -> "));
+    }
+}
+
+#[test]
+fn a_circle_is_found() {
+    let set = |names: &[&str]| names.iter().map(|n| n.to_string()).collect();
+    let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    g.insert("a".into(), set(&["b"]));
+    g.insert("b".into(), set(&["c"]));
+    g.insert("c".into(), set(&[]));
+    assert_eq!(circle(&g), None);
+    g.insert("c".into(), set(&["a"]));
+    assert_eq!(circle(&g).unwrap(), ["a", "b", "c", "a"]);
+    // Comments do not import; code does, wherever on the line.
+    let text = "//! see crate::x\nuse crate::y::Z; // crate::w\nlet v = crate::u::f();";
+    assert_eq!(imports(text), set(&["u", "y"]));
+}
