@@ -3,31 +3,17 @@
 //! This file is the edge: it parses the command line, loads and validates the
 //! configuration (exit 2 on any problem), sets up logging, and runs one of
 //! `run`, `migrate` or `status`. Exit codes: 0 clean, 1 fatal, 2 usage or
-//! configuration.
+//! configuration. It wires the parts: `runtime` (the elections), `http` (the
+//! HTTP edge) and `outputs` (flag file, metrics, logs, `exec`).
 
-mod app_health;
-mod body;
 mod cli;
 mod clock;
-mod connector;
-mod daemon;
-mod election;
-mod exec;
-mod flag_file;
 mod http;
 mod http_client;
-mod inbox;
-mod link;
-mod logging;
-mod metrics;
-mod release;
-mod server;
+mod outputs;
+mod runtime;
 mod settings;
-mod shared;
 mod signals;
-mod spread;
-mod wakeups;
-mod watch;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -61,7 +47,7 @@ fn main() -> ExitCode {
         }
     };
     if let Some(Command::Release { hold }) = &cli.command {
-        return release::run(&cli.config, hold.as_deref());
+        return http::release::run(&cli.config, hold.as_deref());
     }
     let settings = match Settings::load(&cli.config, &ProcessEnv) {
         Ok(s) => s,
@@ -71,7 +57,7 @@ fn main() -> ExitCode {
         }
     };
     let commands = match &cli.command {
-        Some(Command::Exec { command }) => match exec::commands(&settings, command) {
+        Some(Command::Exec { command }) => match outputs::exec::commands(&settings, command) {
             Ok(commands) => Some(commands),
             Err(e) => {
                 eprintln!("leaderd: {e}");
@@ -86,7 +72,7 @@ fn main() -> ExitCode {
             .warnings
             .push("`exec` is set, but commands run only under `leaderd exec`; ignoring it".into());
     }
-    logging::init(settings.log_format);
+    outputs::logging::init(settings.log_format);
     for w in &settings.warnings {
         warn!("{w}");
     }
@@ -119,12 +105,12 @@ fn main() -> ExitCode {
         }
     };
     // The last lines, unless stderr is stalled: the exit is not held up.
-    logging::flush(EXIT_FLUSH);
+    outputs::logging::flush(EXIT_FLUSH);
     code
 }
 
 /// Raises the soft limit on open files to the hard one: every HTTP
-/// connection (up to `server::MAX_CONNECTIONS`) holds a descriptor, and
+/// connection (up to `http::server::MAX_CONNECTIONS`) holds a descriptor, and
 /// running out would also fail the flag file and the database connections.
 fn raise_open_files_limit() {
     use rustix::process::{getrlimit, setrlimit, Resource};
@@ -139,7 +125,7 @@ fn raise_open_files_limit() {
 
 /// Runs the daemon; with `commands` (one per election), as `exec` (see
 /// `exec.rs`). Returns the exit code: 0, or under `exec` the commands' (see
-/// `exec::supervise_all`).
+/// `outputs::exec::supervise_all`).
 async fn run(settings: Settings, commands: Option<Vec<Vec<OsString>>>) -> anyhow::Result<u8> {
     raise_open_files_limit();
     let listener = tokio::net::TcpListener::bind(settings.listen)
@@ -157,7 +143,7 @@ async fn run(settings: Settings, commands: Option<Vec<Vec<OsString>>>) -> anyhow
     };
     let shutdown = CancellationToken::new();
     signals::spawn_handler(shutdown.clone()).context("cannot install signal handlers")?;
-    let daemon = Arc::new(daemon::Daemon::new(&settings));
+    let daemon = Arc::new(runtime::daemon::Daemon::new(&settings));
     info!(
         elections = %settings.elections.join(","),
         spread = settings.spread,
@@ -176,14 +162,14 @@ async fn run(settings: Settings, commands: Option<Vec<Vec<OsString>>>) -> anyhow
             Some(_) => http::ReleaseAt::Elsewhere(settings.release_listen),
         };
         let app = http::router(daemon.clone(), release_at);
-        tokio::spawn(server::serve(listener, app, stop))
+        tokio::spawn(http::server::serve(listener, app, stop))
     };
     if let Some(l) = release_listener {
         let app = http::release_router(daemon.clone());
-        tokio::spawn(server::serve(l, app, http_stop.clone()));
+        tokio::spawn(http::server::serve(l, app, http_stop.clone()));
     }
     if let Some(check) = settings.app_health.clone() {
-        tokio::spawn(app_health::watch(
+        tokio::spawn(runtime::app_health::watch(
             daemon.clone(),
             check,
             settings.app_health_failures,
@@ -192,8 +178,12 @@ async fn run(settings: Settings, commands: Option<Vec<Vec<OsString>>>) -> anyhow
     }
     // One connection for all; one loop per election, each releasing its
     // own row at shutdown.
-    let link = link::Link::start(
-        connector::Connector::new(settings.database.clone(), settings.migrate, settings.timing),
+    let link = runtime::link::Link::start(
+        runtime::connector::Connector::new(
+            settings.database.clone(),
+            settings.migrate,
+            settings.timing,
+        ),
         daemon.all().to_vec(),
     );
     let loops: Vec<_> = daemon
@@ -202,7 +192,7 @@ async fn run(settings: Settings, commands: Option<Vec<Vec<OsString>>>) -> anyhow
         .map(|shared| {
             let (shared, shutdown, link) = (shared.clone(), shutdown.clone(), link.clone());
             let settings = settings.for_election(&shared.election);
-            let election = election::start(shared, &settings, link);
+            let election = runtime::election::start(shared, &settings, link);
             tokio::spawn(async move {
                 // Should a loop fail (a panic), nothing may run on as if it
                 // led: cancel the run on the way out.
@@ -213,13 +203,13 @@ async fn run(settings: Settings, commands: Option<Vec<Vec<OsString>>>) -> anyhow
             })
         })
         .collect();
-    let waiter = tokio::spawn(wakeups::wait_for_releases(
+    let waiter = tokio::spawn(runtime::wakeups::wait_for_releases(
         settings.database.clone(),
         daemon.clone(),
         settings.timing.heartbeat(),
         shutdown.clone(),
     ));
-    let spread = tokio::spawn(spread::run(
+    let spread = tokio::spawn(runtime::spread::run(
         daemon.clone(),
         settings.clone(),
         link,
@@ -229,7 +219,7 @@ async fn run(settings: Settings, commands: Option<Vec<Vec<OsString>>>) -> anyhow
         None => None,
         // Here, on the main thread: see `exec` on the parent-death signal.
         Some(commands) => Some(
-            exec::supervise_all(
+            outputs::exec::supervise_all(
                 daemon.all(),
                 commands,
                 &settings.secret_env,

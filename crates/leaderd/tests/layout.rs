@@ -1,10 +1,12 @@
-//! The binary's modules import one another one way only: no two modules
-//! import each other, directly or around a loop (a circle hides which part
-//! rests on which, and every change then passes through all of it).
+//! The binary's files import one another one way only: no two files import
+//! each other, directly or around a loop (a circle hides which part rests on
+//! which, and every change then passes through all of it).
 //!
-//! Read from the source as text: every `crate::NAME` outside a comment is an
-//! import of module `NAME` (a folder counts as one module, its files
-//! together). The test names the first circle it finds.
+//! Read from the source as text: every `crate::PATH` outside a comment is an
+//! import of the file of the longest module PATH names (`crate::runtime::
+//! link::Link` is `runtime/link.rs`). A child's `super::` (a module's own
+//! folder reaching up to it) is not counted. The test names the first circle
+//! it finds.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -23,7 +25,7 @@ fn sources(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// The modules `text` imports: every `crate::NAME` outside comments.
+/// The paths `text` names after `crate::`, outside comments.
 fn imports(text: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     for line in text.lines() {
@@ -31,35 +33,67 @@ fn imports(text: &str) -> BTreeSet<String> {
         let mut rest = code;
         while let Some(at) = rest.find("crate::") {
             rest = &rest[at + "crate::".len()..];
-            let name: String = rest
+            let path: String = rest
                 .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':')
                 .collect();
-            if !name.is_empty() {
-                out.insert(name);
+            let path = path.trim_end_matches(':');
+            if !path.is_empty() {
+                out.insert(path.to_owned());
             }
         }
     }
     out
 }
 
-/// The module graph of the binary's `src`: module -> modules it imports.
+/// The module a file under `src` is: `runtime/link.rs` is `runtime::link`,
+/// `runtime/mod.rs` is `runtime`.
+fn module_of(relative: &Path) -> String {
+    let mut parts: Vec<String> = relative
+        .components()
+        .map(|c| {
+            c.as_os_str()
+                .to_string_lossy()
+                .trim_end_matches(".rs")
+                .to_owned()
+        })
+        .collect();
+    if parts.last().is_some_and(|p| p == "mod") {
+        parts.pop();
+    }
+    parts.join("::")
+}
+
+/// The file of the longest module among `modules` that `path` starts with.
+fn resolve<'a>(path: &str, modules: &'a BTreeSet<String>) -> Option<&'a String> {
+    modules
+        .iter()
+        .filter(|m| path == m.as_str() || path.starts_with(&format!("{m}::")))
+        .max_by_key(|m| m.len())
+}
+
+/// The file graph of the binary's `src`: module -> modules it imports.
 fn graph() -> BTreeMap<String, BTreeSet<String>> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let files: Vec<(String, String)> = sources(&src)
+        .into_iter()
+        .map(|file| {
+            let module = module_of(file.strip_prefix(&src).expect("under src"));
+            let text = std::fs::read_to_string(&file).expect("read a source file");
+            (module, text)
+        })
+        .collect();
+    let modules: BTreeSet<String> = files.iter().map(|(m, _)| m.clone()).collect();
     let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for file in sources(&src) {
-        let relative = file.strip_prefix(&src).expect("under src");
-        let first = relative
-            .components()
-            .next()
-            .expect("a file")
-            .as_os_str()
-            .to_string_lossy()
-            .trim_end_matches(".rs")
-            .to_owned();
-        let text = std::fs::read_to_string(&file).expect("read a source file");
-        let edges = graph.entry(first.clone()).or_default();
-        edges.extend(imports(&text).into_iter().filter(|m| *m != first));
+    for (module, text) in &files {
+        let edges = graph.entry(module.clone()).or_default();
+        for path in imports(text) {
+            if let Some(target) = resolve(&path, &modules) {
+                if target != module {
+                    edges.insert(target.clone());
+                }
+            }
+        }
     }
     graph
 }
@@ -108,7 +142,7 @@ fn circle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
 }
 
 #[test]
-fn no_two_modules_import_each_other() {
+fn no_two_files_import_each_other() {
     let graph = graph();
     assert!(graph.contains_key("main") && graph.len() > 10, "{graph:?}");
     if let Some(found) = circle(&graph) {
@@ -126,7 +160,13 @@ fn a_circle_is_found() {
     assert_eq!(circle(&g), None);
     g.insert("c".into(), set(&["a"]));
     assert_eq!(circle(&g).unwrap(), ["a", "b", "c", "a"]);
-    // Comments do not import; code does, wherever on the line.
-    let text = "//! see crate::x\nuse crate::y::Z; // crate::w\nlet v = crate::u::f();";
-    assert_eq!(imports(text), set(&["u", "y"]));
+    // Comments do not import; code does, wherever on the line; a path
+    // names the file of its longest module.
+    let text = "//! see crate::x\nuse crate::y::Z; // crate::w\nlet v = crate::u::v::f();";
+    assert_eq!(imports(text), set(&["u::v::f", "y::Z"]));
+    let modules = set(&["u", "u::v", "y"]);
+    assert_eq!(resolve("u::v::f", &modules).unwrap(), "u::v");
+    assert_eq!(resolve("y::Z", &modules).unwrap(), "y");
+    assert_eq!(module_of(Path::new("runtime/mod.rs")), "runtime");
+    assert_eq!(module_of(Path::new("runtime/link.rs")), "runtime::link");
 }

@@ -34,8 +34,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::clock::{boot_now, BootTimer};
+use crate::runtime::shared::Shared;
 use crate::settings::Settings;
-use crate::shared::Shared;
 
 /// What ended a run of `exec`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

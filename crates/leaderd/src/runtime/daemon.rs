@@ -12,8 +12,8 @@ use std::time::Duration;
 use leaderd_core::BootTime;
 
 use crate::clock::boot_now;
+use crate::runtime::shared::Shared;
 use crate::settings::Settings;
-use crate::shared::Shared;
 
 #[derive(Debug)]
 pub struct Daemon {
@@ -112,7 +112,7 @@ impl Daemon {
         let scraped: Vec<_> = self
             .elections
             .iter()
-            .map(|shared| crate::metrics::Scraped {
+            .map(|shared| crate::outputs::metrics::Scraped {
                 election: &shared.election,
                 metrics: &shared.metrics,
                 view: shared.view(),
@@ -121,6 +121,6 @@ impl Daemon {
                 renewal_budget: shared.timing.renewal_budget(),
             })
             .collect();
-        crate::metrics::render(&scraped)
+        crate::outputs::metrics::render(&scraped)
     }
 }

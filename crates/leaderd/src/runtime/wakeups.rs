@@ -14,8 +14,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
 use crate::clock::boot_now;
-use crate::daemon::Daemon;
-use crate::link::{Link, State};
+use crate::runtime::daemon::Daemon;
+use crate::runtime::link::{Link, State};
 use crate::settings::DatabaseSource;
 
 /// Whether the backend needs a presence (MySQL's named lock), which also

@@ -34,8 +34,8 @@ use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tracing::debug;
 
 use crate::clock::boot_now;
-use crate::connector::Connector;
-use crate::shared::Shared;
+use crate::runtime::connector::Connector;
+use crate::runtime::shared::Shared;
 
 /// The longest a batch of releases (or a read) may take: within the
 /// loops' own release budget.

@@ -1,5 +1,8 @@
-//! The HTTP surface: `/leader`, `/elections`, `/`, `/healthz`, `/readyz`,
-//! `/metrics`, `POST /release`, and `/leader/watch` (see `watch`).
+//! The HTTP edge (this folder: the router here, `watch` for the event
+//! stream, `body` for the bodies, `server` for the connections' limits,
+//! `release` for `leaderd release`'s client). The HTTP surface: `/leader`,
+//! `/elections`, `/`, `/healthz`, `/readyz`, `/metrics`, `POST /release`,
+//! and `/leader/watch` (see `watch`).
 //! `/leader`, `/leader/watch` and `/release` take `?election=NAME` (404
 //! naming it when unknown); without it they answer for the first election
 //! (`/release`: release all).
@@ -17,6 +20,11 @@
 //! process that was paused past its deadline answers 503 on its first request
 //! after resuming.
 
+pub mod body;
+pub mod release;
+pub mod server;
+pub mod watch;
+
 use std::sync::Arc;
 
 use axum::extract::ConnectInfo;
@@ -31,9 +39,9 @@ use std::time::Duration;
 
 use axum::http::Uri;
 
-use crate::body::{election, error, leader_fields, query, LeaderBody};
-use crate::daemon::Daemon;
-use crate::shared::Shared;
+use crate::http::body::{election, error, leader_fields, query, LeaderBody};
+use crate::runtime::daemon::Daemon;
+use crate::runtime::shared::Shared;
 
 /// The request header `POST /release` needs (`leaderd release` sends it).
 pub const RELEASE_HEADER: &str = "leaderd-release";
@@ -60,7 +68,7 @@ pub fn router(daemon: Arc<Daemon>, release_at: ReleaseAt) -> Router {
     };
     Router::new()
         .route("/leader", get(leader))
-        .route("/leader/watch", crate::watch::route(daemon.clone()))
+        .route("/leader/watch", crate::http::watch::route(daemon.clone()))
         .route("/elections", get(elections))
         .route("/release", release_route)
         .route("/", get(compat))
@@ -269,7 +277,7 @@ async fn not_found() -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shared::Control;
+    use crate::runtime::shared::Control;
     use axum::body::Body;
     use axum::http::{Method, Request};
     use http_body_util::BodyExt;

@@ -14,8 +14,8 @@ use leaderd_core::{BootTime, Engine, Timing, View};
 use tokio::sync::{oneshot, watch, Notify};
 
 use crate::clock::boot_now;
-use crate::inbox::Inbox;
-use crate::metrics::Metrics;
+use crate::outputs::metrics::Metrics;
+use crate::runtime::inbox::Inbox;
 use crate::settings::Settings;
 
 /// A request to the election loop from outside it (HTTP, the app-health

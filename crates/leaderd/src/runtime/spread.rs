@@ -31,10 +31,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
 use crate::clock::boot_now;
-use crate::daemon::Daemon;
-use crate::link::{Link, Request};
+use crate::runtime::daemon::Daemon;
+use crate::runtime::link::{Link, Request};
+use crate::runtime::shared::Control;
 use crate::settings::Settings;
-use crate::shared::Control;
 
 /// How long shutdown gives the presence release: with the loops' own
 /// budgets, shutdown stays within the spec's 2 s.

@@ -23,11 +23,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::clock::{boot_now, micros, unix_ms, BootTimer};
-use crate::flag_file::{FlagFile, FlagWriter};
-use crate::link::{Link, Reached, Request};
+use crate::outputs::flag_file::{FlagFile, FlagWriter};
+use crate::runtime::link::{Link, Reached, Request};
+use crate::runtime::shared::{Control, Shared};
+use crate::runtime::wakeups;
 use crate::settings::Settings;
-use crate::shared::{Control, Shared};
-use crate::wakeups;
 
 /// How long shutdown waits for a statement already in flight, then how long
 /// it may spend releasing the row: together they keep the whole shutdown

@@ -199,7 +199,7 @@ pub fn render(elections: &[Scraped<'_>]) -> String {
         let series = elections.iter().map(|e| (by(e), counter(value(e))));
         family(name, help, MetricType::COUNTER, series)
     };
-    let dropped = crate::logging::dropped_lines();
+    let dropped = crate::outputs::logging::dropped_lines();
     let histograms = |name: &str, help: &str, which: &dyn Fn(&Metrics) -> &Histogram| {
         let series = elections.iter().map(|e| {
             let mut m = Metric::default();

@@ -10,8 +10,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
 
-use crate::daemon::Daemon;
-use crate::shared::Shared;
+use crate::runtime::daemon::Daemon;
+use crate::runtime::shared::Shared;
 
 /// The `/leader` body (spec, HTTP).
 #[derive(Serialize)]

@@ -10,10 +10,10 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use crate::daemon::Daemon;
 use crate::http_client;
+use crate::runtime::daemon::Daemon;
+use crate::runtime::shared::Control;
 use crate::settings::AppHealth;
-use crate::shared::Control;
 
 /// Checks until `shutdown`. A check is a GET with a timeout of one
 /// heartbeat; any 2xx passes.

@@ -22,10 +22,10 @@ use axum::Extension;
 use futures_util::stream::{self, Stream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::body::{election, error, leader_fields, query};
-use crate::daemon::Daemon;
-use crate::server::{ProbeSlot, MAX_CONNECTIONS};
-use crate::shared::{Leadership, Shared};
+use crate::http::body::{election, error, leader_fields, query};
+use crate::http::server::{ProbeSlot, MAX_CONNECTIONS};
+use crate::runtime::daemon::Daemon;
+use crate::runtime::shared::{Leadership, Shared};
 
 /// Most streams open at once: the server's connection limit less a few
 /// slots for `/leader`, `/metrics` and the kubelet's probes.

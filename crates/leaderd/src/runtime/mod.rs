@@ -1,0 +1,19 @@
+//! The election runtime: one loop per election (`election`) driving the
+//! lease engine, the state each shares with the rest (`shared`), the
+//! daemon's elections together (`daemon`), and the parts around the loops:
+//! the one connection (`link`, opened by `connector`), release wake-ups
+//! (`wakeups`), the spread across replicas (`spread`), requests to a loop
+//! (`inbox`) and the app-health gate (`app_health`).
+//!
+//! A new capability of the elections goes in a module of its own here,
+//! beside the loop, not into it.
+
+pub mod app_health;
+pub mod connector;
+pub mod daemon;
+pub mod election;
+pub mod inbox;
+pub mod link;
+pub mod shared;
+pub mod spread;
+pub mod wakeups;
