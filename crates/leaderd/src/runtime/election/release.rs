@@ -1,0 +1,74 @@
+//! Releasing the row this replica may hold, within the shutdown's budgets.
+
+use tracing::{error, info, warn};
+
+use super::*;
+
+impl Loop {
+    /// After the local step-down: free the row, within [`RELEASE_BUDGET`],
+    /// on the connection the last attempt used when it is still usable; then
+    /// let the presence go, which wakes the others on MySQL.
+    pub(super) async fn release_row(&mut self, instance: &str) {
+        if !self.may_hold() {
+            self.sync_presence();
+            return;
+        }
+        // Not the presence: it goes only once the row is free (below).
+        self.shared.publish();
+        // Under `exec`, the child was told to stop when leadership ended and
+        // is killed at the deadline: its successor must not start before it
+        // is gone. The bound only guards against a supervisor that is stuck.
+        let child_limit = boot_now() + self.shared.timing.ttl() + CHILD_REAP_BUDGET;
+        let gone = self.shared.child_gone();
+        tokio::pin!(gone);
+        loop {
+            // The loop is not stuck while it waits: keep `/healthz` green.
+            self.shared.progress(boot_now());
+            let left = child_limit.saturating_since(boot_now());
+            if left.is_zero() {
+                error!(election = %self.shared.election, "the command did not stop in time; releasing anyway");
+                break;
+            }
+            let tick = left.min(self.shared.timing.heartbeat());
+            if tokio::time::timeout(tick, &mut gone).await.is_ok() {
+                break;
+            }
+        }
+        // The file must not say this replica leads once a successor can:
+        // a disk that does not answer in time costs the handover (the lease
+        // expires by itself), never a file naming a leader that is not.
+        // Only a presence wanted (this replica led up to now) is waited for.
+        let wanted = self.presence.as_mut().filter(|p| *p.leading.borrow());
+        let presence = async {
+            if let Some(p) = wanted {
+                wakeups::presence_noticed(&mut p.held, NOTICE_BUDGET).await;
+            }
+        };
+        let (flag_gone, ()) = tokio::join!(self.report.flag_removed(FLAG_BUDGET), presence);
+        let election = self.shared.election.clone();
+        if !flag_gone {
+            self.sync_presence();
+            error!(
+                election,
+                "the flag file was not removed in time; not releasing, the lease expires by itself"
+            );
+            return;
+        }
+        let released =
+            tokio::time::timeout(RELEASE_BUDGET, self.db.release(&election, instance)).await;
+        if matches!(released, Ok(Ok(_))) {
+            // Whatever was unanswered has been overtaken by this release.
+            self.granted = false;
+            self.unanswered = false;
+        }
+        self.sync_presence();
+        match released {
+            Ok(Ok(true)) => info!(election, "released the lease"),
+            Ok(Ok(false)) => info!(election, "nothing to release: the lease was no longer ours"),
+            Ok(Err(e)) => {
+                warn!(election, error = %e, "could not release the lease; it expires by itself")
+            }
+            Err(_) => warn!(election, "release timed out; the lease expires by itself"),
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! Reporting: the logs, metrics and flag file of each event.
+
+use std::time::Duration;
+
+use leaderd_core::Event;
+use tracing::{debug, error, info};
+
+use super::*;
+
+impl Report {
+    /// Stops claiming leadership, for good: 503 from now on, flag file gone.
+    pub(super) fn step_down(&mut self, shared: &Shared) {
+        let event = shared.engine().shutdown(boot_now());
+        self.handle(shared, event.into_iter().collect());
+        self.remove_flag();
+        shared.publish();
+    }
+
+    /// Logs, counts and updates the flag file for each event.
+    ///
+    /// Transitions carry boot-clock times in microseconds (`at_us`,
+    /// `deadline_us`), comparable across every process on the host, so a
+    /// checker can rebuild each replica's leadership intervals from the logs.
+    pub(super) fn handle(&mut self, shared: &Shared, events: Vec<Event>) {
+        if events.is_empty() {
+            return;
+        }
+        // Watchers first: a log line may wait in the queue, an event may not.
+        shared.publish();
+        let (election, id) = (shared.election.as_str(), shared.id.as_str());
+        for event in events {
+            let now = boot_now();
+            match event {
+                Event::Acquired { token } => {
+                    self.deadline = shared.engine().lease(now).map(|(_, d)| d);
+                    self.write_flag(shared);
+                    info!(
+                        election,
+                        id,
+                        token,
+                        at_us = micros(now),
+                        deadline_us = self.deadline.map(micros),
+                        "acquired leadership"
+                    );
+                    shared.metrics.acquired.inc();
+                }
+                Event::Renewed { token } => {
+                    self.deadline = shared.engine().lease(now).map(|(_, d)| d);
+                    self.write_flag(shared);
+                    debug!(
+                        election,
+                        token,
+                        deadline_us = self.deadline.map(micros),
+                        "renewed"
+                    );
+                }
+                Event::Lost { token, reason } => {
+                    self.remove_flag();
+                    info!(
+                        election,
+                        id,
+                        token,
+                        reason = reason.as_str(),
+                        at_us = micros(now),
+                        deadline_us = self.deadline.take().map(micros),
+                        "lost leadership"
+                    );
+                    shared.metrics.lost.inc();
+                }
+                Event::DuplicateId { instance } => {
+                    shared.metrics.duplicate_id.inc();
+                    // Once per offending process, not at every poll.
+                    if self.duplicate_seen.as_ref() == Some(&instance) {
+                        continue;
+                    }
+                    self.duplicate_seen = Some(instance.clone());
+                    error!(
+                        election,
+                        id,
+                        other_instance = instance.as_deref().unwrap_or(""),
+                        "another process holds the lease under this replica's id; give every replica its own id"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Asks for the flag file to say this replica leads (never waits).
+    pub(super) fn write_flag(&self, shared: &Shared) {
+        let Some(flag) = &self.flag else { return };
+        let Some((token, deadline)) = shared.engine().lease(boot_now()) else {
+            return;
+        };
+        flag.write(&shared.election, &shared.id, token, unix_ms(deadline));
+    }
+
+    /// Asks for the flag file to go (never waits; see [`Report::flag_removed`]).
+    pub(super) fn remove_flag(&self) {
+        if let Some(flag) = &self.flag {
+            flag.remove();
+        }
+    }
+
+    /// Whether the flag file is gone, waiting at most `within` for the disk.
+    pub(super) async fn flag_removed(&self, within: Duration) -> bool {
+        match &self.flag {
+            Some(flag) => flag.removed(within).await,
+            None => true,
+        }
+    }
+}
