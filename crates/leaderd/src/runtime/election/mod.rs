@@ -12,6 +12,11 @@
 //! server may still be running). On shutdown the engine stops claiming
 //! leadership first, a statement in flight may finish, then the row is
 //! released on the same connection, all within a fixed budget.
+//!
+//! This file sets a loop up and turns it; its concerns are beside it:
+//! `attempt` (attempting, and the connection side), `requests` (requests,
+//! wake-ups, connects), `release` (releasing the row), `report` (logs,
+//! metrics, flag file).
 
 use std::sync::Arc;
 use std::time::Duration;
