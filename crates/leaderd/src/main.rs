@@ -143,7 +143,8 @@ async fn run(settings: Settings, commands: Option<Vec<Vec<OsString>>>) -> anyhow
     };
     let shutdown = CancellationToken::new();
     signals::spawn_handler(shutdown.clone()).context("cannot install signal handlers")?;
-    let daemon = Arc::new(runtime::daemon::Daemon::new(&settings));
+    let each = settings.each_election();
+    let daemon = Arc::new(runtime::daemon::Daemon::new(&each));
     info!(
         elections = %settings.elections.join(","),
         spread = settings.spread,
@@ -189,10 +190,10 @@ async fn run(settings: Settings, commands: Option<Vec<Vec<OsString>>>) -> anyhow
     let loops: Vec<_> = daemon
         .all()
         .iter()
-        .map(|shared| {
+        .zip(&each)
+        .map(|(shared, one)| {
             let (shared, shutdown, link) = (shared.clone(), shutdown.clone(), link.clone());
-            let settings = settings.for_election(&shared.election);
-            let election = runtime::election::start(shared, &settings, link);
+            let election = runtime::election::start(shared, one, link);
             tokio::spawn(async move {
                 // Should a loop fail (a panic), nothing may run on as if it
                 // led: cancel the run on the way out.
@@ -203,6 +204,8 @@ async fn run(settings: Settings, commands: Option<Vec<Vec<OsString>>>) -> anyhow
             })
         })
         .collect();
+    // Each loop took what it needs of its election's settings.
+    drop(each);
     let waiter = tokio::spawn(runtime::wakeups::wait_for_releases(
         settings.database.clone(),
         daemon.clone(),

@@ -157,6 +157,15 @@ impl Settings {
         one
     }
 
+    /// [`Settings::for_election`] of every election, in the configured
+    /// order: made once, for both the daemon's shared state and the loops.
+    pub fn each_election(&self) -> Vec<Settings> {
+        self.elections
+            .iter()
+            .map(|name| self.for_election(name))
+            .collect()
+    }
+
     /// Builds the settings from flags, environment and the config file.
     pub fn load(args: &ConfigArgs, env: &dyn Env) -> Result<Settings, ConfigError> {
         let mut problems = Vec::new();

@@ -288,7 +288,7 @@ mod tests {
         let cli = <crate::cli::Cli as clap::Parser>::try_parse_from(argv).unwrap();
         let settings =
             crate::settings::Settings::load(&cli.config, &crate::settings::ProcessEnv).unwrap();
-        Arc::new(Daemon::new(&settings))
+        Arc::new(Daemon::new(&settings.each_election()))
     }
 
     fn daemon() -> Arc<Daemon> {

@@ -32,12 +32,10 @@ pub struct UnknownElection {
 }
 
 impl Daemon {
-    pub fn new(settings: &Settings) -> Self {
-        let elections = settings
-            .elections
-            .iter()
-            .map(|name| Arc::new(Shared::new(&settings.for_election(name))))
-            .collect();
+    /// The elections of `each`, one election's settings each (see
+    /// [`Settings::each_election`]), in that order.
+    pub fn new(each: &[Settings]) -> Self {
+        let elections = each.iter().map(|one| Arc::new(Shared::new(one))).collect();
         Self {
             elections,
             draining_until: Mutex::new(None),
