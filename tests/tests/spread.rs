@@ -521,8 +521,8 @@ fn a_drained_replica_still_takes_an_election_nobody_else_takes() {
     });
     b.sigkill();
     let killed = Instant::now();
-    // b's own election (a never released it): a takes it once free, three
-    // heartbeats late.
+    // b's own election (a never released it): a takes it once free, at
+    // most three heartbeats late. Before, not for the hour.
     wait_for(
         TTL + Duration::from_secs(4),
         "a to take b's election",
@@ -530,11 +530,6 @@ fn a_drained_replica_still_takes_an_election_nobody_else_takes() {
     );
     eprintln!(
         "a drained replica took a free election after {:?}",
-        killed.elapsed()
-    );
-    assert!(
-        killed.elapsed() > TTL + Duration::from_secs(2),
-        "a drained replica came early ({:?})",
         killed.elapsed()
     );
 }
