@@ -505,7 +505,7 @@ impl Daemon {
         scrub_env(&mut cmd);
         // Renewals (with their deadlines) are logged at debug; the
         // split-brain checker needs them.
-        cmd.env("RUST_LOG", "info,leaderd::election=debug");
+        cmd.env("RUST_LOG", "info,leaderd::runtime::election=debug");
         Launch {
             cmd,
             args,
