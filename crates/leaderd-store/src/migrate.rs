@@ -77,7 +77,21 @@ pub(crate) struct Plan {
     pub tune: Option<&'static str>,
     /// One boolean: the legacy bookkeeping table exists.
     pub legacy: &'static str,
+    /// The steps may run again after a lock they did not get: each is its
+    /// own statement, not in a transaction (MySQL, whose DDL commits at
+    /// once). They are then tried for up to [`BUSY_RETRY_FOR`], each try
+    /// waiting for no lock (MariaDB: `lock_wait_timeout = 0`), so that a
+    /// lock held for an instant (a renewal, another migrator's look at the
+    /// catalog) costs a retry, not the migration.
+    pub retry_busy: bool,
 }
+
+/// How long the steps are tried again after a lock they did not get, where
+/// the plan allows it: the migration's whole wait for a lock.
+const BUSY_RETRY_FOR: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The pause between such tries.
+const BUSY_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// What [`run`] needs of one backend's connection. Implemented per
 /// connection type: a function generic over diesel's connections would need
@@ -113,18 +127,26 @@ pub(crate) async fn run<M: Migrator>(conn: &mut M, plan: &Plan) -> Result<Migrat
         if !conn.flag(plan.current).await? {
             // The server's refusal is the migration's failure; a lost
             // connection stays one (it is worth another try).
-            conn.batch(&plan.steps.concat())
-                .await
-                .map_err(|e| match e {
-                    e if lock_wait_cut(&e) => StoreError::MigrationBusy(e.to_string()),
-                    StoreError::Query(e @ diesel::result::Error::DatabaseError(..)) => {
-                        StoreError::Migration(e.to_string())
-                    }
-                    StoreError::Postgres(e) if e.as_db_error().is_some() => {
-                        StoreError::Migration(e.to_string())
-                    }
-                    other => other,
-                })?;
+            let tried_until = tokio::time::Instant::now() + BUSY_RETRY_FOR;
+            let steps = plan.steps.concat();
+            let mut ran = conn.batch(&steps).await;
+            while plan.retry_busy
+                && ran.as_ref().is_err_and(lock_wait_cut)
+                && tokio::time::Instant::now() + BUSY_PAUSE < tried_until
+            {
+                tokio::time::sleep(BUSY_PAUSE).await;
+                ran = conn.batch(&steps).await;
+            }
+            ran.map_err(|e| match e {
+                e if lock_wait_cut(&e) => StoreError::MigrationBusy(e.to_string()),
+                StoreError::Query(e @ diesel::result::Error::DatabaseError(..)) => {
+                    StoreError::Migration(e.to_string())
+                }
+                StoreError::Postgres(e) if e.as_db_error().is_some() => {
+                    StoreError::Migration(e.to_string())
+                }
+                other => other,
+            })?;
             result = Migrated::Applied;
         }
         conn.batch(plan.unlock).await?;

@@ -201,8 +201,8 @@ const MIGRATION: migrate::Plan = migrate::Plan {
     // Every metadata lock a step needs (its DDL locks the lock table) is
     // waited for as briefly as the server allows, on this connection (used
     // for the migration only): a request queued behind a long transaction
-    // queues every renewal behind it. MariaDB: 0, no wait at all; MySQL's
-    // least is 1 s.
+    // queues every renewal behind it. MariaDB: 0, no wait at all, and the
+    // steps are tried again for 100 ms (`retry_busy`); MySQL's least is 1 s.
     lock: "SET SESSION lock_wait_timeout = IF(VERSION() LIKE '%MariaDB%', 0, 1); \
         DO GET_LOCK('leaderd_migrate', 30)",
     unlock: "DO RELEASE_LOCK('leaderd_migrate')",
@@ -210,6 +210,7 @@ const MIGRATION: migrate::Plan = migrate::Plan {
     tune: None,
     legacy: "SELECT EXISTS (SELECT 1 FROM information_schema.tables \
         WHERE table_schema = DATABASE() AND table_name = '__diesel_schema_migrations')",
+    retry_busy: true,
 };
 
 migrate::diesel_migrator!(AsyncMysqlConnection);

@@ -59,6 +59,7 @@ const MIGRATION: migrate::Plan = migrate::Plan {
     steps: migrate::POSTGRES,
     tune: Some(migrate::POSTGRES_FILLFACTOR),
     legacy: "SELECT to_regclass('__diesel_schema_migrations') IS NOT NULL",
+    retry_busy: false,
 };
 
 /// Renews when this instance holds a live lease, takes the row when it is

@@ -50,6 +50,7 @@ const MIGRATION: migrate::Plan = migrate::Plan {
     tune: None,
     legacy: "SELECT EXISTS (SELECT 1 FROM sqlite_master \
         WHERE type = 'table' AND name = '__diesel_schema_migrations')",
+    retry_busy: false,
 };
 
 migrate::diesel_migrator!(SyncConnectionWrapper<SqliteConnection>);
