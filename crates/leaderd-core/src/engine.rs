@@ -400,9 +400,8 @@ impl Engine {
     pub fn drain(&mut self, now: BootTime, hold: Duration) {
         let until = now + hold;
         self.draining_until = Some(self.draining_until.map_or(until, |d| d.max(until)));
-        if !self.is_leader(now) {
-            self.next_attempt = self.next_attempt.max(now + self.yield_delay(now));
-        }
+        // Polls go on as scheduled (a held row is only read): the drained
+        // replica keeps knowing who leads; only free rows wait.
     }
 
     /// How much later than it otherwise would a follower attempts, at
@@ -650,9 +649,9 @@ mod tests {
         let mut e = engine();
         e.on_attempt(at(0), at(10), refused("pod-b", 4, 300));
         assert!(e.attempt_due(at(311)));
-        // Drained for 10 s at 100 ms: no attempt for three heartbeats.
+        // Drained for 10 s at 100 ms: the poll already due stays due (it
+        // reads who leads); what it finds free waits.
         e.drain(at(100), Duration::from_secs(10));
-        assert!(!e.attempt_due(at(3099)));
         assert!(e.attempt_due(at(3100)));
         // A row held for 300 ms more (a hand-over's holder, say): its
         // expiry plus three heartbeats, after the yielding (one) and the
