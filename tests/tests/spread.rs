@@ -449,8 +449,14 @@ fn an_idle_daemon_costs_mysql_nothing_beside_twenty_thousand_other_rows() {
         rows_per_second < 1000.0,
         "{rows_per_second:.0} rows scanned/s"
     );
+    // Measured 0.4 % (the bound is 1 %); CPU ticks come in 10 ms
+    // steps and the server's own background work (flushing the rows just
+    // inserted) lands in the window at times (1.0 % seen once on a loaded
+    // machine), so the test allows 2 %: the fault it guards against cost
+    // 36 % (2.8 % with half of it fixed). The rows scanned above are the
+    // exact check.
     assert!(
-        server_share < 0.01,
+        server_share < 0.02,
         "server: {:.2} % of a core",
         server_share * 100.0
     );
