@@ -125,7 +125,8 @@ impl Spread {
         // A replica drained by a release with a hold (or whose app fails)
         // counts as absent: it is given no election and is not in the
         // shares until it competes again.
-        let healthy = self.daemon.first().app_healthy() && !self.daemon.draining(boot_now());
+        let draining = self.daemon.draining(boot_now());
+        let healthy = self.daemon.first().app_healthy() && !draining;
         // A slot is chosen from a fresh look and taken in this same round,
         // so that replicas starting together are counted within a round or
         // two; the same look then serves the plan.
@@ -142,7 +143,7 @@ impl Spread {
                 // Not waiting for anything: others must not hand over to us.
                 self.leave().await;
             }
-            if self.daemon.draining(boot_now()) {
+            if draining {
                 return Ok(());
             }
         }
