@@ -19,11 +19,11 @@
 
 mod common;
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{local_us, Clock, Db, Rng, Us, HEARTBEAT, TTL};
+use common::{env, local_us, one_leader, reproducible, Clock, Db, Queue, Rng, Tokens, Us};
+use common::{HEARTBEAT, TTL};
 use leaderd_core::{Attempt, BootTime, Engine, Event, Timing};
 
 /// The one election's row.
@@ -79,8 +79,7 @@ struct Sim {
     db: Db,
     db_clock: Clock,
     replicas: Vec<Replica>,
-    queue: BinaryHeap<Reverse<(Us, u64, What)>>,
-    seq: u64,
+    queue: Queue<What>,
     /// Requests in flight: flight id → what was sent.
     requests: BTreeMap<u64, Request>,
     /// Replies in flight: flight id → the answer.
@@ -89,9 +88,7 @@ struct Sim {
     timing: Timing,
     /// Faults are injected until this true time; then only the quiet run.
     faults_until: Us,
-    /// The highest token any leader has held, and who held each.
-    max_token: i64,
-    token_owner: BTreeMap<i64, String>,
+    tokens: Tokens,
     steps: u64,
     /// When the database clock last stepped forward.
     last_db_step: Us,
@@ -110,15 +107,13 @@ impl Sim {
             db: Db::default(),
             db_clock,
             replicas: Vec::new(),
-            queue: BinaryHeap::new(),
-            seq: 0,
+            queue: Queue::default(),
             requests: BTreeMap::new(),
             answers: BTreeMap::new(),
             next_flight: 0,
             timing,
             faults_until,
-            max_token: i64::MIN,
-            token_owner: BTreeMap::new(),
+            tokens: Tokens::default(),
             steps: 0,
             last_db_step: 0,
         };
@@ -148,16 +143,21 @@ impl Sim {
     }
 
     fn push(&mut self, at: Us, what: What) {
-        self.seq += 1;
-        self.queue.push(Reverse((at.max(self.now), self.seq, what)));
+        self.queue.push(self.now, at, what);
     }
 
     fn faulty(&self) -> bool {
         self.now < self.faults_until
     }
 
+    /// Whether replica `r` (alive) still waits for the answer to `flight`.
+    fn waiting(&self, r: usize, flight: u64) -> bool {
+        let rep = &self.replicas[r];
+        !rep.crashed && matches!(rep.flight, Flight::Waiting { id, .. } if id == flight)
+    }
+
     fn step(&mut self) -> bool {
-        let Some(Reverse((at, _, what))) = self.queue.pop() else {
+        let Some((at, what)) = self.queue.pop() else {
             return false;
         };
         self.now = at;
@@ -185,11 +185,10 @@ impl Sim {
                 let Some(answer) = self.answers.remove(&flight) else {
                     return true;
                 };
-                let rep = &mut self.replicas[r];
-                if rep.crashed || !matches!(rep.flight, Flight::Waiting { id, .. } if id == flight)
-                {
+                if !self.waiting(r, flight) {
                     return true;
                 }
+                let rep = &mut self.replicas[r];
                 if self.now < rep.paused_until {
                     rep.pending_reply = Some((flight, answer));
                 } else {
@@ -197,11 +196,10 @@ impl Sim {
                 }
             }
             What::Timeout { r, flight } => {
-                let rep = &mut self.replicas[r];
-                if rep.crashed || !matches!(rep.flight, Flight::Waiting { id, .. } if id == flight)
-                {
+                if !self.waiting(r, flight) {
                     return true;
                 }
+                let rep = &mut self.replicas[r];
                 if self.now < rep.paused_until {
                     // Handled at resume (a reply that came first wins).
                     return true;
@@ -352,19 +350,8 @@ impl Sim {
                 );
             }
             if let Event::Acquired { token } = e {
-                let inst = self.replicas[r].engine.instance().to_owned();
-                assert!(
-                    token >= self.max_token,
-                    "token went back from {} to {token} at {}",
-                    self.max_token,
-                    self.now
-                );
-                self.max_token = token;
-                let owner = self
-                    .token_owner
-                    .entry(token)
-                    .or_insert_with(|| inst.clone());
-                assert_eq!(*owner, inst, "token {token} held by two instances");
+                let inst = self.replicas[r].engine.instance();
+                self.tokens.granted(ROW, token, inst, self.now);
             }
         }
     }
@@ -377,11 +364,7 @@ impl Sim {
             .filter(|r| !r.crashed && r.engine.is_leader(r.clock.boot(self.now)))
             .map(|r| r.engine.instance())
             .collect();
-        assert!(
-            leaders.len() <= 1,
-            "two leaders at {}: {leaders:?}",
-            self.now
-        );
+        one_leader(ROW, &leaders, self.now);
     }
 
     fn fault(&mut self, r: usize) {
@@ -498,21 +481,14 @@ struct Request {
 fn simulate(seed: u64, steps: u64) -> u64 {
     let replicas = 2 + usize::try_from(seed % 4).unwrap_or(0);
     let mut sim = Sim::new(seed, replicas, i64::MAX);
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        sim.run(steps);
-    }));
-    if let Err(e) = result {
-        eprintln!(
-            "simulation failed after {} steps: reproduce with SIM_SEED={seed} SIM_STEPS={steps}",
-            sim.steps
-        );
-        std::panic::resume_unwind(e);
-    }
+    reproducible(
+        &mut sim,
+        seed,
+        steps,
+        |sim| sim.run(steps),
+        |sim| format!("after {} steps", sim.steps),
+    );
     sim.steps
-}
-
-fn env(key: &str) -> Option<u64> {
-    std::env::var(key).ok().and_then(|v| v.parse().ok())
 }
 
 #[test]

@@ -17,11 +17,11 @@
 
 mod common;
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{local_us, Clock, Db, Rng, Us, HEARTBEAT, TTL};
+use common::{env, local_us, one_leader, reproducible, Clock, Db, Queue, Rng, Tokens, Us};
+use common::{HEARTBEAT, TTL};
 use leaderd_core::spread::plan;
 use leaderd_core::{Attempt, BootTime, Engine, Event, Timing};
 
@@ -112,18 +112,15 @@ struct Sim {
     presence: BTreeMap<String, Us>,
     elections: Vec<String>,
     replicas: Vec<Replica>,
-    queue: BinaryHeap<Reverse<(Us, u64, What)>>,
-    seq: u64,
+    queue: Queue<What>,
     requests: BTreeMap<u64, (String, String, Option<i64>)>,
     answers: BTreeMap<u64, Attempt>,
     reads: BTreeMap<u64, Snapshot>,
     next_flight: u64,
     timing: Timing,
     faults_until: Us,
-    /// Per election: the highest token a leader held, and each token's
-    /// instance.
-    max_token: Vec<i64>,
-    token_owner: Vec<BTreeMap<i64, String>>,
+    /// Per election.
+    tokens: Vec<Tokens>,
     steps: u64,
     /// Elections handed over by the spread, to show it was exercised.
     hand_overs: u64,
@@ -141,12 +138,10 @@ impl Sim {
             db: Db::default(),
             db_clock,
             presence: BTreeMap::new(),
-            max_token: vec![i64::MIN; elections.len()],
-            token_owner: vec![BTreeMap::new(); elections.len()],
+            tokens: elections.iter().map(|_| Tokens::default()).collect(),
             elections,
             replicas: Vec::new(),
-            queue: BinaryHeap::new(),
-            seq: 0,
+            queue: Queue::default(),
             requests: BTreeMap::new(),
             answers: BTreeMap::new(),
             reads: BTreeMap::new(),
@@ -192,8 +187,7 @@ impl Sim {
     }
 
     fn push(&mut self, at: Us, what: What) {
-        self.seq += 1;
-        self.queue.push(Reverse((at.max(self.now), self.seq, what)));
+        self.queue.push(self.now, at, what);
     }
 
     fn faulty(&self) -> bool {
@@ -225,7 +219,7 @@ impl Sim {
     }
 
     fn step(&mut self) -> bool {
-        let Some(Reverse((at, _, what))) = self.queue.pop() else {
+        let Some((at, what)) = self.queue.pop() else {
             return false;
         };
         self.now = at;
@@ -504,21 +498,8 @@ impl Sim {
     fn events(&mut self, r: usize, e: usize, events: Vec<Event>) {
         for event in events {
             if let Event::Acquired { token } = event {
-                let inst = self.replicas[r].lanes[e].engine.instance().to_owned();
-                assert!(
-                    token >= self.max_token[e],
-                    "election {e}: token went back from {} to {token} at {}",
-                    self.max_token[e],
-                    self.now
-                );
-                self.max_token[e] = token;
-                let owner = self.token_owner[e]
-                    .entry(token)
-                    .or_insert_with(|| inst.clone());
-                assert_eq!(
-                    *owner, inst,
-                    "election {e}: token {token} held by two instances"
-                );
+                let inst = self.replicas[r].lanes[e].engine.instance();
+                self.tokens[e].granted(&self.elections[e], token, inst, self.now);
             }
         }
     }
@@ -533,11 +514,7 @@ impl Sim {
                 .filter(|r| r.lanes[e].engine.is_leader(r.clock.boot(self.now)))
                 .map(|r| r.lanes[e].engine.instance())
                 .collect();
-            assert!(
-                leaders.len() <= 1,
-                "election {e}: two leaders at {}: {leaders:?}",
-                self.now
-            );
+            one_leader(&self.elections[e], &leaders, self.now);
         }
     }
 
@@ -656,22 +633,21 @@ impl Sim {
 fn simulate(seed: u64, steps: u64) -> (u64, u64) {
     // Faults for the first 20 s of simulated time.
     let mut sim = Sim::new(seed, 20_000_000);
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sim.run(steps)));
-    if let Err(e) = result {
-        eprintln!(
-            "spread simulation failed after {} steps ({} elections, {} replicas): \
-             reproduce with SIM_SEED={seed} SIM_STEPS={steps}",
-            sim.steps,
-            sim.elections.len(),
-            sim.replicas.len()
-        );
-        std::panic::resume_unwind(e);
-    }
+    reproducible(
+        &mut sim,
+        seed,
+        steps,
+        |sim| sim.run(steps),
+        |sim| {
+            format!(
+                "spread, after {} steps, {} elections, {} replicas",
+                sim.steps,
+                sim.elections.len(),
+                sim.replicas.len()
+            )
+        },
+    );
     (sim.steps, sim.hand_overs)
-}
-
-fn env(key: &str) -> Option<u64> {
-    std::env::var(key).ok().and_then(|v| v.parse().ok())
 }
 
 #[test]

@@ -62,88 +62,33 @@ const MIGRATION: migrate::Plan = migrate::Plan {
     retry_busy: false,
 };
 
-/// Renews when this instance holds a live lease, takes the row when it is
-/// expired (bumping the token), else returns the current holder: one round
-/// trip. A refusal matches no row in the `UPDATE`, so it writes nothing,
-/// locks nothing and consumes no sequence value. The row is locked with
-/// `SKIP LOCKED` before it is written, so a statement never waits on a row
-/// lock someone else holds (a waiting backend outlives the client's timeout
-/// and would pile up connections); a skipped row reads as a refusal that
-/// shows the row as it was. The row is found by name once (`r`): only a row
-/// that looks takeable is looked up again to be locked, and a refusal is
-/// answered from that first read (the statement's one snapshot): a third
-/// off a follower's cost per election in a batch (7.6 → 4.9 ms for 2,000
-/// refusals among 30,000 rows). Binds: election,
-/// instance, holder, ttl in microseconds; see [`ACQUIRE_TYPES`].
-const ACQUIRE_OR_RENEW: &str = "\
-WITH p AS (SELECT $1::varchar AS name, $2::varchar AS inst, $3::varchar AS holder, $4::bigint AS ttl_us),
-r AS (
-  SELECT l.id, l.holder, l.instance, l.token, l.expires_at,
-         (l.expires_at <= now() OR l.instance = p.inst) AS open
-    FROM service_leader_lock l, p WHERE l.name = p.name
-),
-c AS (
-  SELECT l.id FROM service_leader_lock l, p, r
-   WHERE l.id = r.id AND r.open AND (l.expires_at <= now() OR l.instance = p.inst)
-   FOR UPDATE OF l SKIP LOCKED
-),
-u AS (
-  UPDATE service_leader_lock l SET
-    token = CASE WHEN l.instance = p.inst AND l.expires_at > now() THEN l.token ELSE l.token + 1 END,
-    acquired_at = CASE WHEN l.instance = p.inst AND l.expires_at > now() THEN l.acquired_at ELSE now() END,
-    holder = p.holder,
-    instance = p.inst,
-    renewed_at = now(),
-    expires_at = GREATEST(l.expires_at, now() + p.ttl_us * INTERVAL '1 microsecond')
-  FROM p, c
-  WHERE l.id = c.id
-  RETURNING l.holder, l.instance, l.token, l.expires_at
-)
-SELECT TRUE, u.holder, u.instance, u.token,
-       (EXTRACT(EPOCH FROM u.expires_at - now()) * 1000000)::bigint
-  FROM u
-UNION ALL
-SELECT FALSE, r.holder, r.instance, r.token,
-       (EXTRACT(EPOCH FROM r.expires_at - now()) * 1000000)::bigint
-  FROM r
- WHERE NOT EXISTS (SELECT 1 FROM u)";
-
-const ACQUIRE_TYPES: &[Type] = &[Type::VARCHAR, Type::VARCHAR, Type::VARCHAR, Type::INT8];
-
-/// A leader's renewal: the cheapest statement that does it (no read-back of a
-/// holder), one round trip; `SKIP LOCKED` as above. Matching no row means the
-/// lease is no longer ours, or the row is locked; the full statement above
-/// then says which. Binds: election, instance, token, ttl in microseconds.
+/// One leader's renewal: the cheapest statement that does it (no read-back
+/// of a holder), one round trip; answers place 1 and the token, as
+/// [`RENEW_MANY`] does. Matching no row means the lease is no longer ours,
+/// or the row is locked; [`ACQUIRE_MANY`] then says which. The row is locked
+/// with `SKIP LOCKED` before it is written, so a statement never waits on a
+/// row lock someone else holds (a waiting backend outlives the client's
+/// timeout and would pile up connections). Binds: election, instance, token,
+/// ttl in microseconds.
+///
+/// Kept beside [`RENEW_MANY`] because the numbers say so (BENCHMARKS.md,
+/// "One statement for one election and for many"): [`RENEW_MANY`] with
+/// arrays of one renewed 18 % slower in `pgbench -M prepared` at 32 clients
+/// (14,780 against 18,102 tps) and 26–45 % slower in the heartbeat bench
+/// (named, unnamed and through PgBouncer). The other statements serve one
+/// election as arrays of one: there the difference was within noise.
 const RENEW: &str = "WITH c AS (SELECT id FROM service_leader_lock \
       WHERE name = $1 AND instance = $2 AND token = $3 AND expires_at > now() \
       FOR UPDATE SKIP LOCKED) \
     UPDATE service_leader_lock l SET renewed_at = now(), \
       expires_at = GREATEST(l.expires_at, now() + $4 * INTERVAL '1 microsecond') \
-    FROM c WHERE l.id = c.id RETURNING l.token";
+    FROM c WHERE l.id = c.id RETURNING 1::bigint, l.token";
 const RENEW_TYPES: &[Type] = &[Type::VARCHAR, Type::VARCHAR, Type::INT8, Type::INT8];
 
-/// Creates a missing row: free, blocked until `now + ttl` so that a holder
-/// whose row was deleted steps down before anyone takes over, and with a token
-/// from the clock in microseconds, above any a deleted row of the election
-/// carried, so tokens never go backwards.
-const CREATE: &str = "INSERT INTO service_leader_lock (name, token, expires_at) \
-    SELECT $1, GREATEST((EXTRACT(EPOCH FROM now()) * 1000000)::bigint, \
-                        COALESCE(service_leader_token_floor($1) + 1, 0)), \
-           now() + $2 * INTERVAL '1 microsecond' \
-    ON CONFLICT (name) DO NOTHING";
-const CREATE_TYPES: &[Type] = &[Type::VARCHAR, Type::INT8];
-
-/// Frees the row if this instance holds it and notifies the waiting replicas
-/// (delivered at commit), in one round trip.
-const RELEASE: &str = "WITH r AS (UPDATE service_leader_lock SET holder = NULL, instance = NULL, \
-    expires_at = now() WHERE name = $1 AND instance = $2 RETURNING name) \
-    SELECT count(pg_notify('leaderd', r.name)) FROM r";
-const RELEASE_TYPES: &[Type] = &[Type::VARCHAR, Type::VARCHAR];
-
 /// [`RENEW`] for several elections in one statement: the renewed ones'
-/// places in the arrays (from 1) and tokens. Binds: names, instances,
-/// tokens (arrays, one element per election), ttl in microseconds. `SKIP LOCKED` never waits, so two
-/// daemons' batches cannot deadlock on each other's rows.
+/// places in the arrays (from 1) and tokens. `SKIP LOCKED` never waits, so
+/// two daemons' batches cannot deadlock on each other's rows. Binds: names,
+/// instances, tokens (arrays), ttl in microseconds.
 const RENEW_MANY: &str = "\
 WITH i AS (SELECT * FROM unnest($1::varchar[], $2::varchar[], $3::bigint[])
            WITH ORDINALITY AS i(name, inst, token, n)),
@@ -163,10 +108,18 @@ const RENEW_MANY_TYPES: &[Type] = &[
     Type::INT8,
 ];
 
-/// [`ACQUIRE_OR_RENEW`] for several elections in one statement: one row per
-/// election that exists, granted or not, with its place in the arrays (from
-/// 1); a missing election has no row. As [`ACQUIRE_OR_RENEW`], the rows are
-/// read once (`r`). The rows to write carry what is written (`c`), so the
+/// Acquire-or-renew, one element per election: renews when this instance
+/// holds a live lease, takes the row when it is expired (bumping the token),
+/// else answers the current holder; one row per election that exists,
+/// granted or not, with its place in the arrays (from 1); a missing election
+/// has no row. A refusal matches no row in the `UPDATE`, so it writes
+/// nothing, locks nothing and consumes no sequence value; rows are locked
+/// `SKIP LOCKED` as in [`RENEW`], and a skipped row reads as a refusal
+/// that shows the row as it was. The rows are found by name once (`r`):
+/// only a row that looks takeable is looked up again to be locked, and a
+/// refusal is answered from that first read (the statement's one snapshot):
+/// a third off a follower's cost per election in a batch (7.6 → 4.9 ms for
+/// 2,000 refusals among 30,000 rows). The rows to write carry what is written (`c`), so the
 /// `UPDATE` joins nothing else: prepared and planned generically (about
 /// ten rows guessed per array), a join there became a nested loop over the
 /// batch for each row taken, and 5,000 expired elections taken at once
@@ -213,8 +166,11 @@ const ACQUIRE_MANY_TYPES: &[Type] = &[
     Type::INT8,
 ];
 
-/// [`CREATE`] for several missing rows in one statement. Binds: names
-/// (array), ttl in microseconds.
+/// Creates missing rows: free, blocked until `now + ttl` so that a holder
+/// whose row was deleted steps down before anyone takes over, and with a
+/// token from the clock in microseconds, above any a deleted row of the
+/// election carried, so tokens never go backwards. Binds: names (array), ttl
+/// in microseconds.
 const CREATE_MANY: &str = "INSERT INTO service_leader_lock (name, token, expires_at) \
     SELECT n, GREATEST((EXTRACT(EPOCH FROM now()) * 1000000)::bigint, \
                        COALESCE(service_leader_token_floor(n) + 1, 0)), \
@@ -223,8 +179,8 @@ const CREATE_MANY: &str = "INSERT INTO service_leader_lock (name, token, expires
     ON CONFLICT (name) DO NOTHING";
 const CREATE_MANY_TYPES: &[Type] = &[Type::VARCHAR_ARRAY, Type::INT8];
 
-/// [`RELEASE`] for several elections in one statement: the names released
-/// (each notified).
+/// Frees the rows this instance holds and notifies the waiting replicas
+/// (delivered at commit), in one round trip: the names released.
 const RELEASE_MANY: &str = "\
 WITH p AS (SELECT * FROM unnest($1::varchar[], $2::varchar[]) AS p(name, inst)),
 r AS (
@@ -642,74 +598,27 @@ impl PgStore {
         Ok(rows?)
     }
 
+    /// [`PgStore::acquire_or_renew_many`] for one election.
     pub(crate) async fn acquire_or_renew(
         &mut self,
         req: &LeaseRequest<'_>,
     ) -> Result<Attempt, StoreError> {
-        let ttl_us = req.ttl_us();
-        if let Some(held) = req.held_token {
-            let renewed = self
-                .query(
-                    RENEW,
-                    RENEW_TYPES,
-                    &[&req.election, &req.instance, &held, &ttl_us],
-                )
-                .await?;
-            if let Some(row) = renewed.first() {
-                let token: i64 = row.try_get(0)?;
-                // A renewal keeps the token; anything else is not our
-                // statement's answer, and must not read as a grant.
-                if token != held {
-                    return Err(StoreError::Local(format!(
-                        "a renewal answered token {token}, not the token held ({held})"
-                    )));
-                }
-                return Ok(Attempt::Granted { token });
-            }
-        }
-        let rows = self
-            .query(
-                ACQUIRE_OR_RENEW,
-                ACQUIRE_TYPES,
-                &[&req.election, &req.instance, &req.holder, &ttl_us],
-            )
+        let mut out = self
+            .acquire_or_renew_many(std::slice::from_ref(req))
             .await?;
-        let Some(row) = rows.first() else {
-            self.query(CREATE, CREATE_TYPES, &[&req.election, &ttl_us])
-                .await?;
-            return Ok(Attempt::Created);
-        };
-        let seen = observed((
-            row.try_get(1)?,
-            row.try_get(2)?,
-            row.try_get(3)?,
-            row.try_get(4)?,
-        ));
-        if row.try_get::<_, bool>(0)? {
-            if seen.instance.as_deref() != Some(req.instance) {
-                return Err(StoreError::Local(
-                    "a grant that does not name this instance".to_owned(),
-                ));
-            }
-            Ok(Attempt::Granted { token: seen.token })
-        } else {
-            crate::refusal(req, seen)
-        }
+        out.pop()
+            .unwrap_or_else(|| Err(StoreError::Local("no answer for the election".to_owned())))
     }
 
     /// Acquire-or-renew for several elections (distinct names, one ttl):
-    /// the renewals in one statement; the others, and any renewal that did
+    /// the renewals in one statement ([`RENEW`] for one); the others, and any renewal that did
     /// not match (lost, or its row locked), in a second; missing rows are
     /// created in a third. So a leader's renewal of every election it holds is one
-    /// round trip, as one election's is. One request runs as
-    /// [`PgStore::acquire_or_renew`] does.
+    /// round trip, as one election's is.
     pub(crate) async fn acquire_or_renew_many(
         &mut self,
         reqs: &[LeaseRequest<'_>],
     ) -> Result<Vec<Result<Attempt, StoreError>>, StoreError> {
-        if let [one] = reqs {
-            return Ok(vec![self.acquire_or_renew(one).await]);
-        }
         let mut out: Vec<Option<Result<Attempt, StoreError>>> = reqs.iter().map(|_| None).collect();
         let ttl_us = reqs.first().map_or(0, LeaseRequest::ttl_us);
         // Rows come back by their place in the arrays sent (from 1), not by
@@ -730,17 +639,21 @@ impl PgStore {
                 .iter()
                 .filter_map(|&i| reqs[i].held_token)
                 .collect();
-            let rows = self
-                .query(
-                    RENEW_MANY,
-                    RENEW_MANY_TYPES,
-                    &[&names, &insts, &tokens, &ttl_us],
-                )
-                .await?;
+            let rows = match (&names[..], &insts[..], &tokens[..]) {
+                ([name], [inst], [token]) => {
+                    let params: [&(dyn ToSql + Sync); 4] = [name, inst, token, &ttl_us];
+                    self.query(RENEW, RENEW_TYPES, &params).await?
+                }
+                _ => {
+                    let params: [&(dyn ToSql + Sync); 4] = [&names, &insts, &tokens, &ttl_us];
+                    self.query(RENEW_MANY, RENEW_MANY_TYPES, &params).await?
+                }
+            };
             for row in rows {
                 let i = place(&renewing, row.try_get(0)?)?;
                 let token: i64 = row.try_get(1)?;
-                // As in the single renewal: only the token held is a grant.
+                // A renewal keeps the token; anything else is not our
+                // statement's answer, and must not read as a grant.
                 out[i] = Some(if Some(token) == reqs[i].held_token {
                     Ok(Attempt::Granted { token })
                 } else {
@@ -823,14 +736,7 @@ impl PgStore {
         election: &str,
         instance: &str,
     ) -> Result<bool, StoreError> {
-        let rows = self
-            .query(RELEASE, RELEASE_TYPES, &[&election, &instance])
-            .await?;
-        let n: i64 = match rows.first() {
-            Some(row) => row.try_get(0)?,
-            None => 0,
-        };
-        Ok(n > 0)
+        Ok(self.release_many(&[(election, instance)]).await? == [true])
     }
 
     pub(crate) async fn elections(&mut self, prefix: &str) -> Result<Vec<ElectionRow>, StoreError> {

@@ -4,7 +4,8 @@
 
 #![allow(dead_code)] // each simulation uses its own part
 
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
 use std::time::Duration;
 
 use leaderd_core::{Attempt, BootTime, Observed, Timing};
@@ -155,4 +156,101 @@ impl Db {
             _ => false,
         }
     }
+}
+
+/// The simulation's events by true time; those of one instant in the order
+/// they were pushed.
+#[derive(Debug)]
+pub struct Queue<W: Ord> {
+    heap: BinaryHeap<Reverse<(Us, u64, W)>>,
+    seq: u64,
+}
+
+impl<W: Ord> Default for Queue<W> {
+    fn default() -> Self {
+        Queue {
+            heap: BinaryHeap::new(),
+            seq: 0,
+        }
+    }
+}
+
+impl<W: Ord> Queue<W> {
+    /// `what` at `at`, or at `now` if `at` has passed.
+    pub fn push(&mut self, now: Us, at: Us, what: W) {
+        self.seq += 1;
+        self.heap.push(Reverse((at.max(now), self.seq, what)));
+    }
+    pub fn pop(&mut self) -> Option<(Us, W)> {
+        self.heap.pop().map(|Reverse((at, _, what))| (at, what))
+    }
+}
+
+/// Each grant of one election as it happens: tokens never go back, and no
+/// token is held by two instances.
+#[derive(Debug)]
+pub struct Tokens {
+    max: i64,
+    owner: BTreeMap<i64, String>,
+}
+
+impl Default for Tokens {
+    fn default() -> Self {
+        Tokens {
+            max: i64::MIN,
+            owner: BTreeMap::new(),
+        }
+    }
+}
+
+impl Tokens {
+    /// `what` names the election in a failure.
+    pub fn granted(&mut self, what: &str, token: i64, instance: &str, now: Us) {
+        assert!(
+            token >= self.max,
+            "{what}: token went back from {} to {token} at {now}",
+            self.max
+        );
+        self.max = token;
+        let owner = self
+            .owner
+            .entry(token)
+            .or_insert_with(|| instance.to_owned());
+        assert_eq!(
+            owner, instance,
+            "{what}: token {token} held by two instances"
+        );
+    }
+}
+
+/// No two of `leaders` (the instances leading one election now).
+pub fn one_leader(what: &str, leaders: &[&str], now: Us) {
+    assert!(
+        leaders.len() <= 1,
+        "{what}: two leaders at {now}: {leaders:?}"
+    );
+}
+
+/// Runs a seed's simulation; if it fails, says how to run it again
+/// (`context` describes the simulation at that point).
+pub fn reproducible<S>(
+    sim: &mut S,
+    seed: u64,
+    steps: u64,
+    run: impl FnOnce(&mut S),
+    context: impl FnOnce(&S) -> String,
+) {
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(sim)));
+    if let Err(e) = result {
+        eprintln!(
+            "simulation failed ({}): reproduce with SIM_SEED={seed} SIM_STEPS={steps}",
+            context(sim)
+        );
+        std::panic::resume_unwind(e);
+    }
+}
+
+/// A number from the environment (`SIM_SEED`, `SIM_STEPS`, `SIM_RUNS`).
+pub fn env(key: &str) -> Option<u64> {
+    std::env::var(key).ok().and_then(|v| v.parse().ok())
 }
