@@ -11,15 +11,13 @@
 //! `keys` reads and checks each key; `validate`, here, puts them together
 //! into [`Settings`].
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leaderd_core::spread::PRESENCE_PREFIX;
-use leaderd_core::{Timing, MAX_NAME_CHARS};
+use leaderd_core::Timing;
 use leaderd_store::DatabaseUrl;
 
 use crate::cli::ConfigArgs;

@@ -4,9 +4,11 @@
 //!
 //! Read from the source as text: every `crate::PATH` outside a comment is an
 //! import of the file of the longest module PATH names (`crate::runtime::
-//! link::Link` is `runtime/link.rs`). A child's `super::` (a module's own
-//! folder reaching up to it) is not counted. The test names the first circle
-//! it finds.
+//! link::Link` is `runtime/link.rs`). `super::PATH` counts where PATH
+//! names a sibling (`super::sources::Layers` in `settings/keys.rs` is
+//! `settings/sources.rs`); a child reaching up to its own parent's items
+//! (`super::Loop`) is not counted: the parent is the folder's front, and its
+//! pieces extend it. The test names the first circle it finds.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -25,14 +27,20 @@ fn sources(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// The paths `text` names after `crate::`, outside comments.
-fn imports(text: &str) -> BTreeSet<String> {
+/// The paths `text` names after `prefix` (`crate::` or `super::`),
+/// outside comments.
+fn imports(text: &str, prefix: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     for line in text.lines() {
         let code = line.split("//").next().unwrap_or_default();
         let mut rest = code;
-        while let Some(at) = rest.find("crate::") {
-            rest = &rest[at + "crate::".len()..];
+        while let Some(at) = rest.find(prefix) {
+            // `crate::` inside `leaderd_crate::` is not one.
+            let whole = at == 0 || !rest[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_');
+            rest = &rest[at + prefix.len()..];
+            if !whole {
+                continue;
+            }
             let path: String = rest
                 .chars()
                 .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':')
@@ -87,9 +95,23 @@ fn graph() -> BTreeMap<String, BTreeSet<String>> {
     let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for (module, text) in &files {
         let edges = graph.entry(module.clone()).or_default();
-        for path in imports(text) {
+        for path in imports(text, "crate::") {
             if let Some(target) = resolve(&path, &modules) {
                 if target != module {
+                    edges.insert(target.clone());
+                }
+            }
+        }
+        // `super::` of `a::b::c` is `a::b`; only its siblings count.
+        let parent = module.rsplit_once("::").map_or("", |(p, _)| p);
+        for path in imports(text, "super::") {
+            let full = if parent.is_empty() {
+                path
+            } else {
+                format!("{parent}::{path}")
+            };
+            if let Some(target) = resolve(&full, &modules) {
+                if target != module && target.len() > parent.len() {
                     edges.insert(target.clone());
                 }
             }
@@ -163,7 +185,10 @@ fn a_circle_is_found() {
     // Comments do not import; code does, wherever on the line; a path
     // names the file of its longest module.
     let text = "//! see crate::x\nuse crate::y::Z; // crate::w\nlet v = crate::u::v::f();";
-    assert_eq!(imports(text), set(&["u::v::f", "y::Z"]));
+    assert_eq!(imports(text, "crate::"), set(&["u::v::f", "y::Z"]));
+    let text = "use super::{Loop, X};\nuse super::keys::f;\nlet c = not_crate::a::b();";
+    assert_eq!(imports(text, "super::"), set(&["keys::f"]));
+    assert_eq!(imports(text, "crate::"), set(&[]));
     let modules = set(&["u", "u::v", "y"]);
     assert_eq!(resolve("u::v::f", &modules).unwrap(), "u::v");
     assert_eq!(resolve("y::Z", &modules).unwrap(), "y");

@@ -3,7 +3,16 @@
 //! health URL. Each reports its problems naming the key and the value's
 //! source, and never a password.
 
-use super::*;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use leaderd_core::spread::PRESENCE_PREFIX;
+use leaderd_core::MAX_NAME_CHARS;
+use leaderd_store::DatabaseUrl;
+
+use super::sources::{problem, Env, Layers, Sourced};
+use super::{AppHealth, NAME_SEP};
 
 pub(super) fn read_url_file(path: &Path) -> Result<DatabaseUrl, String> {
     let text = std::fs::read_to_string(path)
@@ -184,34 +193,6 @@ pub(super) fn elections_key(layers: &Layers, problems: &mut Vec<String>) -> Opti
         }
     }
     ok.then_some(names)
-}
-
-/// The file's `exec` table (election name → command, as one string split
-/// the way a shell splits words, or as a list of arguments) as the lines
-/// `NAME=CMD` that `--exec` and `LEADERD_EXEC` give.
-pub(super) fn exec_table(value: config::Value) -> Result<String, &'static str> {
-    const EXPECTED: &str = "a table of election name = command (a string or a list of strings)";
-    let table = value.into_table().map_err(|_| EXPECTED)?;
-    let mut lines = Vec::new();
-    for (name, command) in table {
-        // Only text: `mailer = true` must not run `true`.
-        let word = |v: config::Value| match v.kind {
-            config::ValueKind::String(w) => Ok(w),
-            _ => Err(EXPECTED),
-        };
-        let command = match command.kind {
-            config::ValueKind::Array(words) => {
-                shell_words::join(words.into_iter().map(word).collect::<Result<Vec<_>, _>>()?)
-            }
-            _ => word(command)?,
-        };
-        if command.contains('\n') || name.contains('\n') {
-            return Err("one line per command (no line breaks)");
-        }
-        lines.push(format!("{name}={command}"));
-    }
-    lines.sort();
-    Ok(lines.join("\n"))
 }
 
 /// `exec`: one `NAME=CMD` per line (`--exec` given once per election), each

@@ -2,7 +2,13 @@
 //! file (TOML or YAML) and `DATABASE_URL`, layered by precedence into one
 //! raw value per key, each remembering its source for the error messages.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+
+use crate::cli::ConfigArgs;
+
+use super::{KEYS, NAME_SEP};
 
 /// A value and where it came from, for error messages.
 #[derive(Debug, Clone)]
@@ -279,4 +285,32 @@ pub(super) fn problem(
     why: impl fmt::Display,
 ) {
     problems.push(format!("`{key}` = {shown:?} (from {}): {why}", s.from));
+}
+
+/// The file's `exec` table (election name → command, as one string split
+/// the way a shell splits words, or as a list of arguments) as the lines
+/// `NAME=CMD` that `--exec` and `LEADERD_EXEC` give.
+fn exec_table(value: config::Value) -> Result<String, &'static str> {
+    const EXPECTED: &str = "a table of election name = command (a string or a list of strings)";
+    let table = value.into_table().map_err(|_| EXPECTED)?;
+    let mut lines = Vec::new();
+    for (name, command) in table {
+        // Only text: `mailer = true` must not run `true`.
+        let word = |v: config::Value| match v.kind {
+            config::ValueKind::String(w) => Ok(w),
+            _ => Err(EXPECTED),
+        };
+        let command = match command.kind {
+            config::ValueKind::Array(words) => {
+                shell_words::join(words.into_iter().map(word).collect::<Result<Vec<_>, _>>()?)
+            }
+            _ => word(command)?,
+        };
+        if command.contains('\n') || name.contains('\n') {
+            return Err("one line per command (no line breaks)");
+        }
+        lines.push(format!("{name}={command}"));
+    }
+    lines.sort();
+    Ok(lines.join("\n"))
 }

@@ -2,11 +2,15 @@
 //! answer to the engine, when the next one is due, and the connection side
 //! of it ([`Db`]).
 
+use crate::clock::boot_now;
+use crate::runtime::link::{Reached, Request};
+use crate::runtime::shared::Shared;
+
+use super::{Db, Loop, IN_FLIGHT_BUDGET};
+
 use leaderd_core::{BootTime, Event};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
-
-use super::*;
 
 impl Loop {
     /// One acquire-or-renew, from reading the clock to feeding the answer

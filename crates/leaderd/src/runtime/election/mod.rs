@@ -26,10 +26,10 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::error;
 
-use crate::clock::{boot_now, micros, unix_ms, BootTimer};
+use crate::clock::{boot_now, BootTimer};
 use crate::outputs::flag_file::{FlagFile, FlagWriter};
-use crate::runtime::link::{Link, Reached, Request};
-use crate::runtime::shared::{Control, Shared};
+use crate::runtime::link::{Link, Reached};
+use crate::runtime::shared::Shared;
 use crate::runtime::wakeups;
 use crate::settings::Settings;
 

@@ -1,8 +1,11 @@
 //! Releasing the row this replica may hold, within the shutdown's budgets.
 
-use tracing::{error, info, warn};
+use crate::clock::boot_now;
+use crate::runtime::wakeups;
 
-use super::*;
+use super::{Loop, CHILD_REAP_BUDGET, FLAG_BUDGET, NOTICE_BUDGET, RELEASE_BUDGET};
+
+use tracing::{error, info, warn};
 
 impl Loop {
     /// After the local step-down: free the row, within [`RELEASE_BUDGET`],

@@ -1,11 +1,14 @@
 //! Reporting: the logs, metrics and flag file of each event.
 
+use crate::clock::{boot_now, micros, unix_ms};
+use crate::runtime::shared::Shared;
+
+use super::Report;
+
 use std::time::Duration;
 
 use leaderd_core::Event;
 use tracing::{debug, error, info};
-
-use super::*;
 
 impl Report {
     /// Stops claiming leadership, for good: 503 from now on, flag file gone.

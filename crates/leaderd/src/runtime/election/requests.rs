@@ -2,11 +2,14 @@
 //! health, the spread's yield), a wake-up, a connect, and keeping the
 //! wake-up presence in step.
 
+use crate::clock::boot_now;
+use crate::runtime::shared::Control;
+
+use super::Loop;
+
 use std::sync::atomic::Ordering;
 
 use tracing::{info, warn};
-
-use super::*;
 
 impl Loop {
     /// What [`Shared::wake`] was woken for, beside a request.

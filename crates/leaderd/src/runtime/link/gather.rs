@@ -2,7 +2,9 @@
 //! are asked to renew now and waited for briefly, so that a leader of many
 //! elections sends one renewal statement per renew interval.
 
-use super::*;
+use crate::clock::boot_now;
+
+use super::{Job, Task};
 
 impl Task {
     /// When a renewal is pending, asks every other election this daemon

@@ -34,9 +34,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leaderd_core::{Attempt, BootTime};
-use leaderd_store::{Connection, ElectionRow, LeaseRequest, StoreError};
+use leaderd_store::{Connection, ElectionRow, LeaseRequest};
 use tokio::sync::{mpsc, oneshot, watch, Notify};
-use tracing::debug;
 
 use crate::clock::boot_now;
 use crate::runtime::connector::Connector;

@@ -1,7 +1,14 @@
 //! Sending: a batch's attempts in one call, then its releases and reads,
 //! each under its bound.
 
-use super::*;
+use leaderd_core::BootTime;
+use leaderd_store::{ElectionRow, LeaseRequest};
+use tracing::debug;
+
+use crate::clock::boot_now;
+
+use super::settle::fail;
+use super::{AttemptReply, Failure, Job, Reached, ReleaseReply, Request, Task, RELEASE_CAP};
 
 impl Task {
     /// Gathers what is pending (and the renewals it asks for) and sends it.

@@ -2,7 +2,11 @@
 //! or a timeout drops it, cancelling what the server may still run), and
 //! failing a job that got no answer.
 
-use super::*;
+use std::time::Duration;
+
+use leaderd_store::StoreError;
+
+use super::{Failure, Job, Reached, Task, RELEASE_CAP};
 
 impl Task {
     pub(super) fn settle_wake_locks<T>(

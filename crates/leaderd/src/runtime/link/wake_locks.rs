@@ -1,7 +1,7 @@
 //! MySQL's wake-up locks on the link's connection: a batch's frees, then
 //! its takes, one statement each.
 
-use super::*;
+use super::{Job, Task, WakeLockReply, RELEASE_CAP};
 
 impl Task {
     /// The batch's wake-up locks: the frees in one statement, then the
