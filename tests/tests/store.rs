@@ -980,6 +980,29 @@ mod postgres_only {
         assert_eq!(probe.others, ["e"]);
     }
 
+    /// A table migrated by an earlier version gets the fence at the next
+    /// migration, and one that has it is left alone.
+    #[tokio::test]
+    async fn the_fence_is_installed_on_an_earlier_schema() {
+        let db = TempDb::postgres();
+        migrated(&db.url).await;
+        let has = "to_regprocedure('leaderd_fence(varchar, bigint, interval)') IS NOT NULL";
+        assert_eq!(scalar(&db.url, has), "true");
+        pg_exec(
+            &db.url,
+            &["DROP FUNCTION leaderd_fence(VARCHAR, BIGINT, INTERVAL)"],
+        );
+        assert_eq!(
+            connect(&db.url).await.migrate().await.unwrap(),
+            Migrated::Applied
+        );
+        assert_eq!(scalar(&db.url, has), "true");
+        assert_eq!(
+            connect(&db.url).await.migrate().await.unwrap(),
+            Migrated::UpToDate
+        );
+    }
+
     #[tokio::test]
     async fn a_user_with_data_rights_only_works_once_the_table_exists() {
         let db = TempDb::postgres();
@@ -997,15 +1020,27 @@ mod postgres_only {
         let as_role = db.url_as(&role);
         // A table an earlier version made, without the fillfactor: only its
         // owner may set that, and a user who may not goes on without it.
+        // And without the fence, which it may not create either: it goes on
+        // without it (logged), and the fence stays absent, not faked.
         pg_exec(
             &db.url,
-            &["ALTER TABLE service_leader_lock RESET (fillfactor)"],
+            &[
+                "ALTER TABLE service_leader_lock RESET (fillfactor)",
+                "DROP FUNCTION leaderd_fence(VARCHAR, BIGINT, INTERVAL)",
+            ],
         );
         assert_eq!(
             connect(&as_role).await.migrate().await.unwrap(),
             Migrated::UpToDate
         );
         assert_eq!(scalar(&db.url, FILLFACTOR), "");
+        assert_eq!(
+            scalar(
+                &db.url,
+                "to_regprocedure('leaderd_fence(varchar, bigint, interval)') IS NULL"
+            ),
+            "true"
+        );
         let mut c = connect(&as_role).await;
         acquire(&mut c, &req("e", "a", "ia"), Duration::from_secs(3)).await;
         drop(c);

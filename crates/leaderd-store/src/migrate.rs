@@ -30,6 +30,40 @@ pub(crate) const POSTGRES: &[&str] = &[
     POSTGRES_FILLFACTOR,
 ];
 
+/// PostgreSQL's fenced writes (`leaderd_fence`), installed apart from the
+/// steps: see [`Fence`].
+/// Its version is the function's comment: this one or a newer one (a newer
+/// daemon's) counts as installed.
+pub(crate) const POSTGRES_FENCE: Fence = Fence {
+    current: "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_proc p \
+        WHERE p.proname = 'leaderd_fence' \
+        AND p.pronamespace = (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = current_schema()) \
+        AND obj_description(p.oid, 'pg_proc') ~ '^leaderd fence [0-9]+$' \
+        AND split_part(obj_description(p.oid, 'pg_proc'), ' ', 3)::int >= 2)",
+    install: include_str!("../../../migrations/postgres/2026-11-26-000000_fence/up.sql"),
+    begin: "SAVEPOINT leaderd_fence",
+    undo: "ROLLBACK TO SAVEPOINT leaderd_fence",
+    end: "RELEASE SAVEPOINT leaderd_fence",
+};
+
+/// The fenced-writes function (README, "Fenced writes"): installed under the
+/// migration's lock when missing or older, but apart from the steps, and
+/// best effort: a user who may not create it (data rights alone) still runs
+/// the daemon, and the fence is then absent (the app's call fails: never a
+/// silent pass). Said once per process.
+#[derive(Debug)]
+pub(crate) struct Fence {
+    /// One boolean: this version of the fence is installed.
+    pub current: &'static str,
+    /// The statements that install it.
+    pub install: &'static str,
+    /// Run before `install`, `undo` after its failure, `end` after its
+    /// success: a savepoint, so that a refusal does not undo the steps.
+    pub begin: &'static str,
+    pub undo: &'static str,
+    pub end: &'static str,
+}
+
 /// The last PostgreSQL step, also run on its own when the schema is
 /// already current: it tunes a table earlier versions made, and never fails
 /// nor waits (see the file).
@@ -84,6 +118,8 @@ pub(crate) struct Plan {
     /// lock held for an instant (a renewal, another migrator's look at the
     /// catalog) costs a retry, not the migration.
     pub retry_busy: bool,
+    /// Fenced writes, where the backend has them.
+    pub fence: Option<Fence>,
 }
 
 /// How long the steps are tried again after a lock they did not get, where
@@ -122,9 +158,15 @@ pub(crate) trait Migrator: Send {
 /// and frees the lock.
 pub(crate) async fn run<M: Migrator>(conn: &mut M, plan: &Plan) -> Result<Migrated, StoreError> {
     let mut result = Migrated::UpToDate;
-    if !conn.flag(plan.current).await? {
+    let mut stepped = false;
+    let fenced = match &plan.fence {
+        Some(fence) => conn.flag(fence.current).await?,
+        None => true,
+    };
+    let current = conn.flag(plan.current).await?;
+    if !current || !fenced {
         conn.batch(plan.lock).await?;
-        if !conn.flag(plan.current).await? {
+        if !current && !conn.flag(plan.current).await? {
             // The server's refusal is the migration's failure; a lost
             // connection stays one (it is worth another try).
             let tried_until = tokio::time::Instant::now() + BUSY_RETRY_FOR;
@@ -148,12 +190,18 @@ pub(crate) async fn run<M: Migrator>(conn: &mut M, plan: &Plan) -> Result<Migrat
                 other => other,
             })?;
             result = Migrated::Applied;
+            stepped = true;
+        }
+        if let Some(fence) = plan.fence.as_ref().filter(|_| !fenced) {
+            if install_fence(conn, fence).await? {
+                result = Migrated::Applied;
+            }
         }
         conn.batch(plan.unlock).await?;
     }
     // Not after the steps, which end with it: a round trip saved where
     // each is dear (a first start far from the database).
-    if let (Some(tune), Migrated::UpToDate) = (plan.tune, result) {
+    if let (Some(tune), false) = (plan.tune, stepped) {
         if let Err(e) = conn.batch(tune).await {
             tracing::warn!(error = %e, "could not tune service_leader_lock; it works, at a higher cost");
         }
@@ -181,6 +229,45 @@ fn lock_wait_cut(e: &StoreError) -> bool {
             // diesel keeps MySQL's message, not its number.
             info.message().contains("Lock wait timeout exceeded")
         }
+        _ => false,
+    }
+}
+
+/// Installs the fence unless another migrator just did; whether this one
+/// did. A refusal (no right to create it) is said once per process and
+/// leaves the steps' work in place; a lost connection stays an error.
+async fn install_fence<M: Migrator>(conn: &mut M, fence: &Fence) -> Result<bool, StoreError> {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if conn.flag(fence.current).await? {
+        return Ok(false);
+    }
+    conn.batch(fence.begin).await?;
+    match conn.batch(fence.install).await {
+        Ok(()) => {
+            conn.batch(fence.end).await?;
+            Ok(true)
+        }
+        Err(e) if refused_by_server(&e) => {
+            conn.batch(fence.undo).await?;
+            if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::warn!(
+                    error = %e,
+                    "fenced writes are not installed (leaderd_fence): this database user may not \
+                     create them; leader election works, and an app's call to leaderd_fence fails. \
+                     Run `leaderd migrate` once as a user who may"
+                );
+            }
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// An error the server answered (a refusal), not a lost connection.
+fn refused_by_server(e: &StoreError) -> bool {
+    match e {
+        StoreError::Postgres(e) => e.as_db_error().is_some(),
+        StoreError::Query(diesel::result::Error::DatabaseError(..)) => true,
         _ => false,
     }
 }

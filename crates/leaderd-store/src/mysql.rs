@@ -211,6 +211,7 @@ const MIGRATION: migrate::Plan = migrate::Plan {
     legacy: "SELECT EXISTS (SELECT 1 FROM information_schema.tables \
         WHERE table_schema = DATABASE() AND table_name = '__diesel_schema_migrations')",
     retry_busy: true,
+    fence: None,
 };
 
 migrate::diesel_migrator!(AsyncMysqlConnection);

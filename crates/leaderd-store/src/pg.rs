@@ -60,6 +60,7 @@ const MIGRATION: migrate::Plan = migrate::Plan {
     tune: Some(migrate::POSTGRES_FILLFACTOR),
     legacy: "SELECT to_regclass('__diesel_schema_migrations') IS NOT NULL",
     retry_busy: false,
+    fence: Some(migrate::POSTGRES_FENCE),
 };
 
 /// One leader's renewal: the cheapest statement that does it (no read-back
@@ -68,8 +69,11 @@ const MIGRATION: migrate::Plan = migrate::Plan {
 /// or the row is locked; [`ACQUIRE_MANY`] then says which. The row is locked
 /// with `SKIP LOCKED` before it is written, so a statement never waits on a
 /// row lock someone else holds (a waiting backend outlives the client's
-/// timeout and would pile up connections). Binds: election, instance, token,
-/// ttl in microseconds.
+/// timeout and would pile up connections). A renewal locks `FOR NO KEY
+/// UPDATE`, which an app's fenced transaction (`leaderd_fence`, `FOR KEY
+/// SHARE`) does not block: renewals go on while fenced writes run, and only
+/// takeovers (`FOR UPDATE`, [`ACQUIRE_MANY`]) wait for them to end. Binds:
+/// election, instance, token, ttl in microseconds.
 ///
 /// Kept beside [`RENEW_MANY`] because the numbers say so (BENCHMARKS.md,
 /// "One statement for one election and for many"): [`RENEW_MANY`] with
@@ -79,7 +83,7 @@ const MIGRATION: migrate::Plan = migrate::Plan {
 /// election as arrays of one: there the difference was within noise.
 const RENEW: &str = "WITH c AS (SELECT id FROM service_leader_lock \
       WHERE name = $1 AND instance = $2 AND token = $3 AND expires_at > now() \
-      FOR UPDATE SKIP LOCKED) \
+      FOR NO KEY UPDATE SKIP LOCKED) \
     UPDATE service_leader_lock l SET renewed_at = now(), \
       expires_at = GREATEST(l.expires_at, now() + $4 * INTERVAL '1 microsecond') \
     FROM c WHERE l.id = c.id RETURNING 1::bigint, l.token";
@@ -96,7 +100,7 @@ c AS (
   SELECT l.id, i.n FROM service_leader_lock l JOIN i
       ON l.name = i.name AND l.instance = i.inst AND l.token = i.token
    WHERE l.expires_at > now()
-   FOR UPDATE OF l SKIP LOCKED
+   FOR NO KEY UPDATE OF l SKIP LOCKED
 )
 UPDATE service_leader_lock l SET renewed_at = now(),
   expires_at = GREATEST(l.expires_at, now() + $4 * INTERVAL '1 microsecond')
@@ -119,7 +123,12 @@ const RENEW_MANY_TYPES: &[Type] = &[
 /// only a row that looks takeable is looked up again to be locked, and a
 /// refusal is answered from that first read (the statement's one snapshot):
 /// a third off a follower's cost per election in a batch (7.6 → 4.9 ms for
-/// 2,000 refusals among 30,000 rows). The rows to write carry what is written (`c`), so the
+/// 2,000 refusals among 30,000 rows). A renewal (`k`) locks `FOR NO KEY
+/// UPDATE`; a takeover (`t`: an expired row, ours or not) `FOR UPDATE`,
+/// which conflicts with the `FOR KEY SHARE` of an app's open fenced
+/// transaction: the takeover skips the row (a refusal) until that ends. The
+/// `UPDATE` alone would lock `FOR NO KEY UPDATE` (it changes no key), and
+/// the fence would then protect nothing. The rows to write carry what is written (`c`), so the
 /// `UPDATE` joins nothing else: prepared and planned generically (about
 /// ten rows guessed per array), a join there became a nested loop over the
 /// batch for each row taken, and 5,000 expired elections taken at once
@@ -134,11 +143,17 @@ r AS (
          (l.expires_at <= now() OR l.instance = p.inst) AS open
     FROM service_leader_lock l JOIN p ON l.name = p.name
 ),
-c AS (
+k AS (
   SELECT l.id, r.n, r.want_inst, r.want_holder FROM service_leader_lock l JOIN r ON l.id = r.id
-   WHERE r.open AND (l.expires_at <= now() OR l.instance = r.want_inst)
+   WHERE r.open AND l.instance = r.want_inst AND l.expires_at > now()
+   FOR NO KEY UPDATE OF l SKIP LOCKED
+),
+t AS (
+  SELECT l.id, r.n, r.want_inst, r.want_holder FROM service_leader_lock l JOIN r ON l.id = r.id
+   WHERE r.open AND l.expires_at <= now()
    FOR UPDATE OF l SKIP LOCKED
 ),
+c AS (SELECT * FROM k UNION ALL SELECT * FROM t),
 u AS (
   UPDATE service_leader_lock l SET
     token = CASE WHEN l.instance = c.want_inst AND l.expires_at > now() THEN l.token ELSE l.token + 1 END,

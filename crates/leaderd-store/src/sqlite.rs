@@ -51,6 +51,7 @@ const MIGRATION: migrate::Plan = migrate::Plan {
     legacy: "SELECT EXISTS (SELECT 1 FROM sqlite_master \
         WHERE type = 'table' AND name = '__diesel_schema_migrations')",
     retry_busy: false,
+    fence: None,
 };
 
 migrate::diesel_migrator!(SyncConnectionWrapper<SqliteConnection>);

@@ -1,0 +1,534 @@
+//! Fenced writes (README, "Fenced writes"): an app's own transaction, fenced
+//! by `leaderd_fence`, commits only while its token leads; a takeover waits
+//! for it, and a transaction that hangs holds takeovers off for its bound
+//! only. Each case is one of the interleavings in `shared/FENCE.md`, run with
+//! real sessions: leaderd's own statements (`leaderd_store`) for the leader
+//! and the follower, a plain client for the app.
+
+use std::time::{Duration, Instant};
+
+use leaderd_store::{Attempt, Connection, LeaseRequest};
+use leaderd_tests::store::{acquire, connect, migrated};
+use leaderd_tests::{pg_exec, TempDb};
+use tokio_postgres::{Client, NoTls};
+
+/// Long enough that a loaded machine renews in time; the hung-transaction
+/// bound defaults to it.
+const TTL: Duration = Duration::from_millis(800);
+
+/// The fence's own SQLSTATE.
+const FENCED_OUT: &str = "LF001";
+
+fn req<'a>(instance: &'a str, held_token: Option<i64>) -> LeaseRequest<'a> {
+    LeaseRequest {
+        election: "e",
+        holder: instance,
+        instance,
+        ttl: TTL,
+        held_token,
+    }
+}
+
+/// An app's session (autocommit until it says `BEGIN`).
+async fn app(url: &str) -> Client {
+    let (client, conn) = tokio_postgres::connect(url, NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("app cannot connect: {e}"));
+    tokio::spawn(conn);
+    client
+}
+
+/// A migrated database with the app's table, its leader `a` holding `e`:
+/// the leader's connection and its token.
+async fn led() -> (TempDb, Connection, i64) {
+    let db = TempDb::postgres();
+    let mut a = migrated(&db.url).await;
+    pg_exec(
+        &db.url,
+        &[
+            "CREATE TABLE app_log (seq BIGSERIAL PRIMARY KEY, token BIGINT NOT NULL, \
+           at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())",
+        ],
+    );
+    let token = acquire(&mut a, &req("a", None), Duration::from_secs(3)).await;
+    (db, a, token)
+}
+
+/// The SQLSTATE of a failed statement, or "ok".
+fn code<T>(r: &Result<T, tokio_postgres::Error>) -> String {
+    match r {
+        Ok(_) => "ok".to_owned(),
+        Err(e) => e
+            .code()
+            .map_or_else(|| format!("no code: {e}"), |c| c.code().to_owned()),
+    }
+}
+
+fn message<T>(r: &Result<T, tokio_postgres::Error>) -> String {
+    match r {
+        Ok(_) => String::new(),
+        Err(e) => e
+            .as_db_error()
+            .map_or_else(|| e.to_string(), |d| d.message().to_owned()),
+    }
+}
+
+/// Waits until the lease row of `e` has expired by the database's clock.
+async fn wait_expired(app: &Client) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let row = app
+            .query_one(
+                "SELECT expires_at <= clock_timestamp() FROM service_leader_lock WHERE name = 'e'",
+                &[],
+            )
+            .await
+            .unwrap();
+        if row.get::<_, bool>(0) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the lease never expired");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The follower's attempts for `for_`: none may be granted.
+async fn refused_throughout(b: &mut Connection, for_: Duration) -> usize {
+    let until = Instant::now() + for_;
+    let mut tries = 0;
+    while Instant::now() < until {
+        match b.acquire_or_renew(&req("b", None)).await.unwrap() {
+            Attempt::Refused(_) => tries += 1,
+            other => panic!("a takeover while a fenced transaction is open: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tries
+}
+
+#[tokio::test]
+async fn a_stalled_fenced_transaction_holds_the_takeover_off_until_it_commits() {
+    let (db, mut leader, token) = led().await;
+    let app = app(&db.url).await;
+    app.batch_execute("BEGIN").await.unwrap();
+    // A bound above the stall (the default, the lease's ttl, would end the
+    // idle transaction before the follower's attempts below).
+    app.query_one(
+        "SELECT leaderd_fence('e', $1, interval '10 seconds')",
+        &[&token],
+    )
+    .await
+    .unwrap();
+    app.execute("INSERT INTO app_log (token) VALUES ($1)", &[&token])
+        .await
+        .unwrap();
+    // The leader renews meanwhile (each renewal a new row version: the
+    // fence's lock carries over to it)...
+    for _ in 0..3 {
+        assert_eq!(
+            leader
+                .acquire_or_renew(&req("a", Some(token)))
+                .await
+                .unwrap(),
+            Attempt::Granted { token }
+        );
+    }
+    // ...then the app stalls; its leader stops renewing (paused, cut off)
+    // and the lease expires by the database's clock.
+    let watcher = self::app(&db.url).await;
+    wait_expired(&watcher).await;
+    let mut b = connect(&db.url).await;
+    let tries = refused_throughout(&mut b, Duration::from_millis(600)).await;
+    assert!(tries >= 5, "only {tries} attempts");
+    app.batch_execute("COMMIT").await.unwrap();
+    let taken = acquire(&mut b, &req("b", None), Duration::from_secs(2)).await;
+    assert!(taken > token, "token {taken} after {token}");
+    // In commit order the app's write comes first: the takeover's time is
+    // after the write's.
+    let row = watcher
+        .query_one(
+            "SELECT (SELECT max(at) FROM app_log) < acquired_at FROM service_leader_lock \
+             WHERE name = 'e'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(row.get::<_, bool>(0), "the takeover came before the write");
+}
+
+#[tokio::test]
+async fn a_takeover_in_flight_makes_the_fence_wait_then_fail() {
+    let (db, _leader, token) = led().await;
+    let watcher = app(&db.url).await;
+    wait_expired(&watcher).await;
+    // A takeover that has locked the row and not committed yet.
+    let takeover = app(&db.url).await;
+    takeover.batch_execute("BEGIN").await.unwrap();
+    takeover
+        .batch_execute(
+            "SELECT 1 FROM service_leader_lock WHERE name = 'e' FOR UPDATE; \
+             UPDATE service_leader_lock SET token = token + 1, holder = 'b', instance = 'b', \
+             acquired_at = now(), renewed_at = now(), expires_at = now() + interval '10 s' \
+             WHERE name = 'e'",
+        )
+        .await
+        .unwrap();
+    let url = db.url.clone();
+    let fenced = tokio::spawn(async move {
+        let app = app(&url).await;
+        app.batch_execute("BEGIN").await.unwrap();
+        let r = app
+            .query_one("SELECT leaderd_fence('e', $1)", &[&token])
+            .await;
+        (Instant::now(), code(&r), message(&r))
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !fenced.is_finished(),
+        "the fence did not wait for the takeover"
+    );
+    let committed = Instant::now();
+    takeover.batch_execute("COMMIT").await.unwrap();
+    let (answered, code, message) = fenced.await.unwrap();
+    assert!(answered >= committed);
+    assert_eq!(code, FENCED_OUT, "{message}");
+    assert!(
+        message.contains("\"e\"") && message.contains(&token.to_string()),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn a_stale_token_is_refused() {
+    let (db, _leader, token) = led().await;
+    let app = app(&db.url).await;
+    for stale in [token - 1, token + 1] {
+        let r = app
+            .query_one("SELECT leaderd_fence('e', $1)", &[&stale])
+            .await;
+        assert_eq!(code(&r), FENCED_OUT, "{}", message(&r));
+        assert!(message(&r).contains(&format!("token {stale} is not the live lease")));
+    }
+    let r = app
+        .query_one("SELECT leaderd_fence('nope', $1)", &[&token])
+        .await;
+    assert_eq!(code(&r), FENCED_OUT, "{}", message(&r));
+    // The live token is not told to a caller who does not know it.
+    let r = app
+        .query_one("SELECT leaderd_fence('e', $1)", &[&(token - 1)])
+        .await;
+    assert!(!message(&r).contains(&token.to_string()), "{}", message(&r));
+    // A row nobody holds (created, blocked for a ttl) fences nothing.
+    let mut c = connect(&db.url).await;
+    assert_eq!(
+        c.acquire_or_renew(&LeaseRequest {
+            election: "fresh",
+            ..req("c", None)
+        })
+        .await
+        .unwrap(),
+        Attempt::Created
+    );
+    let fresh: i64 = app
+        .query_one(
+            "SELECT token FROM service_leader_lock WHERE name = 'fresh'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let r = app
+        .query_one(
+            "SELECT leaderd_fence('fresh', $1, interval '1 minute')",
+            &[&fresh],
+        )
+        .await;
+    assert_eq!(code(&r), FENCED_OUT, "an unheld row: {}", message(&r));
+    // A temporary table of the lock table's name does not stand in for it
+    // (temporary tables come first in a search_path that does not place
+    // them).
+    app.batch_execute(
+        "CREATE TEMP TABLE service_leader_lock (name VARCHAR(100), holder VARCHAR(100), \
+         instance VARCHAR(64), token BIGINT, acquired_at TIMESTAMPTZ, renewed_at TIMESTAMPTZ, \
+         expires_at TIMESTAMPTZ); \
+         INSERT INTO service_leader_lock VALUES ('e', 'x', 'x', 42, now(), now(), \
+         now() + interval '1 hour')",
+    )
+    .await
+    .unwrap();
+    let r = app.query_one("SELECT leaderd_fence('e', 42)", &[]).await;
+    assert_eq!(code(&r), FENCED_OUT, "a temporary table: {}", message(&r));
+    let r = app
+        .query_one("SELECT leaderd_fence('e', $1)", &[&token])
+        .await;
+    assert_eq!(code(&r), "ok", "{}", message(&r));
+}
+
+/// `now()` is the transaction's start: a fence judged by it would pass on a
+/// lease that expired since.
+#[tokio::test]
+async fn an_expired_lease_is_refused_in_a_transaction_begun_before_it_expired() {
+    let (db, _leader, token) = led().await;
+    for level in ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"] {
+        let app = app(&db.url).await;
+        app.batch_execute(&format!("BEGIN ISOLATION LEVEL {level}"))
+            .await
+            .unwrap();
+        let live = app
+            .query_one(
+                "SELECT expires_at > now() FROM service_leader_lock WHERE name = 'e'",
+                &[],
+            )
+            .await
+            .unwrap();
+        if !live.get::<_, bool>(0) {
+            // The lease has expired (the previous level's wait); the
+            // case is the same from here.
+            eprintln!("{level}: begun after expiry");
+        }
+        wait_expired(&app).await;
+        let r = app
+            .query_one("SELECT leaderd_fence('e', $1)", &[&token])
+            .await;
+        assert_eq!(code(&r), FENCED_OUT, "{level}: {}", message(&r));
+        assert!(message(&r).contains("has expired"), "{}", message(&r));
+    }
+}
+
+#[tokio::test]
+async fn every_isolation_level_fences_and_renewals_go_on() {
+    let (db, mut leader, token) = led().await;
+    for level in ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"] {
+        let app = app(&db.url).await;
+        app.batch_execute(&format!("BEGIN ISOLATION LEVEL {level}"))
+            .await
+            .unwrap();
+        let r = app
+            .query_one("SELECT leaderd_fence('e', $1)", &[&token])
+            .await;
+        assert_eq!(code(&r), "ok", "{level}: {}", message(&r));
+        // The leader renews while the fenced transaction is open.
+        for _ in 0..3 {
+            assert_eq!(
+                leader
+                    .acquire_or_renew(&req("a", Some(token)))
+                    .await
+                    .unwrap(),
+                Attempt::Granted { token },
+                "{level}: a renewal refused beside a fenced transaction"
+            );
+        }
+        app.execute("INSERT INTO app_log (token) VALUES ($1)", &[&token])
+            .await
+            .unwrap();
+        app.batch_execute("COMMIT").await.unwrap();
+    }
+    let watcher = app(&db.url).await;
+    let n: i64 = watcher
+        .query_one("SELECT count(*) FROM app_log", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 3);
+}
+
+/// The app's role has rights on its own table only (not on the lock table),
+/// and EXECUTE on the fence, granted (the migration revokes it from PUBLIC).
+#[tokio::test]
+async fn a_role_with_data_rights_only_can_fence() {
+    let (db, _leader, token) = led().await;
+    let role = format!("leaderd_app_{}", uuid::Uuid::new_v4().simple());
+    pg_exec(
+        &db.url,
+        &[
+            &format!("CREATE ROLE {role} LOGIN"),
+            &format!("GRANT SELECT, INSERT ON app_log TO {role}"),
+            &format!("GRANT USAGE ON SEQUENCE app_log_seq_seq TO {role}"),
+        ],
+    );
+    let app = app(&db.url_as(&role)).await;
+    let denied = app
+        .query("SELECT 1 FROM service_leader_lock FOR KEY SHARE", &[])
+        .await;
+    assert_eq!(code(&denied), "42501", "{}", message(&denied));
+    let denied = app
+        .query_one("SELECT leaderd_fence('e', $1)", &[&token])
+        .await;
+    assert_eq!(code(&denied), "42501", "not granted: {}", message(&denied));
+    pg_exec(
+        &db.url,
+        &[&format!(
+            "GRANT EXECUTE ON FUNCTION leaderd_fence(VARCHAR, BIGINT, INTERVAL) TO {role}"
+        )],
+    );
+    app.batch_execute("BEGIN").await.unwrap();
+    let r = app
+        .query_one("SELECT leaderd_fence('e', $1)", &[&token])
+        .await;
+    assert_eq!(code(&r), "ok", "{}", message(&r));
+    app.execute("INSERT INTO app_log (token) VALUES ($1)", &[&token])
+        .await
+        .unwrap();
+    app.batch_execute("COMMIT").await.unwrap();
+    let r = app
+        .query_one("SELECT leaderd_fence('e', $1)", &[&(token - 1)])
+        .await;
+    assert_eq!(code(&r), FENCED_OUT, "{}", message(&r));
+    drop(app);
+    pg_exec(&db.url, &[&format!("DROP OWNED BY {role}")]);
+    drop(db);
+    pg_exec(
+        &leaderd_tests::postgres_admin_url(),
+        &[&format!("DROP ROLE IF EXISTS {role}")],
+    );
+}
+
+/// A fenced transaction left idle holds takeovers off for the bound (by
+/// default the lease's ttl as the row shows it), then the server ends it:
+/// its write is lost, never late.
+#[tokio::test]
+async fn an_idle_fenced_transaction_is_ended_after_its_bound() {
+    let (db, _leader, token) = led().await;
+    let app = app(&db.url).await;
+    app.batch_execute("BEGIN").await.unwrap();
+    app.query_one("SELECT leaderd_fence('e', $1)", &[&token])
+        .await
+        .unwrap();
+    app.execute("INSERT INTO app_log (token) VALUES ($1)", &[&token])
+        .await
+        .unwrap();
+    let idle_since = Instant::now();
+    let mut b = connect(&db.url).await;
+    let taken = acquire(&mut b, &req("b", None), Duration::from_secs(5)).await;
+    let waited = idle_since.elapsed();
+    assert!(taken > token);
+    // Not before the bound (the lease's 800 ms) and not much after it.
+    assert!(
+        waited >= TTL && waited < TTL + Duration::from_secs(2),
+        "taken {waited:?} after the app went idle"
+    );
+    let commit = app.batch_execute("COMMIT").await;
+    assert!(commit.is_err(), "the hung transaction committed late");
+    let watcher = self::app(&db.url).await;
+    let n: i64 = watcher
+        .query_one("SELECT count(*) FROM app_log", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0, "the hung transaction's write landed");
+}
+
+/// A fenced transaction running one long statement is cut at its bound
+/// (here given: 1 s).
+#[tokio::test]
+async fn a_running_fenced_transaction_is_ended_after_its_bound() {
+    let (db, _leader, token) = led().await;
+    let app = app(&db.url).await;
+    app.batch_execute("BEGIN").await.unwrap();
+    app.query_one(
+        "SELECT leaderd_fence('e', $1, interval '1 second')",
+        &[&token],
+    )
+    .await
+    .unwrap();
+    app.execute("INSERT INTO app_log (token) VALUES ($1)", &[&token])
+        .await
+        .unwrap();
+    let url = db.url.clone();
+    let started = Instant::now();
+    let follower = tokio::spawn(async move {
+        let mut b = connect(&url).await;
+        acquire(&mut b, &req("b", None), Duration::from_secs(6)).await;
+        Instant::now()
+    });
+    let long = app.batch_execute("SELECT pg_sleep(30)").await;
+    let cut = started.elapsed();
+    assert_eq!(code(&long), "57014", "{}", message(&long));
+    assert!(
+        cut >= Duration::from_secs(1) && cut < Duration::from_secs(3),
+        "cut after {cut:?}"
+    );
+    let taken_at = follower.await.unwrap();
+    assert!(
+        taken_at.duration_since(started) >= Duration::from_secs(1),
+        "taken over while the fenced statement ran"
+    );
+    assert!(app.batch_execute("COMMIT").await.is_ok());
+    let n: i64 = app
+        .query_one("SELECT count(*) FROM app_log", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0, "the cut transaction's write landed");
+}
+
+/// The bound never lifts a shorter timeout the app set itself.
+#[tokio::test]
+async fn a_shorter_timeout_of_the_app_is_kept() {
+    let (db, _leader, token) = led().await;
+    let app = app(&db.url).await;
+    app.batch_execute("BEGIN; SET LOCAL statement_timeout = '200ms'")
+        .await
+        .unwrap();
+    app.query_one(
+        "SELECT leaderd_fence('e', $1, interval '10 seconds')",
+        &[&token],
+    )
+    .await
+    .unwrap();
+    let started = Instant::now();
+    let r = app.batch_execute("SELECT pg_sleep(5)").await;
+    assert_eq!(code(&r), "57014", "{}", message(&r));
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// Four workers run fenced 20 ms transactions back to back for 10 s while
+/// the leader renews every 100 ms: no renewal is refused or Busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_are_never_busy_beside_fenced_transactions() {
+    let (db, mut leader, token) = led().await;
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut workers = Vec::new();
+    for _ in 0..4 {
+        let url = db.url.clone();
+        workers.push(tokio::spawn(async move {
+            let app = app(&url).await;
+            let mut done = 0u32;
+            while Instant::now() < until {
+                app.batch_execute("BEGIN").await.unwrap();
+                app.query_one("SELECT leaderd_fence('e', $1)", &[&token])
+                    .await
+                    .unwrap();
+                app.execute(
+                    "INSERT INTO app_log (token) SELECT $1 FROM pg_sleep(0.02)",
+                    &[&token],
+                )
+                .await
+                .unwrap();
+                app.batch_execute("COMMIT").await.unwrap();
+                done += 1;
+            }
+            done
+        }));
+    }
+    let (mut renewed, mut not) = (0, Vec::new());
+    while Instant::now() < until {
+        match leader.acquire_or_renew(&req("a", Some(token))).await {
+            Ok(Attempt::Granted { token: t }) if t == token => renewed += 1,
+            other => not.push(format!("{other:?}")),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut fenced = 0;
+    for w in workers {
+        fenced += w.await.unwrap();
+    }
+    assert!(not.is_empty(), "renewals not granted: {not:?}");
+    assert!(renewed >= 50, "{renewed} renewals");
+    assert!(fenced >= 4 * 100, "only {fenced} fenced transactions");
+    eprintln!("{renewed} renewals, {fenced} fenced transactions, 0 refused");
+}
