@@ -2,13 +2,13 @@
 //! by side with the approach of the articles leaderd grew from, in one run.
 //!
 //! ```text
-//! cargo run --release -p leaderd-bench -- [--smoke] [--plots DIR] [heartbeat|scale|failover|busy|budget|exec|serve|footprint|elections|batch|release]...
+//! cargo run --release -p leaderd-bench -- [--smoke] [--plots DIR] [heartbeat|scale|failover|busy|budget|exec|serve|footprint|elections|batch|release|fence]...
 //! ```
 //!
 //! With no part named, all run. `--smoke` shrinks every part to seconds so
 //! the test run can exercise the bench without measuring anything. Output is
 //! Markdown, ready for `BENCHMARKS.md`; with `--plots DIR` every part but
-//! `footprint`, `batch`, `release` and `budget` also draws an SVG plot into `DIR`
+//! `footprint`, `batch`, `release`, `fence` and `budget` also draws an SVG plot into `DIR`
 //! (see `plot.rs`) and links it under its table. It uses the local
 //! PostgreSQL and MariaDB (see the test harness for the URLs) and the
 //! `leaderd` binary built beside it.
@@ -19,6 +19,7 @@ mod busy;
 mod elections;
 mod exec;
 mod failover;
+mod fence;
 mod heartbeat;
 mod plot;
 mod release;
@@ -60,6 +61,7 @@ const PARTS: &[&str] = &[
     "elections",
     "batch",
     "release",
+    "fence",
 ];
 
 fn main() -> Result<()> {
@@ -161,6 +163,7 @@ fn main() -> Result<()> {
             "release" => {
                 release::run(size)?;
             }
+            "fence" => rt.block_on(fence::run_part(size))?,
             _ => unreachable!(),
         }
     }
