@@ -286,12 +286,42 @@ impl Drop for TempDb {
     fn drop(&mut self) {
         let sql = match self.kind {
             Kind::Postgres => format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
-            Kind::Mysql => format!("DROP DATABASE IF EXISTS {}", self.name),
+            Kind::Mysql => {
+                // As PostgreSQL's FORCE: a session left in a transaction
+                // (a test's app that failed mid-way) holds a metadata lock
+                // that DROP DATABASE would wait on for ever.
+                let (admin, name) = (self.admin.clone(), self.name.clone());
+                let _ = std::panic::catch_unwind(|| kill_sessions_in(&admin, &name));
+                format!("DROP DATABASE IF EXISTS {}", self.name)
+            }
             Kind::Sqlite => return,
         };
         let (kind, admin) = (self.kind, self.admin.clone());
         let _ = std::panic::catch_unwind(|| exec(kind, &admin, &[&sql]));
     }
+}
+
+/// Ends every MySQL/MariaDB session using database `name`.
+fn kill_sessions_in(admin: &str, name: &str) {
+    let (admin, name) = (admin.to_owned(), name.to_owned());
+    block_on(async move {
+        use mysql_async::prelude::Queryable;
+        let Ok(mut c) = mysql_async::Conn::from_url(&admin).await else {
+            return;
+        };
+        let ids: Vec<u64> = c
+            .exec(
+                "SELECT id FROM information_schema.processlist \
+                 WHERE db = ? AND id <> CONNECTION_ID()",
+                (name,),
+            )
+            .await
+            .unwrap_or_default();
+        for id in ids {
+            let _ = c.query_drop(format!("KILL {id}")).await;
+        }
+        let _ = c.disconnect().await;
+    });
 }
 
 /// A scratch directory, removed at the end of the test.

@@ -125,7 +125,7 @@ async fn read_together(
     for (&i, seen) in followers.iter().zip(seen) {
         out[i] = match seen {
             None => {
-                missing.push(&reqs[i]);
+                missing.push(i);
                 Some(Ok(Attempt::Created))
             }
             Some(seen) if seen.remaining_us <= 0 => {
@@ -136,7 +136,19 @@ async fn read_together(
         };
     }
     if !missing.is_empty() {
-        ops.create_all(&missing).await?;
+        let creating: Vec<&LeaseRequest<'_>> = missing.iter().map(|&i| &reqs[i]).collect();
+        match ops.create_all(&creating).await {
+            Ok(()) => {}
+            // A fence row locked by an app's fenced transaction (MySQL):
+            // these rows are not made now; each is answered busy, and tried
+            // again.
+            Err(StoreError::Busy) => {
+                for i in missing {
+                    out[i] = Some(Err(StoreError::Busy));
+                }
+            }
+            Err(e) => return Err(e),
+        }
     }
     if !expired.is_empty() {
         let items: Vec<(&LeaseRequest<'_>, i64)> = expired

@@ -46,6 +46,21 @@ pub(crate) const POSTGRES_FENCE: Fence = Fence {
     end: "RELEASE SAVEPOINT leaderd_fence",
 };
 
+/// MySQL/MariaDB's fenced writes (`CALL leaderd_fence`): the fence table, its
+/// triggers and the procedure. DDL commits at once there: no savepoint; the
+/// statements stop at the first refused, and the procedure installed first
+/// says "not installed" until the last one replaces it.
+pub(crate) const MYSQL_FENCE: Fence = Fence {
+    current: "SELECT EXISTS (SELECT 1 FROM information_schema.routines \
+        WHERE routine_schema = DATABASE() AND routine_name = 'leaderd_fence' \
+        AND routine_comment REGEXP '^leaderd fence [0-9]+$' \
+        AND CAST(SUBSTRING_INDEX(routine_comment, ' ', -1) AS UNSIGNED) >= 2)",
+    install: include_str!("../../../migrations/mysql/2026-11-26-000000_fence/up.sql"),
+    begin: "DO 0",
+    undo: "DO 0",
+    end: "DO 0",
+};
+
 /// The fenced-writes function (README, "Fenced writes"): installed under the
 /// migration's lock when missing or older, but apart from the steps, and
 /// best effort: a user who may not create it (data rights alone) still runs
@@ -193,7 +208,7 @@ pub(crate) async fn run<M: Migrator>(conn: &mut M, plan: &Plan) -> Result<Migrat
             stepped = true;
         }
         if let Some(fence) = plan.fence.as_ref().filter(|_| !fenced) {
-            if install_fence(conn, fence).await? {
+            if install_fence(conn, fence, plan.retry_busy).await? {
                 result = Migrated::Applied;
             }
         }
@@ -236,13 +251,34 @@ fn lock_wait_cut(e: &StoreError) -> bool {
 /// Installs the fence unless another migrator just did; whether this one
 /// did. A refusal (no right to create it) is said once per process and
 /// leaves the steps' work in place; a lost connection stays an error.
-async fn install_fence<M: Migrator>(conn: &mut M, fence: &Fence) -> Result<bool, StoreError> {
+async fn install_fence<M: Migrator>(
+    conn: &mut M,
+    fence: &Fence,
+    retry_busy: bool,
+) -> Result<bool, StoreError> {
     static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if conn.flag(fence.current).await? {
         return Ok(false);
     }
     conn.batch(fence.begin).await?;
-    match conn.batch(fence.install).await {
+    let tried_until = tokio::time::Instant::now() + BUSY_RETRY_FOR;
+    let mut installed = conn.batch(fence.install).await;
+    // A lock held for an instant (a renewal's, on the lock table a trigger
+    // is made on) is waited out as the steps' are; a longer one postpones.
+    while retry_busy
+        && installed.as_ref().is_err_and(lock_wait_cut)
+        && tokio::time::Instant::now() + BUSY_PAUSE < tried_until
+    {
+        tokio::time::sleep(BUSY_PAUSE).await;
+        conn.batch(fence.undo).await?;
+        conn.batch(fence.begin).await?;
+        installed = conn.batch(fence.install).await;
+    }
+    match installed {
+        Err(e) if lock_wait_cut(&e) => {
+            conn.batch(fence.undo).await?;
+            Err(StoreError::MigrationBusy(e.to_string()))
+        }
         Ok(()) => {
             conn.batch(fence.end).await?;
             Ok(true)

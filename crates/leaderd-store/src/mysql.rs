@@ -211,7 +211,7 @@ const MIGRATION: migrate::Plan = migrate::Plan {
     legacy: "SELECT EXISTS (SELECT 1 FROM information_schema.tables \
         WHERE table_schema = DATABASE() AND table_name = '__diesel_schema_migrations')",
     retry_busy: true,
-    fence: None,
+    fence: Some(migrate::MYSQL_FENCE),
 };
 
 migrate::diesel_migrator!(AsyncMysqlConnection);
@@ -432,6 +432,17 @@ impl MysqlStore {
 /// another transaction holds the row. Or a deadlock (1213, MySQL, whose
 /// statements wait for row locks; see [`Sql`]): the statement was rolled
 /// back, as after a lock wait.
+/// A row lock held elsewhere is [`StoreError::Busy`]: on a create, the
+/// election's fence row, locked by an app's open fenced transaction (its
+/// trigger writes it).
+fn busy_or(e: diesel::result::Error) -> StoreError {
+    if lock_busy(&e) {
+        StoreError::Busy
+    } else {
+        e.into()
+    }
+}
+
 fn lock_busy(e: &diesel::result::Error) -> bool {
     matches!(e, diesel::result::Error::DatabaseError(_, info)
         if info.message().contains("Lock wait timeout") || info.message().contains("Deadlock found"))
@@ -532,7 +543,8 @@ impl CasOps for MysqlStore {
             ],
         )
         .execute(&mut self.conn)
-        .await?;
+        .await
+        .map_err(busy_or)?;
         Ok(())
     }
 }
@@ -638,7 +650,8 @@ impl CasBatch for MysqlStore {
             [Bind::BigInt(reqs[0].ttl_us()), Bind::Text(&names)],
         )
         .execute(&mut self.conn)
-        .await?;
+        .await
+        .map_err(busy_or)?;
         Ok(())
     }
 }
