@@ -47,14 +47,20 @@ pub(crate) const POSTGRES_FENCE: Fence = Fence {
 };
 
 /// MySQL/MariaDB's fenced writes (`CALL leaderd_fence`): the fence table, its
-/// triggers and the procedure. DDL commits at once there: no savepoint; the
+/// triggers and the procedure, all three checked (a table or trigger lost,
+/// e.g. with the lock table dropped and made again, is installed again). DDL commits at once there: no savepoint; the
 /// statements stop at the first refused, and the procedure installed first
 /// says "not installed" until the last one replaces it.
 pub(crate) const MYSQL_FENCE: Fence = Fence {
     current: "SELECT EXISTS (SELECT 1 FROM information_schema.routines \
         WHERE routine_schema = DATABASE() AND routine_name = 'leaderd_fence' \
         AND routine_comment REGEXP '^leaderd fence [0-9]+$' \
-        AND CAST(SUBSTRING_INDEX(routine_comment, ' ', -1) AS UNSIGNED) >= 2)",
+        AND CAST(SUBSTRING_INDEX(routine_comment, ' ', -1) AS UNSIGNED) >= 2) \
+        AND EXISTS (SELECT 1 FROM information_schema.tables \
+        WHERE table_schema = DATABASE() AND table_name = 'service_leader_fence') \
+        AND (SELECT COUNT(*) FROM information_schema.triggers \
+        WHERE trigger_schema = DATABASE() AND event_object_table = 'service_leader_lock' \
+        AND trigger_name IN ('service_leader_fence_take', 'service_leader_fence_new')) = 2",
     install: include_str!("../../../migrations/mysql/2026-11-26-000000_fence/up.sql"),
     begin: "DO 0",
     undo: "DO 0",

@@ -45,40 +45,43 @@ BEGIN
     DECLARE live INT DEFAULT 0;
     DECLARE lease_ms BIGINT DEFAULT NULL;
     DECLARE message VARCHAR(300);
-    DECLARE isolation VARCHAR(40) DEFAULT NULL;
     DECLARE CONTINUE HANDLER FOR NOT FOUND SET fenced = NULL;
-    SELECT token INTO fenced FROM service_leader_fence WHERE name = election LOCK IN SHARE MODE;
-    -- SERIALIZABLE turns the plain read below into a shared lock on the
-    -- lease row, which every renewal needs: refused, not made to work
-    -- badly. Only the session's level can be read: a level set for one
-    -- transaction (SET TRANSACTION) shows nowhere reliable (InnoDB's own
-    -- table of transactions is a cache up to 100 ms old), and such a
-    -- transaction makes the leader's renewals busy while it runs (README).
-    BEGIN
-        SET @leaderd_fence_q = IF(VERSION() LIKE '%MariaDB%',
-            'SELECT @@tx_isolation INTO @leaderd_fence_isolation',
-            'SELECT @@transaction_isolation INTO @leaderd_fence_isolation');
-        PREPARE leaderd_fence_s FROM @leaderd_fence_q;
-        EXECUTE leaderd_fence_s;
-        DEALLOCATE PREPARE leaderd_fence_s;
-        SET isolation = @leaderd_fence_isolation;
-    END;
-    IF REPLACE(isolation, '-', ' ') = 'SERIALIZABLE' THEN
+    SET message = CONCAT('leaderd_fence: election "', election, '": token ', fence_token,
+                         ' is not the live lease');
+    -- Refusals come before any lock, so that a refused call (its
+    -- transaction goes on after the error) holds nothing: not the fence row,
+    -- nor a gap of the index (a name without a row). First what makes the
+    -- fence void: autocommit (the lock would end with this CALL; MariaDB
+    -- shows it, MySQL has no such variable) and a SERIALIZABLE session (its
+    -- plain reads lock the lease row against every renewal; a level set for
+    -- one transaction only shows nowhere reliable: README).
+    SET @leaderd_fence_q = IF(VERSION() LIKE '%MariaDB%',
+        'SELECT @@tx_isolation, @@in_transaction INTO @leaderd_fence_isolation, @leaderd_fence_in',
+        'SELECT @@transaction_isolation, 1 INTO @leaderd_fence_isolation, @leaderd_fence_in');
+    PREPARE leaderd_fence_s FROM @leaderd_fence_q;
+    EXECUTE leaderd_fence_s;
+    DEALLOCATE PREPARE leaderd_fence_s;
+    IF @leaderd_fence_in = 0 THEN
+        SIGNAL SQLSTATE 'LF004'
+            SET MESSAGE_TEXT = 'leaderd_fence: not in a transaction (autocommit): START TRANSACTION first, or the fence ends with this CALL';
+    END IF;
+    IF REPLACE(@leaderd_fence_isolation, '-', ' ') = 'SERIALIZABLE' THEN
         SIGNAL SQLSTATE 'LF003'
             SET MESSAGE_TEXT = 'leaderd_fence: SERIALIZABLE is not supported here (its reads lock the lease row against renewals): roll back, and use REPEATABLE READ or READ COMMITTED';
     END IF;
+    -- Plain reads: the fence row's token and the lease (held, live).
+    SELECT token INTO fenced FROM service_leader_fence WHERE name = election;
     SELECT COUNT(*), MAX(TIMESTAMPDIFF(MICROSECOND, COALESCE(renewed_at, acquired_at), expires_at) DIV 1000)
       INTO live, lease_ms
       FROM service_leader_lock
      WHERE name = election AND token = fence_token AND instance IS NOT NULL
        AND expires_at > UTC_TIMESTAMP(6);
     IF fenced IS NULL OR fenced <> fence_token OR live = 0 THEN
-        SET message = CONCAT('leaderd_fence: election "', election, '": token ', fence_token,
-                             ' is not the live lease');
         SIGNAL SQLSTATE 'LF001' SET MESSAGE_TEXT = message;
     END IF;
-    -- The bound (default: the lease's ttl as the row shows it). MariaDB and
-    -- MySQL have no transaction-local setting: these stay on the session.
+    -- The bound (default: the lease's ttl as the row shows it), set before
+    -- the lock is taken. MariaDB and MySQL have no transaction-local
+    -- setting: these stay on the session.
     SET bound_ms = COALESCE(bound_ms, lease_ms);
     IF bound_ms IS NULL OR bound_ms < 1 THEN
         SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = 'leaderd_fence: the bound must be a positive number of milliseconds';
@@ -92,4 +95,17 @@ BEGIN
     PREPARE leaderd_fence_s FROM @leaderd_fence_q;
     EXECUTE leaderd_fence_s;
     DEALLOCATE PREPARE leaderd_fence_s;
+    -- The lock every takeover's trigger needs, on the row as it is now (a
+    -- locking read sees the latest version), then the checks again: a
+    -- takeover between the reads above and the lock changed the token, and
+    -- the lease is judged by the clock now.
+    SET fenced = NULL;
+    SELECT token INTO fenced FROM service_leader_fence WHERE name = election LOCK IN SHARE MODE;
+    SELECT COUNT(*) INTO live
+      FROM service_leader_lock
+     WHERE name = election AND token = fence_token AND instance IS NOT NULL
+       AND expires_at > UTC_TIMESTAMP(6);
+    IF fenced IS NULL OR fenced <> fence_token OR live = 0 THEN
+        SIGNAL SQLSTATE 'LF001' SET MESSAGE_TEXT = message;
+    END IF;
 END;
