@@ -30,29 +30,35 @@ pub(crate) const POSTGRES: &[&str] = &[
     POSTGRES_FILLFACTOR,
 ];
 
-/// PostgreSQL's fenced writes (`leaderd_fence`), installed apart from the
-/// steps: see [`Fence`].
-/// Its version is the function's comment: this one or a newer one (a newer
-/// daemon's) counts as installed.
-pub(crate) const POSTGRES_FENCE: Fence = Fence {
-    current: "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_proc p \
+/// [`POSTGRES_FENCE`]'s check, as a literal: the plan asks it together with
+/// the schema's, in the one query every connect sends. Its version is the
+/// function's comment: this one or a newer one (a newer daemon's) counts as
+/// installed.
+macro_rules! postgres_fence_current {
+    () => {
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_proc p \
         WHERE p.proname = 'leaderd_fence' \
         AND p.pronamespace = (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = current_schema()) \
         AND obj_description(p.oid, 'pg_proc') ~ '^leaderd fence [0-9]+$' \
-        AND split_part(obj_description(p.oid, 'pg_proc'), ' ', 3)::int >= 2)",
+        AND split_part(obj_description(p.oid, 'pg_proc'), ' ', 3)::int >= 2)"
+    };
+}
+pub(crate) use postgres_fence_current;
+
+/// PostgreSQL's fenced writes (`leaderd_fence`), installed apart from the
+/// steps: see [`Fence`].
+pub(crate) const POSTGRES_FENCE: Fence = Fence {
+    current: postgres_fence_current!(),
     install: include_str!("../../../migrations/postgres/2026-11-26-000000_fence/up.sql"),
     begin: "SAVEPOINT leaderd_fence",
     undo: "ROLLBACK TO SAVEPOINT leaderd_fence",
     end: "RELEASE SAVEPOINT leaderd_fence",
 };
 
-/// MySQL/MariaDB's fenced writes (`CALL leaderd_fence`): the fence table, its
-/// triggers and the procedure, all three checked (a table or trigger lost,
-/// e.g. with the lock table dropped and made again, is installed again). DDL commits at once there: no savepoint; the
-/// statements stop at the first refused, and the procedure installed first
-/// says "not installed" until the last one replaces it.
-pub(crate) const MYSQL_FENCE: Fence = Fence {
-    current: "SELECT EXISTS (SELECT 1 FROM information_schema.routines \
+/// [`MYSQL_FENCE`]'s check, as a literal (see [`postgres_fence_current`]).
+macro_rules! mysql_fence_current {
+    () => {
+        "SELECT EXISTS (SELECT 1 FROM information_schema.routines \
         WHERE routine_schema = DATABASE() AND routine_name = 'leaderd_fence' \
         AND routine_comment REGEXP '^leaderd fence [0-9]+$' \
         AND CAST(SUBSTRING_INDEX(routine_comment, ' ', -1) AS UNSIGNED) >= 2) \
@@ -60,7 +66,18 @@ pub(crate) const MYSQL_FENCE: Fence = Fence {
         WHERE table_schema = DATABASE() AND table_name = 'service_leader_fence') \
         AND (SELECT COUNT(*) FROM information_schema.triggers \
         WHERE trigger_schema = DATABASE() AND event_object_table = 'service_leader_lock' \
-        AND trigger_name IN ('service_leader_fence_take', 'service_leader_fence_new')) = 2",
+        AND trigger_name IN ('service_leader_fence_take', 'service_leader_fence_new')) = 2"
+    };
+}
+pub(crate) use mysql_fence_current;
+
+/// MySQL/MariaDB's fenced writes (`CALL leaderd_fence`): the fence table, its
+/// triggers and the procedure, all three checked (a table or trigger lost,
+/// e.g. with the lock table dropped and made again, is installed again). DDL commits at once there: no savepoint; the
+/// statements stop at the first refused, and the procedure installed first
+/// says "not installed" until the last one replaces it.
+pub(crate) const MYSQL_FENCE: Fence = Fence {
+    current: mysql_fence_current!(),
     install: include_str!("../../../migrations/mysql/2026-11-26-000000_fence/up.sql"),
     begin: "DO 0",
     undo: "DO 0",
@@ -117,9 +134,13 @@ pub(crate) const LEGACY_DROP: &str = "DROP TABLE __diesel_schema_migrations";
 /// How one backend checks, serialises and applies the steps.
 #[derive(Debug)]
 pub(crate) struct Plan {
-    /// One boolean: the schema is current. A read only, so a user with data
-    /// rights alone passes once the table exists.
+    /// One boolean: the schema is current, and the fence installed where
+    /// the backend has one: the one check every connect sends. A read only,
+    /// so a user with data rights alone passes once the table exists.
     pub current: &'static str,
+    /// One boolean: the steps' work is there (`current` without the fence),
+    /// asked again under the lock.
+    pub steps_current: &'static str,
     /// Serialises concurrent migrations; may open a transaction.
     pub lock: &'static str,
     /// Undoes `lock` (commits).
@@ -180,14 +201,9 @@ pub(crate) trait Migrator: Send {
 pub(crate) async fn run<M: Migrator>(conn: &mut M, plan: &Plan) -> Result<Migrated, StoreError> {
     let mut result = Migrated::UpToDate;
     let mut stepped = false;
-    let fenced = match &plan.fence {
-        Some(fence) => conn.flag(fence.current).await?,
-        None => true,
-    };
-    let current = conn.flag(plan.current).await?;
-    if !current || !fenced {
+    if !conn.flag(plan.current).await? {
         conn.batch(plan.lock).await?;
-        if !current && !conn.flag(plan.current).await? {
+        if !conn.flag(plan.steps_current).await? {
             // The server's refusal is the migration's failure; a lost
             // connection stays one (it is worth another try).
             let tried_until = tokio::time::Instant::now() + BUSY_RETRY_FOR;
@@ -213,7 +229,7 @@ pub(crate) async fn run<M: Migrator>(conn: &mut M, plan: &Plan) -> Result<Migrat
             result = Migrated::Applied;
             stepped = true;
         }
-        if let Some(fence) = plan.fence.as_ref().filter(|_| !fenced) {
+        if let Some(fence) = &plan.fence {
             if install_fence(conn, fence, plan.retry_busy).await? {
                 result = Migrated::Applied;
             }

@@ -187,17 +187,32 @@ const ELECTIONS: &str = "SELECT CAST(name AS CHAR), holder, token, \
 /// What the server is and how the session runs, read once at connect.
 const SESSION: &str = "SELECT @@autocommit, VERSION()";
 
-/// DDL is not transactional in MySQL: concurrent migrations are serialised
-/// with a named lock (freed with the session if this one dies). Current once
-/// the kept-tokens table is there, made before its trigger: a server that
-/// refuses the trigger (see its step) is not asked again at every start,
-/// which would also repeat the `ALTER TABLE` of the step before.
-const MIGRATION: migrate::Plan = migrate::Plan {
-    current: "SELECT EXISTS (SELECT 1 FROM information_schema.columns \
+/// The steps' work is there once the kept-tokens table is, made before its
+/// trigger: a server that refuses the trigger (see its step) is not asked
+/// again at every start, which would also repeat the `ALTER TABLE` of the
+/// step before. A literal, so that [`MIGRATION`] asks it together with the
+/// fence's check.
+macro_rules! schema_current {
+    () => {
+        "SELECT EXISTS (SELECT 1 FROM information_schema.columns \
         WHERE table_schema = DATABASE() AND table_name = 'service_leader_lock' \
         AND column_name = 'name' AND data_type = 'varbinary') \
         AND EXISTS (SELECT 1 FROM information_schema.tables \
-        WHERE table_schema = DATABASE() AND table_name = 'service_leader_token')",
+        WHERE table_schema = DATABASE() AND table_name = 'service_leader_token')"
+    };
+}
+
+/// DDL is not transactional in MySQL: concurrent migrations are serialised
+/// with a named lock (freed with the session if this one dies).
+const MIGRATION: migrate::Plan = migrate::Plan {
+    current: concat!(
+        "SELECT (",
+        schema_current!(),
+        ") AND (",
+        migrate::mysql_fence_current!(),
+        ")"
+    ),
+    steps_current: schema_current!(),
     // Every metadata lock a step needs (its DDL locks the lock table) is
     // waited for as briefly as the server allows, on this connection (used
     // for the migration only): a request queued behind a long transaction
@@ -432,20 +447,21 @@ impl MysqlStore {
 /// another transaction holds the row. Or a deadlock (1213, MySQL, whose
 /// statements wait for row locks; see [`Sql`]): the statement was rolled
 /// back, as after a lock wait.
-/// A row lock held elsewhere is [`StoreError::Busy`]: on a create, the
-/// election's fence row, locked by an app's open fenced transaction (its
-/// trigger writes it).
+fn lock_busy(e: &diesel::result::Error) -> bool {
+    matches!(e, diesel::result::Error::DatabaseError(_, info)
+        if info.message().contains("Lock wait timeout") || info.message().contains("Deadlock found"))
+}
+
+/// A row lock held elsewhere ([`lock_busy`]) is [`StoreError::Busy`], the
+/// row's own answer: on a renewal, another session's lock on the lease row;
+/// on a create, the election's fence row, locked by an app's open fenced
+/// transaction (its trigger writes it).
 fn busy_or(e: diesel::result::Error) -> StoreError {
     if lock_busy(&e) {
         StoreError::Busy
     } else {
         e.into()
     }
-}
-
-fn lock_busy(e: &diesel::result::Error) -> bool {
-    matches!(e, diesel::result::Error::DatabaseError(_, info)
-        if info.message().contains("Lock wait timeout") || info.message().contains("Deadlock found"))
 }
 
 impl CasOps for MysqlStore {
@@ -492,12 +508,9 @@ impl CasOps for MysqlStore {
             ],
         )
         .execute(&mut self.conn)
-        .await;
-        match n {
-            Ok(n) => Ok(n > 0),
-            Err(e) if lock_busy(&e) => Err(StoreError::Busy),
-            Err(e) => Err(e.into()),
-        }
+        .await
+        .map_err(busy_or)?;
+        Ok(n > 0)
     }
 
     async fn observe(&mut self, req: &LeaseRequest<'_>) -> Result<Option<Observed>, StoreError> {

@@ -35,20 +35,34 @@ use crate::{observed, Attempt, DatabaseUrl, ElectionRow, LeaseRequest, Migrated,
 /// The `LISTEN`/`NOTIFY` channel; the payload is the election name.
 pub const CHANNEL: &str = "leaderd";
 
-/// DDL is transactional here: the steps run under a transaction-level
-/// advisory lock (pooler-safe, released by COMMIT or a dropped session). The
-/// key is "leaderd" in ASCII. The check reads `pg_class` with the statement's
-/// snapshot: `to_regclass` goes through the catalog cache, which taking an
-/// advisory lock does not refresh, so a waiter would miss the table its
-/// predecessor just created.
-/// The last step makes the trigger that keeps deleted rows' tokens, so the
-/// schema is current when it is there.
-const MIGRATION: migrate::Plan = migrate::Plan {
-    current: "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t \
+/// The steps' work is there: the last step makes the trigger that keeps
+/// deleted rows' tokens. It reads `pg_class` with the statement's snapshot:
+/// `to_regclass` goes through the catalog cache, which taking an advisory
+/// lock does not refresh, so a waiter would miss the table its predecessor
+/// just created. A literal, so that [`MIGRATION`] asks it together with the
+/// fence's check.
+macro_rules! schema_current {
+    () => {
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t \
         JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid \
         WHERE t.tgname = 'service_leader_keep_token' AND c.relname = 'service_leader_lock' \
         AND c.relnamespace = \
-        (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = current_schema()))",
+        (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = current_schema()))"
+    };
+}
+
+/// DDL is transactional here: the steps run under a transaction-level
+/// advisory lock (pooler-safe, released by COMMIT or a dropped session). The
+/// key is "leaderd" in ASCII.
+const MIGRATION: migrate::Plan = migrate::Plan {
+    current: concat!(
+        "SELECT (",
+        schema_current!(),
+        ") AND (",
+        migrate::postgres_fence_current!(),
+        ")"
+    ),
+    steps_current: schema_current!(),
     // Once the advisory lock is ours, every lock a step needs (a trigger's
     // DDL locks the lock table) is waited for 100 ms at most, for this
     // transaction only: a lock request queued behind a long transaction

@@ -38,12 +38,17 @@ const SETUP: &str = "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;";
 /// Set-up may wait for another process's this long.
 const SETUP_BUSY: &str = "PRAGMA busy_timeout = 5000;";
 
+/// The schema is current (SQLite has no fence to install: the app's recipe
+/// needs nothing of the migration).
+const SCHEMA_CURRENT: &str = "SELECT (SELECT COUNT(*) FROM sqlite_master \
+        WHERE (type = 'table' AND name IN ('service_leader_lock', 'service_leader_token')) \
+           OR (type = 'trigger' AND name = 'service_leader_keep_token')) = 3";
+
 /// `BEGIN IMMEDIATE` takes the write lock first, so concurrent migrations run
 /// one after another and the later ones find the work done.
 const MIGRATION: migrate::Plan = migrate::Plan {
-    current: "SELECT (SELECT COUNT(*) FROM sqlite_master \
-        WHERE (type = 'table' AND name IN ('service_leader_lock', 'service_leader_token')) \
-           OR (type = 'trigger' AND name = 'service_leader_keep_token')) = 3",
+    current: SCHEMA_CURRENT,
+    steps_current: SCHEMA_CURRENT,
     lock: "PRAGMA busy_timeout = 5000; BEGIN IMMEDIATE",
     unlock: "COMMIT",
     steps: migrate::SQLITE,
