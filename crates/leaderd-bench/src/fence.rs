@@ -1,13 +1,14 @@
 //! What fenced writes cost (README, "Fenced writes"): the same write
 //! workload with and without `leaderd_fence` first in each transaction, and
-//! the leader's renewal latency beside it. PostgreSQL (the backend that has
-//! the fence).
+//! the leader's renewal latency beside it, on PostgreSQL and on MariaDB
+//! (SQLite's fence is the app's own recipe).
 
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use leaderd_store::{Attempt, Connection, DatabaseUrl, LeaseRequest};
-use leaderd_tests::TempDb;
+use leaderd_tests::{Kind, TempDb};
+use mysql_async::prelude::Queryable;
 use tokio_postgres::NoTls;
 
 use crate::stats::{ms, Summary};
@@ -40,39 +41,82 @@ fn request(token: Option<i64>) -> LeaseRequest<'static> {
     }
 }
 
+/// One PostgreSQL worker: its transactions' times until `until`.
+async fn pg_worker(
+    url: String,
+    id: i64,
+    token: i64,
+    fenced: bool,
+    until: Instant,
+) -> Result<Vec<Duration>> {
+    let (c, conn) = tokio_postgres::connect(&url, NoTls).await?;
+    tokio::spawn(conn);
+    let fence = c.prepare("SELECT leaderd_fence('e', $1)").await?;
+    let update = c
+        .prepare("UPDATE counters SET n = n + 1 WHERE id = $1")
+        .await?;
+    let insert = c
+        .prepare("INSERT INTO work (token, worker) VALUES ($1, $2)")
+        .await?;
+    let mut took = Vec::new();
+    while Instant::now() < until {
+        let started = Instant::now();
+        c.batch_execute("BEGIN").await?;
+        if fenced {
+            c.query_one(&fence, &[&token]).await?;
+        }
+        c.execute(&update, &[&id]).await?;
+        c.execute(&insert, &[&token, &id]).await?;
+        c.batch_execute("COMMIT").await?;
+        took.push(started.elapsed());
+    }
+    Ok(took)
+}
+
+/// One MariaDB worker, as [`pg_worker`] (binary protocol: prepared
+/// statements, cached by the driver).
+async fn mysql_worker(
+    url: String,
+    id: i64,
+    token: i64,
+    fenced: bool,
+    until: Instant,
+) -> Result<Vec<Duration>> {
+    let mut c = mysql_async::Conn::from_url(&url).await?;
+    let mut took = Vec::new();
+    while Instant::now() < until {
+        let started = Instant::now();
+        c.query_drop("START TRANSACTION").await?;
+        if fenced {
+            c.exec_drop("CALL leaderd_fence('e', ?, NULL)", (token,))
+                .await?;
+        }
+        c.exec_drop("UPDATE counters SET n = n + 1 WHERE id = ?", (id,))
+            .await?;
+        c.exec_drop(
+            "INSERT INTO work (token, worker) VALUES (?, ?)",
+            (token, id),
+        )
+        .await?;
+        c.query_drop("COMMIT").await?;
+        took.push(started.elapsed());
+    }
+    Ok(took)
+}
+
 /// `workers` sessions each committing small transactions (one row
 /// updated, one inserted) for `for_`, fenced or not, while the leader
 /// renews.
-async fn run(url: &str, token: i64, fenced: bool, workers: usize, for_: Duration) -> Result<Run> {
+async fn run(db: &TempDb, token: i64, fenced: bool, workers: usize, for_: Duration) -> Result<Run> {
     let until = Instant::now() + for_;
+    let url = db.url.as_str();
     let mut tasks = Vec::new();
     for w in 0..workers {
-        let url = url.to_owned();
-        tasks.push(tokio::spawn(async move {
-            let (c, conn) = tokio_postgres::connect(&url, NoTls).await?;
-            tokio::spawn(conn);
-            let fence = c.prepare("SELECT leaderd_fence('e', $1)").await?;
-            let update = c
-                .prepare("UPDATE counters SET n = n + 1 WHERE id = $1")
-                .await?;
-            let insert = c
-                .prepare("INSERT INTO work (token, worker) VALUES ($1, $2)")
-                .await?;
-            let id = i64::try_from(w).unwrap_or(0);
-            let mut took = Vec::new();
-            while Instant::now() < until {
-                let started = Instant::now();
-                c.batch_execute("BEGIN").await?;
-                if fenced {
-                    c.query_one(&fence, &[&token]).await?;
-                }
-                c.execute(&update, &[&id]).await?;
-                c.execute(&insert, &[&token, &id]).await?;
-                c.batch_execute("COMMIT").await?;
-                took.push(started.elapsed());
-            }
-            Ok::<_, tokio_postgres::Error>(took)
-        }));
+        let (url, id) = (url.to_owned(), i64::try_from(w).unwrap_or(0));
+        tasks.push(match db.kind {
+            Kind::Mysql => tokio::spawn(mysql_worker(url, id, token, fenced, until)),
+            _ => tokio::spawn(pg_worker(url, id, token, fenced, until)),
+        });
     }
     let mut leader = Connection::connect(&DatabaseUrl::parse(url)?).await?;
     let (mut renewals, mut not_granted) = (Vec::new(), 0);
@@ -99,17 +143,38 @@ async fn run(url: &str, token: i64, fenced: bool, workers: usize, for_: Duration
     })
 }
 
-/// Prints the part's table.
+/// Prints the part's table, PostgreSQL then MariaDB.
 pub async fn run_part(size: Size) -> Result<()> {
-    let db = TempDb::postgres();
+    for db in [TempDb::postgres(), TempDb::mysql()] {
+        backend(&db, size).await?;
+    }
+    Ok(())
+}
+
+/// The workload's tables: 64 counters and a log.
+fn tables(db: &TempDb) {
+    let counters: String = (0..64)
+        .map(|g| format!("({g}, 0)"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let serial = match db.kind {
+        Kind::Mysql => "BIGINT AUTO_INCREMENT",
+        _ => "BIGSERIAL",
+    };
+    db.exec(&[
+        "CREATE TABLE counters (id BIGINT PRIMARY KEY, n BIGINT NOT NULL)",
+        &format!("INSERT INTO counters VALUES {counters}"),
+        &format!(
+            "CREATE TABLE work (seq {serial} PRIMARY KEY, token BIGINT NOT NULL, worker BIGINT NOT NULL)"
+        ),
+    ]);
+}
+
+async fn backend(db: &TempDb, size: Size) -> Result<()> {
     let url = DatabaseUrl::parse(&db.url)?;
     Connection::connect(&url).await?.migrate().await?;
     let workers = size.pick(8, 2);
-    db.exec(&[
-        "CREATE TABLE counters (id BIGINT PRIMARY KEY, n BIGINT NOT NULL)",
-        "INSERT INTO counters SELECT g, 0 FROM generate_series(0, 63) g",
-        "CREATE TABLE work (seq BIGSERIAL PRIMARY KEY, token BIGINT NOT NULL, worker BIGINT NOT NULL)",
-    ]);
+    tables(db);
     let mut leader = Connection::connect(&url).await?;
     let token = loop {
         match leader.acquire_or_renew(&request(None)).await? {
@@ -122,17 +187,21 @@ pub async fn run_part(size: Size) -> Result<()> {
     let for_ = size.pick(Duration::from_secs(15), Duration::from_secs(1));
     let mut runs = Vec::new();
     for fenced in [false, true, false, true] {
-        let r = run(&db.url, token, fenced, workers, for_).await?;
+        let r = run(db, token, fenced, workers, for_).await?;
         eprintln!("fence: {r:?}");
         if r.not_granted > 0 {
             bail!("{} renewals not granted beside the workload", r.not_granted);
         }
         runs.push(r);
     }
-    println!("## Fenced writes: what the fence costs (PostgreSQL)\n");
+    let (name, call) = match db.kind {
+        Kind::Mysql => ("MariaDB", "CALL leaderd_fence('e', token, NULL)"),
+        _ => ("PostgreSQL", "SELECT leaderd_fence('e', token)"),
+    };
+    println!("## Fenced writes: what the fence costs ({name})\n");
     println!(
         "{workers} sessions committing small transactions back to back (one row updated \
-         among 64, one inserted), with and without `SELECT leaderd_fence('e', token)` \
+         among 64, one inserted), with and without `{call}` \
          first (prepared), {} s per run, runs alternated; the leader renews every {} ms \
          beside them.\n",
         for_.as_secs(),

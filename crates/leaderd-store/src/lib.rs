@@ -198,6 +198,30 @@ pub enum Migrated {
     Applied,
 }
 
+/// Whether this database offers fenced writes (README, "Fenced writes"), as
+/// the connected user can see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FenceStatus {
+    /// `leaderd_fence` at this daemon's version or a newer one (on
+    /// MySQL/MariaDB with its table and both triggers).
+    Installed,
+    /// Absent, older, or the "not installed" stub: an app's call fails.
+    NotInstalled,
+    /// SQLite has no function: the app follows the documented recipe.
+    Recipe,
+}
+
+impl FenceStatus {
+    /// The name `leaderd status` shows.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FenceStatus::Installed => "installed",
+            FenceStatus::NotInstalled => "not_installed",
+            FenceStatus::Recipe => "sqlite_recipe",
+        }
+    }
+}
+
 /// Runs blocking work (migrations, opening SQLite) off the async threads.
 async fn run_blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
@@ -391,6 +415,15 @@ impl Connection {
             Connection::Postgres(c) => c.elections(prefix).await,
             Connection::Mysql(c) => c.elections(prefix).await,
             Connection::Sqlite(c) => c.elections(prefix).await,
+        }
+    }
+
+    /// Whether the fence is installed (one query; SQLite: none).
+    pub async fn fence_status(&mut self) -> Result<FenceStatus, StoreError> {
+        match self {
+            Connection::Postgres(c) => c.fence_status().await,
+            Connection::Mysql(c) => c.fence_status().await,
+            Connection::Sqlite(c) => c.fence_status().await,
         }
     }
 

@@ -15,7 +15,7 @@
 
 use std::future::Future;
 
-use crate::{Migrated, StoreError};
+use crate::{FenceStatus, Migrated, StoreError};
 
 /// The version earlier leaderd releases recorded in
 /// `__diesel_schema_migrations`.
@@ -66,16 +66,19 @@ macro_rules! mysql_fence_current {
         WHERE table_schema = DATABASE() AND table_name = 'service_leader_fence') \
         AND (SELECT COUNT(*) FROM information_schema.triggers \
         WHERE trigger_schema = DATABASE() AND event_object_table = 'service_leader_lock' \
-        AND trigger_name IN ('service_leader_fence_take', 'service_leader_fence_new')) = 2"
+        AND trigger_name IN ('service_leader_fence_take', 'service_leader_fence_new', \
+        'service_leader_keep_token')) = 3"
     };
 }
 pub(crate) use mysql_fence_current;
 
 /// MySQL/MariaDB's fenced writes (`CALL leaderd_fence`): the fence table, its
 /// triggers and the procedure, all three checked (a table or trigger lost,
-/// e.g. with the lock table dropped and made again, is installed again). DDL commits at once there: no savepoint; the
-/// statements stop at the first refused, and the procedure installed first
-/// says "not installed" until the last one replaces it.
+/// e.g. with the lock table dropped and made again, is installed again),
+/// and the kept-tokens trigger, which a server refuses for the same reasons
+/// (README, "Using the fencing token"). DDL commits at once there: no
+/// savepoint; the statements stop at the first refused, and the procedure
+/// installed first says "not installed" until the last one replaces it.
 pub(crate) const MYSQL_FENCE: Fence = Fence {
     current: mysql_fence_current!(),
     install: include_str!("../../../migrations/mysql/2026-11-26-000000_fence/up.sql"),
@@ -206,16 +209,7 @@ pub(crate) async fn run<M: Migrator>(conn: &mut M, plan: &Plan) -> Result<Migrat
         if !conn.flag(plan.steps_current).await? {
             // The server's refusal is the migration's failure; a lost
             // connection stays one (it is worth another try).
-            let tried_until = tokio::time::Instant::now() + BUSY_RETRY_FOR;
-            let steps = plan.steps.concat();
-            let mut ran = conn.batch(&steps).await;
-            while plan.retry_busy
-                && ran.as_ref().is_err_and(lock_wait_cut)
-                && tokio::time::Instant::now() + BUSY_PAUSE < tried_until
-            {
-                tokio::time::sleep(BUSY_PAUSE).await;
-                ran = conn.batch(&steps).await;
-            }
+            let ran = batch_retrying(conn, &plan.steps.concat(), plan.retry_busy).await;
             ran.map_err(|e| match e {
                 e if lock_wait_cut(&e) => StoreError::MigrationBusy(e.to_string()),
                 StoreError::Query(e @ diesel::result::Error::DatabaseError(..)) => {
@@ -244,7 +238,7 @@ pub(crate) async fn run<M: Migrator>(conn: &mut M, plan: &Plan) -> Result<Migrat
         }
     }
     if conn.flag(plan.legacy).await? {
-        if let Err(e) = forget_legacy(conn).await {
+        if let Err(e) = forget_legacy(conn, plan.retry_busy).await {
             tracing::warn!(
                 error = %e,
                 "could not remove leaderd's old entry from __diesel_schema_migrations"
@@ -252,6 +246,42 @@ pub(crate) async fn run<M: Migrator>(conn: &mut M, plan: &Plan) -> Result<Migrat
         }
     }
     Ok(result)
+}
+
+/// Whether the plan's fence is in place, by the check the migration makes
+/// (no fence in the plan: SQLite's recipe).
+pub(crate) async fn fence_status<M: Migrator>(
+    conn: &mut M,
+    plan: &Plan,
+) -> Result<FenceStatus, StoreError> {
+    let Some(fence) = &plan.fence else {
+        return Ok(FenceStatus::Recipe);
+    };
+    Ok(if conn.flag(fence.current).await? {
+        FenceStatus::Installed
+    } else {
+        FenceStatus::NotInstalled
+    })
+}
+
+/// Runs `sql`; with `retry`, again for up to [`BUSY_RETRY_FOR`] while a lock
+/// it waited for no longer than the plan allows cuts it short (see
+/// [`Plan::retry_busy`]).
+async fn batch_retrying<M: Migrator>(
+    conn: &mut M,
+    sql: &str,
+    retry: bool,
+) -> Result<(), StoreError> {
+    let tried_until = tokio::time::Instant::now() + BUSY_RETRY_FOR;
+    let mut ran = conn.batch(sql).await;
+    while retry
+        && ran.as_ref().is_err_and(lock_wait_cut)
+        && tokio::time::Instant::now() + BUSY_PAUSE < tried_until
+    {
+        tokio::time::sleep(BUSY_PAUSE).await;
+        ran = conn.batch(sql).await;
+    }
+    ran
 }
 
 /// Whether a step was refused because a lock it needs was not granted
@@ -310,9 +340,11 @@ async fn install_fence<M: Migrator>(
             if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
                 tracing::warn!(
                     error = %e,
-                    "fenced writes are not installed (leaderd_fence): this database user may not \
-                     create them; leader election works, and an app's call to leaderd_fence fails. \
-                     Run `leaderd migrate` once as a user who may"
+                    "fenced writes are not installed (leaderd_fence; on MySQL/MariaDB also the \
+                     trigger that keeps a deleted row's token): this database user may not create \
+                     them (with binary logging: SUPER or log_bin_trust_function_creators); leader \
+                     election works, and an app's call to leaderd_fence fails. Run `leaderd \
+                     migrate` once as a user who may"
                 );
             }
             Ok(false)
@@ -330,12 +362,15 @@ fn refused_by_server(e: &StoreError) -> bool {
     }
 }
 
-async fn forget_legacy<M: Migrator>(conn: &mut M) -> Result<(), StoreError> {
+async fn forget_legacy<M: Migrator>(conn: &mut M, retry_busy: bool) -> Result<(), StoreError> {
     if conn.execute(LEGACY_DELETE, LEGACY_VERSION).await? == 0 {
         return Ok(());
     }
     if conn.count(LEGACY_OTHERS, LEGACY_VERSION).await? == 0 {
-        conn.batch(LEGACY_DROP).await?;
+        // MariaDB waits for no metadata lock here (the plan's lock), and
+        // InnoDB's statistics thread holds one for an instant after the
+        // table was written: tried again as the steps are.
+        batch_retrying(conn, LEGACY_DROP, retry_busy).await?;
     }
     Ok(())
 }

@@ -17,7 +17,9 @@ use crate::migrate;
 use crate::sql::{Bind, Stmt};
 use crate::tls::{Files, Verify};
 use crate::url::TlsMode;
-use crate::{observed, DatabaseUrl, ElectionRow, LeaseRequest, Migrated, Observed, StoreError};
+use crate::{
+    observed, DatabaseUrl, ElectionRow, FenceStatus, LeaseRequest, Migrated, Observed, StoreError,
+};
 
 /// A statement for both servers, with its server-side lock waits bounded
 /// inside the statement itself (no session `SET`): a statement that waits on
@@ -440,6 +442,10 @@ impl MysqlStore {
 
     pub(crate) async fn migrate(mut self) -> Result<Migrated, StoreError> {
         migrate::run(&mut self.conn, &MIGRATION).await
+    }
+
+    pub(crate) async fn fence_status(&mut self) -> Result<FenceStatus, StoreError> {
+        migrate::fence_status(&mut self.conn, &MIGRATION).await
     }
 }
 

@@ -30,7 +30,9 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 use crate::migrate;
 use crate::tls::{self, Verify};
 use crate::url::TlsMode;
-use crate::{observed, Attempt, DatabaseUrl, ElectionRow, LeaseRequest, Migrated, StoreError};
+use crate::{
+    observed, Attempt, DatabaseUrl, ElectionRow, FenceStatus, LeaseRequest, Migrated, StoreError,
+};
 
 /// The `LISTEN`/`NOTIFY` channel; the payload is the election name.
 pub const CHANNEL: &str = "leaderd";
@@ -784,6 +786,10 @@ impl PgStore {
 
     pub(crate) async fn migrate(mut self) -> Result<Migrated, StoreError> {
         migrate::run(&mut self.client, &MIGRATION).await
+    }
+
+    pub(crate) async fn fence_status(&mut self) -> Result<FenceStatus, StoreError> {
+        migrate::fence_status(&mut self.client, &MIGRATION).await
     }
 }
 

@@ -28,8 +28,8 @@ use crate::cas::{CasBatch, CasOps};
 use crate::migrate;
 use crate::sql::{Bind, Stmt};
 use crate::{
-    boot_id, boot_now, observed, DatabaseUrl, ElectionRow, LeaseRequest, Migrated, Observed,
-    StoreError,
+    boot_id, boot_now, observed, DatabaseUrl, ElectionRow, FenceStatus, LeaseRequest, Migrated,
+    Observed, StoreError,
 };
 
 /// Connection set-up; see [`open`] and the module docs.
@@ -443,6 +443,10 @@ impl SqliteStore {
 
     pub(crate) async fn migrate(mut self) -> Result<Migrated, StoreError> {
         migrate::run(&mut self.conn, &MIGRATION).await
+    }
+
+    pub(crate) async fn fence_status(&mut self) -> Result<FenceStatus, StoreError> {
+        migrate::fence_status(&mut self.conn, &MIGRATION).await
     }
 
     /// What is left of a row's lease by the clock this process can read.

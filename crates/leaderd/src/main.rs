@@ -274,6 +274,11 @@ async fn status(settings: Settings, json: bool) -> anyhow::Result<()> {
         .context("cannot read service_leader_lock")?;
     // The spread's presence rows are not elections.
     rows.retain(|r| !r.name.starts_with(leaderd_core::spread::PRESENCE_PREFIX));
+    let fence = conn
+        .fence_status()
+        .await
+        .context("cannot tell whether leaderd_fence is installed")?
+        .as_str();
     if json {
         let list: Vec<_> = rows
             .iter()
@@ -284,6 +289,7 @@ async fn status(settings: Settings, json: bool) -> anyhow::Result<()> {
                     "holder": holder,
                     "token": r.token,
                     "lease_remaining_ms": if holder.is_some() { r.remaining_us / 1000 } else { 0 },
+                    "fence": fence,
                 })
             })
             .collect();
@@ -304,6 +310,8 @@ async fn status(settings: Settings, json: bool) -> anyhow::Result<()> {
                 r.name, holder, r.token, remaining
             );
         }
+        // Beside the table, not in it: stdout stays one line per election.
+        eprintln!("fenced writes (README, \"Fenced writes\"): {fence}");
     }
     Ok(())
 }

@@ -1,2 +1,1 @@
-DROP TRIGGER IF EXISTS service_leader_keep_token;
 DROP TABLE IF EXISTS service_leader_token;
