@@ -2,13 +2,13 @@
 //! by side with the approach of the articles leaderd grew from, in one run.
 //!
 //! ```text
-//! cargo run --release -p leaderd-bench -- [--smoke] [--plots DIR] [heartbeat|scale|failover|busy|budget|exec|serve|footprint|elections|batch|release|fence]...
+//! cargo run --release -p leaderd-bench -- [--smoke] [--plots DIR] [heartbeat|scale|failover|busy|budget|exec|serve|footprint|elections|batch|release|fence|rolling]...
 //! ```
 //!
 //! With no part named, all run. `--smoke` shrinks every part to seconds so
 //! the test run can exercise the bench without measuring anything. Output is
 //! Markdown, ready for `BENCHMARKS.md`; with `--plots DIR` every part but
-//! `footprint`, `batch`, `release`, `fence` and `budget` also draws an SVG plot into `DIR`
+//! `footprint`, `batch`, `release`, `fence`, `rolling` and `budget` also draws an SVG plot into `DIR`
 //! (see `plot.rs`) and links it under its table. It uses the local
 //! PostgreSQL and MariaDB (see the test harness for the URLs) and the
 //! `leaderd` binary built beside it.
@@ -23,6 +23,7 @@ mod fence;
 mod heartbeat;
 mod plot;
 mod release;
+mod rolling;
 mod seed;
 mod serve;
 mod stats;
@@ -62,6 +63,7 @@ const PARTS: &[&str] = &[
     "batch",
     "release",
     "fence",
+    "rolling",
 ];
 
 fn main() -> Result<()> {
@@ -164,6 +166,7 @@ fn main() -> Result<()> {
                 release::run(size)?;
             }
             "fence" => rt.block_on(fence::run_part(size))?,
+            "rolling" => rolling::run(size)?,
             _ => unreachable!(),
         }
     }
