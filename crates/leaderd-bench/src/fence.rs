@@ -41,14 +41,24 @@ fn request(token: Option<i64>) -> LeaseRequest<'static> {
     }
 }
 
-/// One PostgreSQL worker: its transactions' times until `until`.
-async fn pg_worker(
-    url: String,
+/// What one worker does: its counter row, the token, whether it fences,
+/// until when.
+#[derive(Debug, Clone, Copy)]
+struct Job {
     id: i64,
     token: i64,
     fenced: bool,
     until: Instant,
-) -> Result<Vec<Duration>> {
+}
+
+/// One PostgreSQL worker: its transactions' times.
+async fn pg_worker(url: String, job: Job) -> Result<Vec<Duration>> {
+    let Job {
+        id,
+        token,
+        fenced,
+        until,
+    } = job;
     let (c, conn) = tokio_postgres::connect(&url, NoTls).await?;
     tokio::spawn(conn);
     let fence = c.prepare("SELECT leaderd_fence('e', $1)").await?;
@@ -75,13 +85,13 @@ async fn pg_worker(
 
 /// One MariaDB worker, as [`pg_worker`] (binary protocol: prepared
 /// statements, cached by the driver).
-async fn mysql_worker(
-    url: String,
-    id: i64,
-    token: i64,
-    fenced: bool,
-    until: Instant,
-) -> Result<Vec<Duration>> {
+async fn mysql_worker(url: String, job: Job) -> Result<Vec<Duration>> {
+    let Job {
+        id,
+        token,
+        fenced,
+        until,
+    } = job;
     let mut c = mysql_async::Conn::from_url(&url).await?;
     let mut took = Vec::new();
     while Instant::now() < until {
@@ -112,10 +122,15 @@ async fn run(db: &TempDb, token: i64, fenced: bool, workers: usize, for_: Durati
     let url = db.url.as_str();
     let mut tasks = Vec::new();
     for w in 0..workers {
-        let (url, id) = (url.to_owned(), i64::try_from(w).unwrap_or(0));
+        let job = Job {
+            id: i64::try_from(w).unwrap_or(0),
+            token,
+            fenced,
+            until,
+        };
         tasks.push(match db.kind {
-            Kind::Mysql => tokio::spawn(mysql_worker(url, id, token, fenced, until)),
-            _ => tokio::spawn(pg_worker(url, id, token, fenced, until)),
+            Kind::Mysql => tokio::spawn(mysql_worker(url.to_owned(), job)),
+            _ => tokio::spawn(pg_worker(url.to_owned(), job)),
         });
     }
     let mut leader = Connection::connect(&DatabaseUrl::parse(url)?).await?;
@@ -170,6 +185,7 @@ fn tables(db: &TempDb) {
     ]);
 }
 
+/// One backend's four runs and its table.
 async fn backend(db: &TempDb, size: Size) -> Result<()> {
     let url = DatabaseUrl::parse(&db.url)?;
     Connection::connect(&url).await?.migrate().await?;

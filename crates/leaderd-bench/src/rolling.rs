@@ -321,10 +321,11 @@ pub fn run(size: Size) -> Result<()> {
         let mut balanced: Vec<Duration> =
             outcomes.iter().filter_map(|o| o.balanced_after).collect();
         balanced.sort_unstable();
-        let p50 = balanced
-            .get(balanced.len() / 2)
-            .copied()
-            .unwrap_or_default();
+        // One election has no split to settle.
+        let p50 = match (case.elections, balanced.get(balanced.len() / 2)) {
+            (1, _) | (_, None) => "-".to_owned(),
+            (_, Some(d)) => ms(*d),
+        };
         let doubles: usize = outcomes.iter().map(|o| o.double_sweeps).sum();
         eprintln!("rolling {case:?}: splits {splits:?}; sweeps with two leaders {doubles}");
         println!(
@@ -339,7 +340,7 @@ pub fn run(size: Size) -> Result<()> {
             if case.wait { "1.5 s" } else { "no" },
             changes.len(),
             ms(leaderless),
-            ms(p50),
+            p50,
         );
     }
     println!();

@@ -146,14 +146,9 @@ impl Session {
                 match r {
                     Ok(()) => Wrote::Committed,
                     Err(e) => {
-                        let refused = e.code().is_some_and(|c| c.code() == "LF001");
                         // Leaves no transaction open on a session kept.
                         let _ = c.batch_execute("ROLLBACK").await;
-                        if refused {
-                            Wrote::Refused
-                        } else {
-                            Wrote::Failed(e.to_string())
-                        }
+                        failed(e.code().is_some_and(|c| c.code() == "LF001"), &e)
                     }
                 }
             }
@@ -178,18 +173,24 @@ impl Session {
                 match r {
                     Ok(()) => Wrote::Committed,
                     Err(e) => {
-                        let refused =
-                            matches!(&e, mysql_async::Error::Server(s) if s.state == "LF001");
                         let _ = c.query_drop("ROLLBACK").await;
-                        if refused {
-                            Wrote::Refused
-                        } else {
-                            Wrote::Failed(e.to_string())
-                        }
+                        failed(
+                            matches!(&e, mysql_async::Error::Server(s) if s.state == "LF001"),
+                            &e,
+                        )
                     }
                 }
             }
         }
+    }
+}
+
+/// A transaction that failed: refused by the fence, or anything else.
+fn failed(refused: bool, e: &dyn std::fmt::Display) -> Wrote {
+    if refused {
+        Wrote::Refused
+    } else {
+        Wrote::Failed(e.to_string())
     }
 }
 
