@@ -14,6 +14,7 @@
 //! the table dropped when nothing else is left in it), best effort.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::{FenceStatus, Migrated, StoreError};
 
@@ -47,7 +48,9 @@ pub(crate) use postgres_fence_current;
 
 /// PostgreSQL's fenced writes (`leaderd_fence`), installed apart from the
 /// steps: see [`Fence`].
-pub(crate) const POSTGRES_FENCE: Fence = Fence {
+pub(crate) const POSTGRES_FENCE: BestEffort = BestEffort {
+    refused: FENCE_REFUSED,
+    said: &FENCE_SAID,
     current: postgres_fence_current!(),
     install: include_str!("../../../migrations/postgres/2026-11-26-000000_fence/up.sql"),
     begin: "SAVEPOINT leaderd_fence",
@@ -66,20 +69,19 @@ macro_rules! mysql_fence_current {
         WHERE table_schema = DATABASE() AND table_name = 'service_leader_fence') \
         AND (SELECT COUNT(*) FROM information_schema.triggers \
         WHERE trigger_schema = DATABASE() AND event_object_table = 'service_leader_lock' \
-        AND trigger_name IN ('service_leader_fence_take', 'service_leader_fence_new', \
-        'service_leader_keep_token')) = 3"
+        AND trigger_name IN ('service_leader_fence_take', 'service_leader_fence_new')) = 2"
     };
 }
 pub(crate) use mysql_fence_current;
 
 /// MySQL/MariaDB's fenced writes (`CALL leaderd_fence`): the fence table, its
 /// triggers and the procedure, all three checked (a table or trigger lost,
-/// e.g. with the lock table dropped and made again, is installed again),
-/// and the kept-tokens trigger, which a server refuses for the same reasons
-/// (README, "Using the fencing token"). DDL commits at once there: no
-/// savepoint; the statements stop at the first refused, and the procedure
-/// installed first says "not installed" until the last one replaces it.
-pub(crate) const MYSQL_FENCE: Fence = Fence {
+/// e.g. with the lock table dropped and made again, is installed again). DDL commits at once there: no savepoint; the
+/// statements stop at the first refused, and the procedure installed first
+/// says "not installed" until the last one replaces it.
+pub(crate) const MYSQL_FENCE: BestEffort = BestEffort {
+    refused: FENCE_REFUSED,
+    said: &FENCE_SAID,
     current: mysql_fence_current!(),
     install: include_str!("../../../migrations/mysql/2026-11-26-000000_fence/up.sql"),
     begin: "DO 0",
@@ -87,14 +89,56 @@ pub(crate) const MYSQL_FENCE: Fence = Fence {
     end: "DO 0",
 };
 
-/// The fenced-writes function (README, "Fenced writes"): installed under the
-/// migration's lock when missing or older, but apart from the steps, and
-/// best effort: a user who may not create it (data rights alone) still runs
-/// the daemon, and the fence is then absent (the app's call fails: never a
+/// What the log says, once per process, when the server refuses the fence.
+const FENCE_REFUSED: &str = "fenced writes are not installed (leaderd_fence): this database user \
+    may not create them (MySQL/MariaDB with binary logging: SUPER or \
+    log_bin_trust_function_creators); leader election works, and an app's call to leaderd_fence \
+    fails. Run `leaderd migrate` once as a user who may";
+static FENCE_SAID: AtomicBool = AtomicBool::new(false);
+
+/// [`MYSQL_KEPT_TOKENS`]'s check, as a literal (see [`postgres_fence_current`]).
+macro_rules! mysql_kept_tokens_current {
+    () => {
+        "SELECT EXISTS (SELECT 1 FROM information_schema.triggers \
+        WHERE trigger_schema = DATABASE() AND event_object_table = 'service_leader_lock' \
+        AND trigger_name = 'service_leader_keep_token')"
+    };
+}
+pub(crate) use mysql_kept_tokens_current;
+
+/// MySQL/MariaDB's kept-tokens trigger (README, "Using the fencing token"):
+/// best effort, as the fence, because a server with binary logging refuses
+/// triggers to a user without SUPER; in a step that refusal failed the whole
+/// migration. Made only when missing, never dropped and made again: a gap
+/// between the two (a lock wait, or MySQL refusing the CREATE after letting
+/// the DROP through) would lose the floor of a row deleted meanwhile. On
+/// its own, so that its refusal leaves the fence as it is.
+pub(crate) const MYSQL_KEPT_TOKENS: BestEffort = BestEffort {
+    refused: "the trigger that keeps a deleted lease row's token is not installed: this database \
+        user may not create triggers (with binary logging: SUPER or \
+        log_bin_trust_function_creators); a row deleted and made again is seeded from the clock \
+        alone. Run `leaderd migrate` once as a user who may",
+    said: &KEPT_TOKENS_SAID,
+    current: mysql_kept_tokens_current!(),
+    install: include_str!("../../../migrations/mysql/2026-11-24-000000_token_floor/trigger.sql"),
+    begin: "DO 0",
+    undo: "DO 0",
+    end: "DO 0",
+};
+static KEPT_TOKENS_SAID: AtomicBool = AtomicBool::new(false);
+
+/// Something installed under the migration's lock when missing or older,
+/// but apart from the steps, and best effort: the fenced-writes function
+/// (README, "Fenced writes"), MySQL's kept-tokens trigger. A user who may
+/// not create it (data rights alone, no SUPER under binary logging) still
+/// runs the daemon without it (an app's fence call then fails: never a
 /// silent pass). Said once per process.
 #[derive(Debug)]
-pub(crate) struct Fence {
-    /// One boolean: this version of the fence is installed.
+pub(crate) struct BestEffort {
+    /// What is logged when the server refuses it.
+    pub refused: &'static str,
+    pub said: &'static AtomicBool,
+    /// One boolean: it is installed (this version or a newer one).
     pub current: &'static str,
     /// The statements that install it.
     pub install: &'static str,
@@ -164,7 +208,10 @@ pub(crate) struct Plan {
     /// catalog) costs a retry, not the migration.
     pub retry_busy: bool,
     /// Fenced writes, where the backend has them.
-    pub fence: Option<Fence>,
+    pub fence: Option<BestEffort>,
+    /// Installed before the fence, apart from it (MySQL's kept-tokens
+    /// trigger).
+    pub extra: Option<BestEffort>,
 }
 
 /// How long the steps are tried again after a lock they did not get, where
@@ -223,8 +270,8 @@ pub(crate) async fn run<M: Migrator>(conn: &mut M, plan: &Plan) -> Result<Migrat
             result = Migrated::Applied;
             stepped = true;
         }
-        if let Some(fence) = &plan.fence {
-            if install_fence(conn, fence, plan.retry_busy).await? {
+        for part in plan.extra.iter().chain(&plan.fence) {
+            if install(conn, part, plan.retry_busy).await? {
                 result = Migrated::Applied;
             }
         }
@@ -300,21 +347,20 @@ fn lock_wait_cut(e: &StoreError) -> bool {
     }
 }
 
-/// Installs the fence unless another migrator just did; whether this one
+/// Installs `part` unless another migrator just did; whether this one
 /// did. A refusal (no right to create it) is said once per process and
 /// leaves the steps' work in place; a lost connection stays an error.
-async fn install_fence<M: Migrator>(
+async fn install<M: Migrator>(
     conn: &mut M,
-    fence: &Fence,
+    part: &BestEffort,
     retry_busy: bool,
 ) -> Result<bool, StoreError> {
-    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if conn.flag(fence.current).await? {
+    if conn.flag(part.current).await? {
         return Ok(false);
     }
-    conn.batch(fence.begin).await?;
+    conn.batch(part.begin).await?;
     let tried_until = tokio::time::Instant::now() + BUSY_RETRY_FOR;
-    let mut installed = conn.batch(fence.install).await;
+    let mut installed = conn.batch(part.install).await;
     // A lock held for an instant (a renewal's, on the lock table a trigger
     // is made on) is waited out as the steps' are; a longer one postpones.
     while retry_busy
@@ -322,30 +368,23 @@ async fn install_fence<M: Migrator>(
         && tokio::time::Instant::now() + BUSY_PAUSE < tried_until
     {
         tokio::time::sleep(BUSY_PAUSE).await;
-        conn.batch(fence.undo).await?;
-        conn.batch(fence.begin).await?;
-        installed = conn.batch(fence.install).await;
+        conn.batch(part.undo).await?;
+        conn.batch(part.begin).await?;
+        installed = conn.batch(part.install).await;
     }
     match installed {
         Err(e) if lock_wait_cut(&e) => {
-            conn.batch(fence.undo).await?;
+            conn.batch(part.undo).await?;
             Err(StoreError::MigrationBusy(e.to_string()))
         }
         Ok(()) => {
-            conn.batch(fence.end).await?;
+            conn.batch(part.end).await?;
             Ok(true)
         }
         Err(e) if refused_by_server(&e) => {
-            conn.batch(fence.undo).await?;
-            if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                tracing::warn!(
-                    error = %e,
-                    "fenced writes are not installed (leaderd_fence; on MySQL/MariaDB also the \
-                     trigger that keeps a deleted row's token): this database user may not create \
-                     them (with binary logging: SUPER or log_bin_trust_function_creators); leader \
-                     election works, and an app's call to leaderd_fence fails. Run `leaderd \
-                     migrate` once as a user who may"
-                );
+            conn.batch(part.undo).await?;
+            if !part.said.swap(true, Ordering::Relaxed) {
+                tracing::warn!(error = %e, "{}", part.refused);
             }
             Ok(false)
         }

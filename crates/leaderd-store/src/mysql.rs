@@ -189,11 +189,10 @@ const ELECTIONS: &str = "SELECT CAST(name AS CHAR), holder, token, \
 /// What the server is and how the session runs, read once at connect.
 const SESSION: &str = "SELECT @@autocommit, VERSION()";
 
-/// The steps' work is there once the kept-tokens table is, made before its
-/// trigger: a server that refuses the trigger (see its step) is not asked
-/// again at every start, which would also repeat the `ALTER TABLE` of the
-/// step before. A literal, so that [`MIGRATION`] asks it together with the
-/// fence's check.
+/// The steps' work is there once the kept-tokens table is (its trigger is
+/// made apart from the steps, best effort: `migrate::MYSQL_KEPT_TOKENS`). A
+/// literal, so that [`MIGRATION`] asks it together with the fence's and the
+/// trigger's checks.
 macro_rules! schema_current {
     () => {
         "SELECT EXISTS (SELECT 1 FROM information_schema.columns \
@@ -212,6 +211,8 @@ const MIGRATION: migrate::Plan = migrate::Plan {
         schema_current!(),
         ") AND (",
         migrate::mysql_fence_current!(),
+        ") AND (",
+        migrate::mysql_kept_tokens_current!(),
         ")"
     ),
     steps_current: schema_current!(),
@@ -229,6 +230,7 @@ const MIGRATION: migrate::Plan = migrate::Plan {
         WHERE table_schema = DATABASE() AND table_name = '__diesel_schema_migrations')",
     retry_busy: true,
     fence: Some(migrate::MYSQL_FENCE),
+    extra: Some(migrate::MYSQL_KEPT_TOKENS),
 };
 
 migrate::diesel_migrator!(AsyncMysqlConnection);

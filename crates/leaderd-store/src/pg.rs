@@ -77,6 +77,7 @@ const MIGRATION: migrate::Plan = migrate::Plan {
     legacy: "SELECT to_regclass('__diesel_schema_migrations') IS NOT NULL",
     retry_busy: false,
     fence: Some(migrate::POSTGRES_FENCE),
+    extra: None,
 };
 
 /// One leader's renewal: the cheapest statement that does it (no read-back

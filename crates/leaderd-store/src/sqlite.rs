@@ -57,6 +57,7 @@ const MIGRATION: migrate::Plan = migrate::Plan {
         WHERE type = 'table' AND name = '__diesel_schema_migrations')",
     retry_busy: false,
     fence: None,
+    extra: None,
 };
 
 migrate::diesel_migrator!(SyncConnectionWrapper<SqliteConnection>);

@@ -15,11 +15,6 @@
 -- triggers to a user without SUPER or log_bin_trust_function_creators; the
 -- statements stop at the first error), so a fence without its triggers is
 -- never a silent pass. Idempotent; the comment is the version checked.
---
--- The kept-tokens trigger (see 2026-11-24-000000_token_floor) is made here
--- too, after the stub: the server refuses it for the same reason, and a
--- refusal here is logged once while the election goes on (in a step it would
--- fail the migration).
 CREATE TABLE IF NOT EXISTS service_leader_fence (
     name  VARBINARY(400) NOT NULL PRIMARY KEY,
     token BIGINT         NOT NULL
@@ -29,10 +24,6 @@ CREATE PROCEDURE leaderd_fence(IN election VARCHAR(100), IN fence_token BIGINT, 
     SQL SECURITY DEFINER COMMENT 'leaderd fence 0'
     SIGNAL SQLSTATE 'LF002'
         SET MESSAGE_TEXT = 'leaderd_fence is not installed: the migration could not create its triggers (see leaderd''s log)';
-DROP TRIGGER IF EXISTS service_leader_keep_token;
-CREATE TRIGGER service_leader_keep_token AFTER DELETE ON service_leader_lock
-    FOR EACH ROW INSERT INTO service_leader_token (name, token) VALUES (OLD.name, OLD.token)
-    ON DUPLICATE KEY UPDATE token = GREATEST(token, VALUES(token));
 DROP TRIGGER IF EXISTS service_leader_fence_take;
 CREATE TRIGGER service_leader_fence_take BEFORE UPDATE ON service_leader_lock FOR EACH ROW
     IF NEW.token <> OLD.token THEN
