@@ -190,6 +190,11 @@ pub(crate) struct Plan {
     pub steps_current: &'static str,
     /// Serialises concurrent migrations; may open a transaction.
     pub lock: &'static str,
+    /// One boolean: this session holds the lock `lock` asked for, where the
+    /// server answers a lock not granted in time without an error (MySQL's
+    /// `GET_LOCK` returns 0): the migration then stops, busy, rather than
+    /// run beside another.
+    pub lock_held: Option<&'static str>,
     /// Undoes `lock` (commits).
     pub unlock: &'static str,
     /// The idempotent steps, in order.
@@ -253,6 +258,13 @@ pub(crate) async fn run<M: Migrator>(conn: &mut M, plan: &Plan) -> Result<Migrat
     let mut stepped = false;
     if !conn.flag(plan.current).await? {
         conn.batch(plan.lock).await?;
+        if let Some(held) = plan.lock_held {
+            if !conn.flag(held).await? {
+                return Err(StoreError::MigrationBusy(
+                    "another migration kept the migration lock past the wait for it".into(),
+                ));
+            }
+        }
         if !conn.flag(plan.steps_current).await? {
             // The server's refusal is the migration's failure; a lost
             // connection stays one (it is worth another try).

@@ -223,6 +223,7 @@ const MIGRATION: migrate::Plan = migrate::Plan {
     // steps are tried again for 100 ms (`retry_busy`); MySQL's least is 1 s.
     lock: "SET SESSION lock_wait_timeout = IF(VERSION() LIKE '%MariaDB%', 0, 1); \
         DO GET_LOCK('leaderd_migrate', 30)",
+    lock_held: Some("SELECT IS_USED_LOCK('leaderd_migrate') <=> CONNECTION_ID()"),
     unlock: "DO RELEASE_LOCK('leaderd_migrate')",
     steps: migrate::MYSQL,
     tune: None,

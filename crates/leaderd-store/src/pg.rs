@@ -71,6 +71,8 @@ const MIGRATION: migrate::Plan = migrate::Plan {
     // queues every renewal behind it, and leaders lose their leases.
     lock: "BEGIN; SELECT pg_advisory_xact_lock(30510766455353956); \
         SET LOCAL lock_timeout = '100ms'",
+    // The advisory lock waits or fails (lock_timeout comes after it).
+    lock_held: None,
     unlock: "COMMIT",
     steps: migrate::POSTGRES,
     tune: Some(migrate::POSTGRES_FILLFACTOR),

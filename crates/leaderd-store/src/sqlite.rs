@@ -50,6 +50,7 @@ const MIGRATION: migrate::Plan = migrate::Plan {
     current: SCHEMA_CURRENT,
     steps_current: SCHEMA_CURRENT,
     lock: "PRAGMA busy_timeout = 5000; BEGIN IMMEDIATE",
+    lock_held: None,
     unlock: "COMMIT",
     steps: migrate::SQLITE,
     tune: None,
