@@ -5,7 +5,7 @@
 //! cargo run --release -p leaderd-bench -- [--smoke] [--plots DIR] [heartbeat|scale|failover|busy|budget|exec|serve|footprint|elections|batch|release|fence|rolling]...
 //! ```
 //!
-//! With no part named, all run. `--smoke` shrinks every part to seconds so
+//! With no part named, all run but `rolling` (hours: name it). `--smoke` shrinks every part to seconds so
 //! the test run can exercise the bench without measuring anything. Output is
 //! Markdown, ready for `BENCHMARKS.md`; with `--plots DIR` every part but
 //! `footprint`, `batch`, `release`, `fence`, `rolling` and `budget` also draws an SVG plot into `DIR`
@@ -87,7 +87,13 @@ fn main() -> Result<()> {
         }
     }
     if parts.is_empty() {
-        parts = PARTS.iter().map(|s| s.to_string()).collect();
+        // `rolling` takes hours at full size: named only (the smoke run
+        // names it).
+        parts = PARTS
+            .iter()
+            .filter(|p| in_default_run(p, smoke))
+            .map(|s| s.to_string())
+            .collect();
     }
     if let Some(dir) = &plots {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -171,6 +177,11 @@ fn main() -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Whether `part` runs when none is named.
+fn in_default_run(part: &str, smoke: bool) -> bool {
+    smoke || part != "rolling"
 }
 
 /// A line describing the machine the figures come from.

@@ -47,7 +47,7 @@ macro_rules! postgres_fence_current {
 pub(crate) use postgres_fence_current;
 
 /// PostgreSQL's fenced writes (`leaderd_fence`), installed apart from the
-/// steps: see [`Fence`].
+/// steps: see [`BestEffort`].
 pub(crate) const POSTGRES_FENCE: BestEffort = BestEffort {
     refused: FENCE_REFUSED,
     said: &FENCE_SAID,
@@ -135,7 +135,7 @@ static KEPT_TOKENS_SAID: AtomicBool = AtomicBool::new(false);
 /// silent pass). Said once per process.
 #[derive(Debug)]
 pub(crate) struct BestEffort {
-    /// What is logged when the server refuses it.
+    /// What is logged when the server refuses it, and whether it was.
     pub refused: &'static str,
     pub said: &'static AtomicBool,
     /// One boolean: it is installed (this version or a newer one).
