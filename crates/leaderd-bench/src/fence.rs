@@ -53,12 +53,7 @@ struct Job {
 
 /// One PostgreSQL worker: its transactions' times.
 async fn pg_worker(url: String, job: Job) -> Result<Vec<Duration>> {
-    let Job {
-        id,
-        token,
-        fenced,
-        until,
-    } = job;
+    let Job { id, token, .. } = job;
     let (c, conn) = tokio_postgres::connect(&url, NoTls).await?;
     tokio::spawn(conn);
     let fence = c.prepare("SELECT leaderd_fence('e', $1)").await?;
@@ -69,10 +64,10 @@ async fn pg_worker(url: String, job: Job) -> Result<Vec<Duration>> {
         .prepare("INSERT INTO work (token, worker) VALUES ($1, $2)")
         .await?;
     let mut took = Vec::new();
-    while Instant::now() < until {
+    while Instant::now() < job.until {
         let started = Instant::now();
         c.batch_execute("BEGIN").await?;
-        if fenced {
+        if job.fenced {
             c.query_one(&fence, &[&token]).await?;
         }
         c.execute(&update, &[&id]).await?;
@@ -86,18 +81,13 @@ async fn pg_worker(url: String, job: Job) -> Result<Vec<Duration>> {
 /// One MariaDB worker, as [`pg_worker`] (binary protocol: prepared
 /// statements, cached by the driver).
 async fn mysql_worker(url: String, job: Job) -> Result<Vec<Duration>> {
-    let Job {
-        id,
-        token,
-        fenced,
-        until,
-    } = job;
+    let Job { id, token, .. } = job;
     let mut c = mysql_async::Conn::from_url(&url).await?;
     let mut took = Vec::new();
-    while Instant::now() < until {
+    while Instant::now() < job.until {
         let started = Instant::now();
         c.query_drop("START TRANSACTION").await?;
-        if fenced {
+        if job.fenced {
             c.exec_drop("CALL leaderd_fence('e', ?, NULL)", (token,))
                 .await?;
         }
