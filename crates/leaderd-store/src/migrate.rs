@@ -219,6 +219,24 @@ pub(crate) struct Plan {
     pub extra: Option<BestEffort>,
 }
 
+#[cfg(test)]
+impl Plan {
+    /// `current` is the one query that stands for every other check (a
+    /// literal, built by hand with `concat!`): a part whose check it left
+    /// out would never be installed where the rest is current.
+    pub(crate) fn assert_current_asks_every_check(&self) {
+        let parts = [Some(self.steps_current)]
+            .into_iter()
+            .chain([&self.extra, &self.fence].map(|p| p.as_ref().map(|p| p.current)));
+        for check in parts.flatten() {
+            assert!(
+                self.current == check || self.current.contains(&format!("({check})")),
+                "the plan's `current` does not ask {check}"
+            );
+        }
+    }
+}
+
 /// How long the steps are tried again after a lock they did not get, where
 /// the plan allows it: the migration's whole wait for a lock.
 const BUSY_RETRY_FOR: std::time::Duration = std::time::Duration::from_millis(100);

@@ -994,6 +994,11 @@ mod tests {
     use super::*;
     use diesel_async::SimpleAsyncConnection;
 
+    #[test]
+    fn the_migration_check_asks_every_part() {
+        MIGRATION.assert_current_asks_every_check();
+    }
+
     async fn scratch() -> (String, AsyncMysqlConnection) {
         let admin = DatabaseUrl::parse("mysql://root@127.0.0.1:3306/test").unwrap();
         let mut conn = establish(&admin).await.expect("the local MariaDB");

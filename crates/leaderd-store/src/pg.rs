@@ -920,6 +920,11 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_migration_check_asks_every_part() {
+        MIGRATION.assert_current_asks_every_check();
+    }
+
+    #[test]
     #[cfg(target_endian = "little")]
     fn reads_proc_net_tcp_addresses() {
         assert_eq!(

@@ -773,6 +773,11 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_migration_check_asks_every_part() {
+        MIGRATION.assert_current_asks_every_check();
+    }
+
+    #[test]
     fn network_and_fuse_file_systems_are_unsafe() {
         assert_eq!(unsafe_file_system(0x6969), Some("NFS"));
         assert_eq!(unsafe_file_system(0x6573_5546), Some("FUSE"));
