@@ -26,6 +26,7 @@ fn req<'a>(instance: &'a str, held_token: Option<i64>) -> LeaseRequest<'a> {
         instance,
         ttl: TTL,
         held_token,
+        daemon: None,
     }
 }
 

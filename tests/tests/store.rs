@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use leaderd_store::{Attempt, Connection, DatabaseUrl, LeaseRequest, Migrated};
+use leaderd_store::{Attempt, Connection, DatabaseUrl, LeaseRequest, Migrated, Release, Successor};
 use leaderd_tests::store::{acquire, connect, migrated, try_connect};
 use leaderd_tests::TempDb;
 
@@ -19,6 +19,7 @@ fn req<'a>(election: &'a str, holder: &'a str, instance: &'a str) -> LeaseReques
         instance,
         ttl: TTL,
         held_token: None,
+        daemon: None,
     }
 }
 
@@ -126,6 +127,122 @@ pub async fn release_by_the_holder_only(url: &str) {
         Attempt::Granted { token: t1 + 1 }
     );
     assert!(!a.release("e", "ia").await.unwrap(), "released twice");
+}
+
+/// A release naming no successor.
+fn rel<'a>(election: &'a str, instance: &'a str) -> Release<'a> {
+    Release {
+        election,
+        instance,
+        successor: None,
+    }
+}
+
+/// A release naming daemon `heir` for `window`.
+fn rel_to<'a>(
+    election: &'a str,
+    instance: &'a str,
+    heir: &'a str,
+    window: Duration,
+) -> Release<'a> {
+    Release {
+        successor: Some(Successor {
+            daemon: heir,
+            window,
+        }),
+        ..rel(election, instance)
+    }
+}
+
+/// `req` from the daemon `daemon`.
+fn from<'a>(daemon: &'a str, r: LeaseRequest<'a>) -> LeaseRequest<'a> {
+    LeaseRequest {
+        daemon: Some(daemon),
+        ..r
+    }
+}
+
+/// Spec, Handover, "Successor": a row released to a named daemon is free
+/// but blocked for the window; only that daemon takes it before then (with
+/// the next token), alone or in a batch; anyone else is refused and sees
+/// it free and blocked; a grant clears the name; after the window anyone
+/// takes it.
+pub async fn a_named_successor_alone_takes_the_row_within_its_window(url: &str) {
+    let mut a = migrated(url).await;
+    let mut b = connect(url).await;
+    let mut c = connect(url).await;
+    let window = Duration::from_secs(3);
+    let t1 = acquire(&mut a, &from("da", req("e", "a", "ia")), TTL * 4).await;
+    assert!(a
+        .release_one(&rel_to("e", "ia", "db", window))
+        .await
+        .unwrap());
+    for other in [from("dc", req("e", "c", "ic")), req("e", "c", "ic")] {
+        let seen = refused(c.acquire_or_renew(&other).await.unwrap());
+        assert_eq!((seen.holder, seen.instance), (None, None));
+        assert!(
+            (1_000_000..=3_000_000).contains(&seen.remaining_us),
+            "blocked for the window: {}",
+            seen.remaining_us
+        );
+    }
+    assert_eq!(
+        b.acquire_or_renew(&from("db", req("e", "b", "ib")))
+            .await
+            .unwrap(),
+        Attempt::Granted { token: t1 + 1 }
+    );
+    // The grant cleared the name: a plain release frees the row for anyone.
+    assert!(b.release("e", "ib").await.unwrap());
+    assert_eq!(
+        c.acquire_or_renew(&req("e", "c", "ic")).await.unwrap(),
+        Attempt::Granted { token: t1 + 2 }
+    );
+    // Named, the successor gone: anyone takes it once the window is over
+    // (by the database's clock), not before.
+    let short = Duration::from_millis(400);
+    assert!(c
+        .release_one(&rel_to("e", "ic", "gone", short))
+        .await
+        .unwrap());
+    let released = Instant::now();
+    let t = acquire(&mut a, &from("da", req("e", "a", "ia2")), TTL * 4).await;
+    assert_eq!(t, t1 + 3);
+    assert!(
+        released.elapsed() >= Duration::from_millis(300),
+        "taken {:?} after a release naming another",
+        released.elapsed()
+    );
+    // Several rows in one batch, released together to one daemon: the
+    // batch statements (PostgreSQL's, MySQL's reads and takes together)
+    // let it take both at once, the others not.
+    let held = [req("x1", "a", "ia2"), req("x2", "a", "ia2")];
+    for r in &held {
+        acquire(&mut a, r, TTL * 4).await;
+    }
+    assert_eq!(
+        a.release_many(&[
+            rel_to("x1", "ia2", "db", window),
+            rel_to("x2", "ia2", "db", window)
+        ])
+        .await
+        .unwrap(),
+        [true, true]
+    );
+    let others = [
+        from("dc", req("x1", "c", "ic")),
+        from("dc", req("x2", "c", "ic")),
+    ];
+    for answer in c.acquire_or_renew_many(&others).await.unwrap() {
+        assert_eq!(refused(answer.unwrap()).holder, None);
+    }
+    let heirs = [
+        from("db", req("x1", "b", "ib")),
+        from("db", req("x2", "b", "ib")),
+    ];
+    for answer in b.acquire_or_renew_many(&heirs).await.unwrap() {
+        assert!(matches!(answer, Ok(Attempt::Granted { .. })), "{answer:?}");
+    }
 }
 
 pub async fn concurrent_attempts_give_exactly_one_holder(url: &str) {
@@ -395,6 +512,11 @@ macro_rules! conformance {
                 let db: TempDb = $make;
                 super::release_by_the_holder_only(&db.url).await;
             }
+            #[tokio::test]
+            async fn a_named_successor_alone_takes_the_row_within_its_window() {
+                let db: TempDb = $make;
+                super::a_named_successor_alone_takes_the_row_within_its_window(&db.url).await;
+            }
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn concurrent_attempts_give_exactly_one_holder() {
                 let db: TempDb = $make;
@@ -517,7 +639,7 @@ pub async fn a_batch_answers_each_election_as_alone(url: &str) {
     assert_eq!((seen.holder.as_deref(), seen.token), (Some("b"), t4));
     // e2 released by a, taken by b: a's renewal of it is refused, the
     // others still renew.
-    assert_eq!(a.release_many(&[("e2", "ia")]).await.unwrap(), [true]);
+    assert_eq!(a.release_many(&[rel("e2", "ia")]).await.unwrap(), [true]);
     let t2 = acquire(&mut b, &req("e2", "b", "ib"), TTL).await;
     let answers = a.acquire_or_renew_many(&next[..3]).await.unwrap();
     assert_eq!(
@@ -532,7 +654,12 @@ pub async fn a_batch_answers_each_election_as_alone(url: &str) {
     );
     // Released together; only what each instance holds.
     let released = a
-        .release_many(&[("e1", "ia"), ("e2", "ia"), ("e3", "ia"), ("e4", "ib")])
+        .release_many(&[
+            rel("e1", "ia"),
+            rel("e2", "ia"),
+            rel("e3", "ia"),
+            rel("e4", "ib"),
+        ])
         .await
         .unwrap();
     assert_eq!(released, [true, false, true, true]);

@@ -22,6 +22,7 @@ async fn leads(url: &str) {
         instance: "ia",
         ttl: Duration::from_millis(200),
         held_token: None,
+        daemon: None,
     };
     acquire(&mut c, &req, Duration::from_secs(3)).await;
 }

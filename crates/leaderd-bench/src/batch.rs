@@ -35,6 +35,7 @@ async fn take_all(conn: &mut Connection, names: &[String], instance: &str) -> Re
                 instance,
                 ttl,
                 held_token: None,
+                daemon: None,
             })
             .collect()
     };
@@ -74,6 +75,7 @@ async fn measure(kind: Kind, leases: usize, rounds: usize) -> Result<Step> {
             instance: "mine",
             ttl: TTL,
             held_token: Some(token),
+            daemon: None,
         })
         .collect();
     let mut took = Vec::with_capacity(rounds);

@@ -38,6 +38,7 @@ fn request(token: Option<i64>) -> LeaseRequest<'static> {
         instance: "bench",
         ttl: TTL,
         held_token: token,
+        daemon: None,
     }
 }
 

@@ -94,6 +94,7 @@ async fn heartbeat(conn: &Mutex<Connection>, i: usize, held: Option<i64>) -> Res
         instance: &id,
         ttl: TTL,
         held_token: held,
+        daemon: None,
     };
     match conn.lock().await.acquire_or_renew(&req).await? {
         Attempt::Granted { token } => Ok(token),

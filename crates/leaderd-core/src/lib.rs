@@ -14,6 +14,7 @@
 mod child;
 mod engine;
 pub mod spread;
+pub mod successor;
 mod time;
 
 pub use child::{ChildAction, ChildTimer, StopGraceError};

@@ -45,6 +45,18 @@ pub fn settled(led_for: Duration, timing: Timing) -> bool {
     led_for >= timing.ttl() + timing.heartbeat()
 }
 
+/// Whether the set of live replicas, unchanged for `stable_for`, has
+/// settled enough for a hand-over: two cool-downs (see [`settled`]). In a
+/// rolling update a replica joins and an old one leaves every few seconds;
+/// a hand-over to the newcomer while an old replica is about to leave
+/// (raising every share) moves an election for nothing, and a second time
+/// later. A release names its successor by the shares anyway, so the
+/// update itself keeps things balanced; the spread only mends what is left
+/// once the set holds still.
+pub fn set_settled(stable_for: Duration, timing: Timing) -> bool {
+    stable_for >= (timing.ttl() + timing.heartbeat()) * 2
+}
+
 /// What the spread asks of one replica now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Plan {
@@ -110,6 +122,14 @@ mod tests {
         assert!(!settled(Duration::ZERO, t));
         assert!(!settled(Duration::from_millis(2199), t));
         assert!(settled(Duration::from_millis(2200), t));
+    }
+
+    #[test]
+    fn hand_overs_wait_for_the_replica_set_to_hold_still_for_two_cool_downs() {
+        let t = Timing::new(Duration::from_millis(1000), Duration::from_millis(1200)).unwrap();
+        assert!(!set_settled(Duration::ZERO, t));
+        assert!(!set_settled(Duration::from_millis(4399), t));
+        assert!(set_settled(Duration::from_millis(4400), t));
     }
 
     #[test]

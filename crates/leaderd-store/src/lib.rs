@@ -132,11 +132,46 @@ pub struct LeaseRequest<'a> {
     /// The token this instance holds while it leads, so a renewal can be a
     /// single `UPDATE` on backends without `RETURNING`.
     pub held_token: Option<i64>,
+    /// The daemon's own instance, as releases name successors (see
+    /// [`Successor`]): a row released to it may be taken before its window
+    /// ends. `None`: only as anyone may.
+    pub daemon: Option<&'a str>,
 }
 
 impl LeaseRequest<'_> {
     fn ttl_us(&self) -> i64 {
         i64::try_from(self.ttl.as_micros()).unwrap_or(i64::MAX)
+    }
+}
+
+/// One lease to free (spec, Handover).
+#[derive(Debug, Clone, Copy)]
+pub struct Release<'a> {
+    pub election: &'a str,
+    /// Only this instance's lease is freed.
+    pub instance: &'a str,
+    /// Who should lead next, if anyone was named.
+    pub successor: Option<Successor<'a>>,
+}
+
+/// A named successor (spec, Handover, "Successor"): the released row is
+/// free but blocked for `window` by the database's clock, and only an
+/// attempt whose [`LeaseRequest::daemon`] is `daemon` may take it before
+/// then. So the others, woken by the release, are refused (writing
+/// nothing) and try again once the window is over: a successor that died
+/// costs at most the window.
+#[derive(Debug, Clone, Copy)]
+pub struct Successor<'a> {
+    pub daemon: &'a str,
+    pub window: Duration,
+}
+
+impl Release<'_> {
+    /// The successor's window in microseconds; 0 with none.
+    fn window_us(&self) -> i64 {
+        self.successor.map_or(0, |s| {
+            i64::try_from(s.window.as_micros()).unwrap_or(i64::MAX)
+        })
     }
 }
 
@@ -148,6 +183,11 @@ pub struct ElectionRow {
     pub token: i64,
     /// Remaining lease by the database's clock; negative when expired.
     pub remaining_us: i64,
+    /// The holding instance, `None` when free.
+    pub instance: Option<String>,
+    /// How long the holding instance has held the row, by the database's
+    /// clock (since `acquired_at`); 0 when free.
+    pub held_us: i64,
 }
 
 impl ElectionRow {
@@ -157,13 +197,26 @@ impl ElectionRow {
     }
 }
 
-impl From<(String, Option<String>, i64, i64)> for ElectionRow {
-    fn from((name, holder, token, remaining_us): (String, Option<String>, i64, i64)) -> Self {
+/// A row as the backends read it: name, holder, token, remaining µs,
+/// instance, held µs.
+pub(crate) type RowParts = (
+    String,
+    Option<String>,
+    i64,
+    i64,
+    Option<String>,
+    Option<i64>,
+);
+
+impl From<RowParts> for ElectionRow {
+    fn from((name, holder, token, remaining_us, instance, held_us): RowParts) -> Self {
         Self {
             name,
             holder,
             token,
             remaining_us,
+            instance,
+            held_us: held_us.unwrap_or(0),
         }
     }
 }
@@ -187,6 +240,16 @@ fn observed(
         token,
         remaining_us,
     }
+}
+
+/// A row as `req` sees it (the read-first backends): released to `req`'s
+/// daemon (free, `successor` it), it is open to it now, whatever is left of
+/// the window the others wait out, so it reads as expired.
+fn as_heir(req: &LeaseRequest<'_>, mut seen: Observed, successor: Option<&str>) -> Observed {
+    if seen.instance.is_none() && successor.is_some() && successor == req.daemon {
+        seen.remaining_us = seen.remaining_us.min(0);
+    }
+    seen
 }
 
 /// What a migration run did.
@@ -359,10 +422,10 @@ impl Connection {
     /// Releases several elections (each by its instance) at once; whether
     /// each was released. One statement on PostgreSQL, one transaction on
     /// SQLite, one statement each on MySQL.
-    pub async fn release_many(&mut self, items: &[(&str, &str)]) -> Result<Vec<bool>, StoreError> {
+    pub async fn release_many(&mut self, items: &[Release<'_>]) -> Result<Vec<bool>, StoreError> {
         // One alone takes the single statement (prepared, and announced).
-        if let [(election, instance)] = items {
-            return Ok(vec![self.release(election, instance).await?]);
+        if let [one] = items {
+            return Ok(vec![self.release_one(one).await?]);
         }
         match self {
             Connection::Postgres(c) => return c.release_many(items).await,
@@ -370,18 +433,29 @@ impl Connection {
             Connection::Mysql(_) => {}
         }
         let mut out = Vec::with_capacity(items.len());
-        for (election, instance) in items {
-            out.push(self.release(election, instance).await?);
+        for item in items {
+            out.push(self.release_one(item).await?);
         }
         Ok(out)
     }
 
-    /// Releases the lease if `instance` holds it; returns whether it did.
+    /// Releases the lease if `instance` holds it, naming no successor;
+    /// returns whether it did.
     pub async fn release(&mut self, election: &str, instance: &str) -> Result<bool, StoreError> {
+        self.release_one(&Release {
+            election,
+            instance,
+            successor: None,
+        })
+        .await
+    }
+
+    /// Releases the lease if its instance holds it; returns whether it did.
+    pub async fn release_one(&mut self, item: &Release<'_>) -> Result<bool, StoreError> {
         match self {
-            Connection::Postgres(c) => c.release(election, instance).await,
-            Connection::Mysql(c) => c.release(election, instance).await,
-            Connection::Sqlite(c) => c.release(election, instance).await,
+            Connection::Postgres(c) => c.release(item).await,
+            Connection::Mysql(c) => c.release(item).await,
+            Connection::Sqlite(c) => c.release(item).await,
         }
     }
 

@@ -178,6 +178,62 @@ pub(crate) const LEGACY_OTHERS: &str =
 /// Dropped when leaderd's row was all it held: leaderd created it.
 pub(crate) const LEGACY_DROP: &str = "DROP TABLE __diesel_schema_migrations";
 
+/// A column added to a table earlier versions made, when it is missing:
+/// after the steps, under the migration's lock. A step of its own rather
+/// than SQL, because neither MySQL 8 nor SQLite can add a column only if it
+/// is missing.
+#[derive(Debug)]
+pub(crate) struct Column {
+    /// One boolean: the column is there.
+    pub present: &'static str,
+    /// Adds it.
+    pub add: &'static str,
+}
+
+/// The `successor` column's check (spec, Handover, "Successor"), as a
+/// literal per backend, so that the plans ask it in their one check.
+macro_rules! postgres_successor_present {
+    () => {
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a \
+        JOIN pg_catalog.pg_class c ON c.oid = a.attrelid \
+        WHERE c.relname = 'service_leader_lock' AND a.attname = 'successor' \
+        AND NOT a.attisdropped AND c.relnamespace = \
+        (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = current_schema()))"
+    };
+}
+pub(crate) use postgres_successor_present;
+
+macro_rules! mysql_successor_present {
+    () => {
+        "SELECT EXISTS (SELECT 1 FROM information_schema.columns \
+        WHERE table_schema = DATABASE() AND table_name = 'service_leader_lock' \
+        AND column_name = 'successor')"
+    };
+}
+pub(crate) use mysql_successor_present;
+
+macro_rules! sqlite_successor_present {
+    () => {
+        "SELECT EXISTS (SELECT 1 FROM pragma_table_info('service_leader_lock') \
+        WHERE name = 'successor')"
+    };
+}
+pub(crate) use sqlite_successor_present;
+
+/// The named successor's column, per backend.
+pub(crate) const POSTGRES_SUCCESSOR: Column = Column {
+    present: postgres_successor_present!(),
+    add: include_str!("../../../migrations/postgres/2026-11-27-000000_successor/up.sql"),
+};
+pub(crate) const MYSQL_SUCCESSOR: Column = Column {
+    present: mysql_successor_present!(),
+    add: include_str!("../../../migrations/mysql/2026-11-27-000000_successor/up.sql"),
+};
+pub(crate) const SQLITE_SUCCESSOR: Column = Column {
+    present: sqlite_successor_present!(),
+    add: include_str!("../../../migrations/sqlite/2026-11-27-000000_successor/up.sql"),
+};
+
 /// How one backend checks, serialises and applies the steps.
 #[derive(Debug)]
 pub(crate) struct Plan {
@@ -199,6 +255,9 @@ pub(crate) struct Plan {
     pub unlock: &'static str,
     /// The idempotent steps, in order.
     pub steps: &'static [&'static str],
+    /// Columns added after the steps where missing; `steps_current` asks
+    /// for them too.
+    pub columns: &'static [Column],
     /// The last step, run on its own (best effort) when the schema is
     /// current: a tuning that tables made by earlier versions get too, and
     /// that a user without the right to it goes on without.
@@ -228,6 +287,14 @@ impl Plan {
         let parts = [Some(self.steps_current)]
             .into_iter()
             .chain([&self.extra, &self.fence].map(|p| p.as_ref().map(|p| p.current)));
+        for column in self.columns {
+            assert!(
+                self.steps_current
+                    .contains(&format!("({})", column.present)),
+                "the plan's `steps_current` does not ask {}",
+                column.present
+            );
+        }
         for check in parts.flatten() {
             assert!(
                 self.current == check || self.current.contains(&format!("({check})")),
@@ -284,21 +351,18 @@ pub(crate) async fn run<M: Migrator>(conn: &mut M, plan: &Plan) -> Result<Migrat
             }
         }
         if !conn.flag(plan.steps_current).await? {
-            // The server's refusal is the migration's failure; a lost
-            // connection stays one (it is worth another try).
-            let ran = batch_retrying(conn, &plan.steps.concat(), plan.retry_busy).await;
-            ran.map_err(|e| match e {
-                e if lock_wait_cut(&e) => StoreError::MigrationBusy(e.to_string()),
-                StoreError::Query(e @ diesel::result::Error::DatabaseError(..)) => {
-                    StoreError::Migration(e.to_string())
-                }
-                StoreError::Postgres(e) if e.as_db_error().is_some() => {
-                    StoreError::Migration(e.to_string())
-                }
-                other => other,
-            })?;
+            batch_retrying(conn, &plan.steps.concat(), plan.retry_busy)
+                .await
+                .map_err(refusal)?;
             result = Migrated::Applied;
             stepped = true;
+            for column in plan.columns {
+                if !conn.flag(column.present).await? {
+                    batch_retrying(conn, column.add, plan.retry_busy)
+                        .await
+                        .map_err(refusal)?;
+                }
+            }
         }
         for part in plan.extra.iter().chain(&plan.fence) {
             if install(conn, part, plan.retry_busy).await? {
@@ -323,6 +387,22 @@ pub(crate) async fn run<M: Migrator>(conn: &mut M, plan: &Plan) -> Result<Migrat
         }
     }
     Ok(result)
+}
+
+/// A step's failure as the migration's: the server's refusal is the
+/// migration's failure, a lock not granted in time makes it busy, and a
+/// lost connection stays one (it is worth another try).
+fn refusal(e: StoreError) -> StoreError {
+    match e {
+        e if lock_wait_cut(&e) => StoreError::MigrationBusy(e.to_string()),
+        StoreError::Query(e @ diesel::result::Error::DatabaseError(..)) => {
+            StoreError::Migration(e.to_string())
+        }
+        StoreError::Postgres(e) if e.as_db_error().is_some() => {
+            StoreError::Migration(e.to_string())
+        }
+        other => other,
+    }
 }
 
 /// Whether the plan's fence is in place, by the check the migration makes

@@ -18,8 +18,19 @@ use crate::sql::{Bind, Stmt};
 use crate::tls::{Files, Verify};
 use crate::url::TlsMode;
 use crate::{
-    observed, DatabaseUrl, ElectionRow, FenceStatus, LeaseRequest, Migrated, Observed, StoreError,
+    as_heir, observed, DatabaseUrl, ElectionRow, FenceStatus, LeaseRequest, Migrated, Observed,
+    Release, RowParts, StoreError,
 };
+
+/// [`OBSERVE`]'s row: holder, instance, token, remaining µs, successor.
+type SeenRow = (Option<String>, Option<String>, i64, i64, Option<String>);
+type SeenSql = (
+    Nullable<Text>,
+    Nullable<Text>,
+    BigInt,
+    BigInt,
+    Nullable<Text>,
+);
 
 /// A statement for both servers, with its server-side lock waits bounded
 /// inside the statement itself (no session `SET`): a statement that waits on
@@ -101,20 +112,25 @@ const RENEW_ALL: Sql = bounded!(
     )
 );
 
+/// The row, with the successor it was released to (see `crate::as_heir`).
 const OBSERVE: Sql = bounded!(
     "SELECT",
     " holder, instance, token, \
-    TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
+    TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at), successor \
     FROM service_leader_lock WHERE name = ?"
 );
 
+/// Takes the row if it is expired, or released to this daemon (its
+/// successor window), and its token is the one seen. Binds: holder,
+/// instance, ttl µs, name, token seen, daemon.
 const TAKE: Sql = bounded!(
     "UPDATE",
     " service_leader_lock \
-    SET token = token + 1, holder = ?, instance = ?, \
+    SET token = token + 1, holder = ?, instance = ?, successor = NULL, \
         acquired_at = UTC_TIMESTAMP(6), renewed_at = UTC_TIMESTAMP(6), \
         expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
-    WHERE name = ? AND token = ? AND expires_at <= UTC_TIMESTAMP(6)"
+    WHERE name = ? AND token = ? \
+      AND (expires_at <= UTC_TIMESTAMP(6) OR (instance IS NULL AND successor = ?))"
 );
 
 // A plain INSERT with a no-op on a duplicate (not INSERT IGNORE, which would
@@ -134,26 +150,28 @@ const CREATE: Sql = bounded!(
 const OBSERVE_ALL: Sql = bounded!(
     "SELECT",
     " j.i, l.holder, l.instance, l.token, \
-    TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at) \
+    TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at), l.successor \
     FROM JSON_TABLE(?, '$[*]' COLUMNS (i FOR ORDINALITY, n VARCHAR(100) PATH '$')) AS j \
     STRAIGHT_JOIN service_leader_lock l FORCE INDEX (service_leader_lock_name) ON l.name = j.n"
 );
 
 /// [`TAKE`] for several expired rows in one statement, each on the token
-/// seen. Binds: a JSON array of `[name, holder, instance, token seen]`,
+/// seen. Binds: a JSON array of `[name, holder, instance, token seen,
+/// daemon]`,
 /// sorted by name so that two takers lock rows in one order, then ttl µs.
 /// The matched-row count says whether all were taken. Joined as
 /// [`RENEW_ALL`] is, for the same reason.
 const TAKE_ALL: Sql = bounded!(
     "UPDATE",
     " (SELECT * FROM JSON_TABLE(?, '$[*]' COLUMNS (n VARCHAR(100) PATH '$[0]', \
-        h VARCHAR(100) PATH '$[1]', inst VARCHAR(64) PATH '$[2]', tok BIGINT PATH '$[3]')) AS x) AS j \
+        h VARCHAR(100) PATH '$[1]', inst VARCHAR(64) PATH '$[2]', tok BIGINT PATH '$[3]', \
+        d VARCHAR(64) PATH '$[4]')) AS x) AS j \
     STRAIGHT_JOIN service_leader_lock l FORCE INDEX (service_leader_lock_name) \
       ON l.name = j.n AND l.token = j.tok \
-    SET l.token = l.token + 1, l.holder = j.h, l.instance = j.inst, \
+    SET l.token = l.token + 1, l.holder = j.h, l.instance = j.inst, l.successor = NULL, \
         l.acquired_at = UTC_TIMESTAMP(6), l.renewed_at = UTC_TIMESTAMP(6), \
         l.expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
-    WHERE l.expires_at <= UTC_TIMESTAMP(6)"
+    WHERE l.expires_at <= UTC_TIMESTAMP(6) OR (l.instance IS NULL AND l.successor = j.d)"
 );
 
 /// [`CREATE`] for several missing rows in one statement. Binds: ttl µs,
@@ -168,10 +186,14 @@ const CREATE_ALL: Sql = bounded!(
     ON DUPLICATE KEY UPDATE id = id"
 );
 
+/// Frees the row if `instance` holds it; released to a successor, it stays
+/// blocked for the window (`crate::Successor`). Binds: successor, window µs
+/// (0 with none), name, instance.
 const RELEASE: Sql = bounded!(
     "UPDATE",
     " service_leader_lock \
-    SET holder = NULL, instance = NULL, expires_at = UTC_TIMESTAMP(6) \
+    SET holder = NULL, instance = NULL, successor = ?, \
+        expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
     WHERE name = ? AND instance = ?"
 );
 
@@ -183,7 +205,8 @@ const RELEASE: Sql = bounded!(
 /// which UTF-8 never holds. A `LEFT(name, …) = ?` read every row of the
 /// table, other apps' elections too, at every look of the spread.
 const ELECTIONS: &str = "SELECT CAST(name AS CHAR), holder, token, \
-    TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
+    TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at), instance, \
+    IF(instance IS NULL, NULL, TIMESTAMPDIFF(MICROSECOND, acquired_at, UTC_TIMESTAMP(6))) \
     FROM service_leader_lock WHERE name >= ? AND name < CONCAT(?, X'FF') ORDER BY name";
 
 /// What the server is and how the session runs, read once at connect.
@@ -210,12 +233,20 @@ const MIGRATION: migrate::Plan = migrate::Plan {
         "SELECT (",
         schema_current!(),
         ") AND (",
+        migrate::mysql_successor_present!(),
+        ") AND (",
         migrate::mysql_fence_current!(),
         ") AND (",
         migrate::mysql_kept_tokens_current!(),
         ")"
     ),
-    steps_current: schema_current!(),
+    steps_current: concat!(
+        "SELECT (",
+        schema_current!(),
+        ") AND (",
+        migrate::mysql_successor_present!(),
+        ")"
+    ),
     // Every metadata lock a step needs (its DDL locks the lock table) is
     // waited for as briefly as the server allows, on this connection (used
     // for the migration only): a request queued behind a long transaction
@@ -226,6 +257,7 @@ const MIGRATION: migrate::Plan = migrate::Plan {
     lock_held: Some("SELECT IS_USED_LOCK('leaderd_migrate') <=> CONNECTION_ID()"),
     unlock: "DO RELEASE_LOCK('leaderd_migrate')",
     steps: migrate::MYSQL,
+    columns: &[migrate::MYSQL_SUCCESSOR],
     tune: None,
     legacy: "SELECT EXISTS (SELECT 1 FROM information_schema.tables \
         WHERE table_schema = DATABASE() AND table_name = '__diesel_schema_migrations')",
@@ -352,12 +384,9 @@ impl MysqlStore {
         // equal to anything: the server sees an impossible `WHERE` and
         // reads nothing). Not `CREATE` (an `INSERT`): one alone goes in
         // `CREATE_ALL` too.
-        Stmt::<(Nullable<Text>, Nullable<Text>, BigInt, BigInt)>::new(
-            self.sql(&OBSERVE),
-            [Bind::NullText],
-        )
-        .load::<(Option<String>, Option<String>, i64, i64)>(&mut self.conn)
-        .await?;
+        Stmt::<SeenSql>::new(self.sql(&OBSERVE), [Bind::NullText])
+            .load::<SeenRow>(&mut self.conn)
+            .await?;
         let ttl = Bind::BigInt(0);
         Stmt::<()>::new(
             self.sql(&RENEW),
@@ -373,6 +402,7 @@ impl MysqlStore {
                 ttl,
                 Bind::NullText,
                 Bind::BigInt(0),
+                Bind::NullText,
             ],
         )
         .execute(&mut self.conn)
@@ -418,14 +448,16 @@ impl MysqlStore {
         .await
     }
 
-    pub(crate) async fn release(
-        &mut self,
-        election: &str,
-        instance: &str,
-    ) -> Result<bool, StoreError> {
+    pub(crate) async fn release(&mut self, item: &Release<'_>) -> Result<bool, StoreError> {
         let n = Stmt::<()>::new(
             self.sql(&RELEASE),
-            [Bind::Text(election), Bind::Text(instance)],
+            [
+                item.successor
+                    .map_or(Bind::NullText, |s| Bind::Text(s.daemon)),
+                Bind::BigInt(item.window_us()),
+                Bind::Text(item.election),
+                Bind::Text(item.instance),
+            ],
         )
         .execute(&mut self.conn)
         .await?;
@@ -433,11 +465,15 @@ impl MysqlStore {
     }
 
     pub(crate) async fn elections(&mut self, prefix: &str) -> Result<Vec<ElectionRow>, StoreError> {
-        let rows: Vec<(String, Option<String>, i64, i64)> =
-            Stmt::<(Text, Nullable<Text>, BigInt, BigInt)>::new(
-                ELECTIONS,
-                [Bind::Text(prefix), Bind::Text(prefix)],
-            )
+        let rows: Vec<RowParts> =
+            Stmt::<(
+                Text,
+                Nullable<Text>,
+                BigInt,
+                BigInt,
+                Nullable<Text>,
+                Nullable<BigInt>,
+            )>::new(ELECTIONS, [Bind::Text(prefix), Bind::Text(prefix)])
             .load(&mut self.conn)
             .await?;
         Ok(rows.into_iter().map(ElectionRow::from).collect())
@@ -523,14 +559,14 @@ impl CasOps for MysqlStore {
     }
 
     async fn observe(&mut self, req: &LeaseRequest<'_>) -> Result<Option<Observed>, StoreError> {
-        let rows: Vec<(Option<String>, Option<String>, i64, i64)> =
-            Stmt::<(Nullable<Text>, Nullable<Text>, BigInt, BigInt)>::new(
-                self.sql(&OBSERVE),
-                [Bind::Text(req.election)],
-            )
-            .load(&mut self.conn)
-            .await?;
-        Ok(rows.into_iter().next().map(observed))
+        let rows: Vec<SeenRow> =
+            Stmt::<SeenSql>::new(self.sql(&OBSERVE), [Bind::Text(req.election)])
+                .load(&mut self.conn)
+                .await?;
+        Ok(rows
+            .into_iter()
+            .next()
+            .map(|(h, i, t, r, s)| as_heir(req, observed((h, i, t, r)), s.as_deref())))
     }
 
     async fn take(&mut self, req: &LeaseRequest<'_>, seen_token: i64) -> Result<bool, StoreError> {
@@ -542,6 +578,7 @@ impl CasOps for MysqlStore {
                 Bind::BigInt(req.ttl_us()),
                 Bind::Text(req.election),
                 Bind::BigInt(seen_token),
+                req.daemon.map_or(Bind::NullText, Bind::Text),
             ],
         )
         .execute(&mut self.conn)
@@ -584,20 +621,36 @@ impl CasBatch for MysqlStore {
         }
         let names: Vec<&str> = reqs.iter().map(|r| r.election).collect();
         let names = names_json(&names);
-        // Place, then the row as `observed` takes it.
-        type Row = (i64, Option<String>, Option<String>, i64, i64);
-        let rows: Vec<Row> = Stmt::<(BigInt, Nullable<Text>, Nullable<Text>, BigInt, BigInt)>::new(
-            self.sql(&OBSERVE_ALL),
-            [Bind::Text(&names)],
-        )
-        .load(&mut self.conn)
-        .await?;
+        // Place, then the row as `observed` takes it, and its successor.
+        type Row = (
+            i64,
+            Option<String>,
+            Option<String>,
+            i64,
+            i64,
+            Option<String>,
+        );
+        type RowSql = (
+            BigInt,
+            Nullable<Text>,
+            Nullable<Text>,
+            BigInt,
+            BigInt,
+            Nullable<Text>,
+        );
+        let rows: Vec<Row> = Stmt::<RowSql>::new(self.sql(&OBSERVE_ALL), [Bind::Text(&names)])
+            .load(&mut self.conn)
+            .await?;
         let mut out = vec![None; reqs.len()];
-        for (place, holder, instance, token, remaining_us) in rows {
-            let slot = usize::try_from(place - 1).ok().and_then(|i| out.get_mut(i));
-            if let Some(slot) = slot {
-                *slot = Some(observed((holder, instance, token, remaining_us)));
-            }
+        for (place, holder, instance, token, remaining_us, successor) in rows {
+            let Some(i) = usize::try_from(place - 1).ok().filter(|&i| i < reqs.len()) else {
+                continue;
+            };
+            out[i] = Some(as_heir(
+                reqs[i],
+                observed((holder, instance, token, remaining_us)),
+                successor.as_deref(),
+            ));
         }
         Ok(out)
     }
@@ -618,9 +671,9 @@ impl CasBatch for MysqlStore {
         if let [(req, seen)] = items {
             return Ok(vec![self.take(req, *seen).await?]);
         }
-        let mut rows: Vec<(&str, &str, &str, i64)> = items
+        let mut rows: Vec<(&str, &str, &str, i64, Option<&str>)> = items
             .iter()
-            .map(|(req, seen)| (req.election, req.holder, req.instance, *seen))
+            .map(|(req, seen)| (req.election, req.holder, req.instance, *seen, req.daemon))
             .collect();
         rows.sort_unstable_by_key(|r| r.0.as_bytes());
         let rows = serde_json::to_string(&rows).expect("strings serialize");
@@ -1061,6 +1114,7 @@ mod tests {
             instance,
             ttl: std::time::Duration::from_secs(30),
             held_token: None,
+            daemon: None,
         }
     }
 

@@ -31,7 +31,8 @@ use crate::migrate;
 use crate::tls::{self, Verify};
 use crate::url::TlsMode;
 use crate::{
-    observed, Attempt, DatabaseUrl, ElectionRow, FenceStatus, LeaseRequest, Migrated, StoreError,
+    observed, Attempt, DatabaseUrl, ElectionRow, FenceStatus, LeaseRequest, Migrated, Release,
+    StoreError,
 };
 
 /// The `LISTEN`/`NOTIFY` channel; the payload is the election name.
@@ -61,10 +62,18 @@ const MIGRATION: migrate::Plan = migrate::Plan {
         "SELECT (",
         schema_current!(),
         ") AND (",
+        migrate::postgres_successor_present!(),
+        ") AND (",
         migrate::postgres_fence_current!(),
         ")"
     ),
-    steps_current: schema_current!(),
+    steps_current: concat!(
+        "SELECT (",
+        schema_current!(),
+        ") AND (",
+        migrate::postgres_successor_present!(),
+        ")"
+    ),
     // Once the advisory lock is ours, every lock a step needs (a trigger's
     // DDL locks the lock table) is waited for 100 ms at most, for this
     // transaction only: a lock request queued behind a long transaction
@@ -75,6 +84,7 @@ const MIGRATION: migrate::Plan = migrate::Plan {
     lock_held: None,
     unlock: "COMMIT",
     steps: migrate::POSTGRES,
+    columns: &[migrate::POSTGRES_SUCCESSOR],
     tune: Some(migrate::POSTGRES_FILLFACTOR),
     legacy: "SELECT to_regclass('__diesel_schema_migrations') IS NOT NULL",
     retry_busy: false,
@@ -151,15 +161,20 @@ const RENEW_MANY_TYPES: &[Type] = &[
 /// `UPDATE` joins nothing else: prepared and planned generically (about
 /// ten rows guessed per array), a join there became a nested loop over the
 /// batch for each row taken, and 5,000 expired elections taken at once
-/// took 3 s (28 ms now). Binds: names, instances, holders (arrays), ttl in
-/// microseconds.
+/// took 3 s (28 ms now). A row released to a named successor (`heir`: free,
+/// its `successor` this daemon) is open to that daemon before it expires;
+/// refused, it reads as expired to it, so that it tries again at once.
+/// Binds: names, instances, holders (arrays), ttl in microseconds, daemons
+/// (array).
 const ACQUIRE_MANY: &str = "\
-WITH p AS (SELECT * FROM unnest($1::varchar[], $2::varchar[], $3::varchar[])
-           WITH ORDINALITY AS p(name, inst, holder, n)),
+WITH p AS (SELECT * FROM unnest($1::varchar[], $2::varchar[], $3::varchar[], $5::varchar[])
+           WITH ORDINALITY AS p(name, inst, holder, daemon, n)),
 r AS (
-  SELECT l.id, p.n, p.inst AS want_inst, p.holder AS want_holder,
+  SELECT l.id, p.n, p.inst AS want_inst, p.holder AS want_holder, p.daemon AS want_daemon,
          l.holder, l.instance, l.token, l.expires_at,
-         (l.expires_at <= now() OR l.instance = p.inst) AS open
+         (l.instance IS NULL AND l.successor = p.daemon) AS heir,
+         (l.expires_at <= now() OR l.instance = p.inst
+          OR (l.instance IS NULL AND l.successor = p.daemon)) AS open
     FROM service_leader_lock l JOIN p ON l.name = p.name
 ),
 k AS (
@@ -169,7 +184,8 @@ k AS (
 ),
 t AS (
   SELECT l.id, r.n, r.want_inst, r.want_holder FROM service_leader_lock l JOIN r ON l.id = r.id
-   WHERE r.open AND l.expires_at <= now()
+   WHERE r.open AND (l.expires_at <= now()
+                     OR (l.instance IS NULL AND l.successor = r.want_daemon))
    FOR UPDATE OF l SKIP LOCKED
 ),
 c AS (SELECT * FROM k UNION ALL SELECT * FROM t),
@@ -179,6 +195,7 @@ u AS (
     acquired_at = CASE WHEN l.instance = c.want_inst AND l.expires_at > now() THEN l.acquired_at ELSE now() END,
     holder = c.want_holder,
     instance = c.want_inst,
+    successor = NULL,
     renewed_at = now(),
     expires_at = GREATEST(l.expires_at, now() + $4 * INTERVAL '1 microsecond')
   FROM c
@@ -190,7 +207,8 @@ SELECT TRUE, u.n, u.holder, u.instance, u.token,
   FROM u
 UNION ALL
 SELECT FALSE, r.n, r.holder, r.instance, r.token,
-       (EXTRACT(EPOCH FROM r.expires_at - now()) * 1000000)::bigint
+       CASE WHEN r.heir THEN LEAST(0, (EXTRACT(EPOCH FROM r.expires_at - now()) * 1000000)::bigint)
+            ELSE (EXTRACT(EPOCH FROM r.expires_at - now()) * 1000000)::bigint END
   FROM r
  WHERE NOT EXISTS (SELECT 1 FROM u WHERE u.n = r.n)";
 const ACQUIRE_MANY_TYPES: &[Type] = &[
@@ -198,6 +216,7 @@ const ACQUIRE_MANY_TYPES: &[Type] = &[
     Type::VARCHAR_ARRAY,
     Type::VARCHAR_ARRAY,
     Type::INT8,
+    Type::VARCHAR_ARRAY,
 ];
 
 /// Creates missing rows: free, blocked until `now + ttl` so that a holder
@@ -214,19 +233,30 @@ const CREATE_MANY: &str = "INSERT INTO service_leader_lock (name, token, expires
 const CREATE_MANY_TYPES: &[Type] = &[Type::VARCHAR_ARRAY, Type::INT8];
 
 /// Frees the rows this instance holds and notifies the waiting replicas
-/// (delivered at commit), in one round trip: the names released.
+/// (delivered at commit), in one round trip: the names released. A row
+/// released to a successor stays blocked for its window (`crate::Successor`).
+/// Binds: names, instances, successors, windows in microseconds (0 with
+/// no successor).
 const RELEASE_MANY: &str = "\
-WITH p AS (SELECT * FROM unnest($1::varchar[], $2::varchar[]) AS p(name, inst)),
+WITH p AS (SELECT * FROM unnest($1::varchar[], $2::varchar[], $3::varchar[], $4::bigint[])
+           AS p(name, inst, succ, win)),
 r AS (
-  UPDATE service_leader_lock l SET holder = NULL, instance = NULL, expires_at = now()
+  UPDATE service_leader_lock l SET holder = NULL, instance = NULL, successor = p.succ,
+         expires_at = now() + p.win * INTERVAL '1 microsecond'
     FROM p WHERE l.name = p.name AND l.instance = p.inst RETURNING l.name
 )
 SELECT r.name, pg_notify('leaderd', r.name) IS NULL FROM r";
-const RELEASE_MANY_TYPES: &[Type] = &[Type::VARCHAR_ARRAY, Type::VARCHAR_ARRAY];
+const RELEASE_MANY_TYPES: &[Type] = &[
+    Type::VARCHAR_ARRAY,
+    Type::VARCHAR_ARRAY,
+    Type::VARCHAR_ARRAY,
+    Type::INT8_ARRAY,
+];
 
 /// The rows whose name starts with the bind (every row for `''`).
 const ELECTIONS: &str = "SELECT name, holder, token, \
-    (EXTRACT(EPOCH FROM expires_at - now()) * 1000000)::bigint \
+    (EXTRACT(EPOCH FROM expires_at - now()) * 1000000)::bigint, instance, \
+    CASE WHEN instance IS NOT NULL THEN (EXTRACT(EPOCH FROM now() - acquired_at) * 1000000)::bigint END \
     FROM service_leader_lock WHERE starts_with(name COLLATE \"C\", $1) ORDER BY name";
 
 /// A tokio-postgres error with its causes: its own `Display` says only
@@ -704,11 +734,12 @@ impl PgStore {
         let names: Vec<&str> = rest.iter().map(|&i| reqs[i].election).collect();
         let insts: Vec<&str> = rest.iter().map(|&i| reqs[i].instance).collect();
         let holders: Vec<&str> = rest.iter().map(|&i| reqs[i].holder).collect();
+        let daemons: Vec<Option<&str>> = rest.iter().map(|&i| reqs[i].daemon).collect();
         let rows = self
             .query(
                 ACQUIRE_MANY,
                 ACQUIRE_MANY_TYPES,
-                &[&names, &insts, &holders, &ttl_us],
+                &[&names, &insts, &holders, &ttl_us, &daemons],
             )
             .await?;
         for row in rows {
@@ -748,12 +779,21 @@ impl PgStore {
     /// whether each was released.
     pub(crate) async fn release_many(
         &mut self,
-        items: &[(&str, &str)],
+        items: &[Release<'_>],
     ) -> Result<Vec<bool>, StoreError> {
-        let names: Vec<&str> = items.iter().map(|(n, _)| *n).collect();
-        let insts: Vec<&str> = items.iter().map(|(_, i)| *i).collect();
+        let names: Vec<&str> = items.iter().map(|r| r.election).collect();
+        let insts: Vec<&str> = items.iter().map(|r| r.instance).collect();
+        let succs: Vec<Option<&str>> = items
+            .iter()
+            .map(|r| r.successor.map(|s| s.daemon))
+            .collect();
+        let windows: Vec<i64> = items.iter().map(Release::window_us).collect();
         let rows = self
-            .query(RELEASE_MANY, RELEASE_MANY_TYPES, &[&names, &insts])
+            .query(
+                RELEASE_MANY,
+                RELEASE_MANY_TYPES,
+                &[&names, &insts, &succs, &windows],
+            )
             .await?;
         let released: Vec<String> = rows
             .iter()
@@ -765,12 +805,8 @@ impl PgStore {
             .collect())
     }
 
-    pub(crate) async fn release(
-        &mut self,
-        election: &str,
-        instance: &str,
-    ) -> Result<bool, StoreError> {
-        Ok(self.release_many(&[(election, instance)]).await? == [true])
+    pub(crate) async fn release(&mut self, item: &Release<'_>) -> Result<bool, StoreError> {
+        Ok(self.release_many(std::slice::from_ref(item)).await? == [true])
     }
 
     pub(crate) async fn elections(&mut self, prefix: &str) -> Result<Vec<ElectionRow>, StoreError> {
@@ -782,6 +818,8 @@ impl PgStore {
                     r.try_get(1)?,
                     r.try_get(2)?,
                     r.try_get(3)?,
+                    r.try_get(4)?,
+                    r.try_get(5)?,
                 )))
             })
             .collect()

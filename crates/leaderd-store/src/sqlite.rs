@@ -28,8 +28,8 @@ use crate::cas::{CasBatch, CasOps};
 use crate::migrate;
 use crate::sql::{Bind, Stmt};
 use crate::{
-    boot_id, boot_now, observed, DatabaseUrl, ElectionRow, FenceStatus, LeaseRequest, Migrated,
-    Observed, StoreError,
+    as_heir, boot_id, boot_now, observed, DatabaseUrl, ElectionRow, FenceStatus, LeaseRequest,
+    Migrated, Observed, Release, RowParts, StoreError,
 };
 
 /// Connection set-up; see [`open`] and the module docs.
@@ -40,9 +40,13 @@ const SETUP_BUSY: &str = "PRAGMA busy_timeout = 5000;";
 
 /// The schema is current (SQLite has no fence to install: the app's recipe
 /// needs nothing of the migration).
-const SCHEMA_CURRENT: &str = "SELECT (SELECT COUNT(*) FROM sqlite_master \
+const SCHEMA_CURRENT: &str = concat!(
+    "SELECT (SELECT COUNT(*) FROM sqlite_master \
         WHERE (type = 'table' AND name IN ('service_leader_lock', 'service_leader_token')) \
-           OR (type = 'trigger' AND name = 'service_leader_keep_token')) = 3";
+           OR (type = 'trigger' AND name = 'service_leader_keep_token')) = 3 AND (",
+    migrate::sqlite_successor_present!(),
+    ")"
+);
 
 /// `BEGIN IMMEDIATE` takes the write lock first, so concurrent migrations run
 /// one after another and the later ones find the work done.
@@ -53,6 +57,7 @@ const MIGRATION: migrate::Plan = migrate::Plan {
     lock_held: None,
     unlock: "COMMIT",
     steps: migrate::SQLITE,
+    columns: &[migrate::SQLITE_SUCCESSOR],
     tune: None,
     legacy: "SELECT EXISTS (SELECT 1 FROM sqlite_master \
         WHERE type = 'table' AND name = '__diesel_schema_migrations')",
@@ -72,12 +77,12 @@ const RENEW: &str =
     WHERE name = ? AND instance = ? AND token = ? AND boot_id = ? AND expires_at > ?";
 
 const OBSERVE: &str = "SELECT holder, instance, token, boot_id, expires_at, \
-    COALESCE(renewed_at, -1) FROM service_leader_lock WHERE name = ?";
+    COALESCE(renewed_at, -1), successor FROM service_leader_lock WHERE name = ?";
 
 /// A compare-and-set on the row exactly as observed: any renewal, take or
 /// release since then changes `expires_at` or `renewed_at`.
 const TAKE: &str = "UPDATE service_leader_lock \
-    SET token = token + 1, holder = ?, instance = ?, boot_id = ?, \
+    SET token = token + 1, holder = ?, instance = ?, boot_id = ?, successor = NULL, \
         acquired_at = ?, renewed_at = ?, expires_at = ? \
     WHERE name = ? AND token = ? AND boot_id = ? AND expires_at = ? \
       AND COALESCE(renewed_at, -1) = ?";
@@ -90,14 +95,17 @@ const CREATE: &str = "INSERT INTO service_leader_lock (name, token, boot_id, exp
     SELECT ?, MAX(?, COALESCE((SELECT token + 1 FROM service_leader_token WHERE name = ?), 0)), ?, ? \
     WHERE true ON CONFLICT (name) DO NOTHING";
 
-const RELEASE: &str =
-    "UPDATE service_leader_lock SET holder = NULL, instance = NULL, expires_at = ? \
+/// Released to a successor, the row stays blocked for its window
+/// (`crate::Successor`). Binds: successor, expiry, name, instance.
+const RELEASE: &str = "UPDATE service_leader_lock \
+    SET holder = NULL, instance = NULL, successor = ?, expires_at = ? \
     WHERE name = ? AND instance = ?";
 
 /// The rows whose name starts with the bind (after the clock's two; every
 /// row for `''`).
 const ELECTIONS: &str = "SELECT name, holder, token, \
-    CASE WHEN boot_id = ? THEN expires_at - ? ELSE -1 END \
+    CASE WHEN boot_id = ? THEN expires_at - ? ELSE -1 END, instance, \
+    CASE WHEN instance IS NOT NULL AND boot_id = ? THEN ? - acquired_at END \
     FROM service_leader_lock WHERE substr(name, 1, length(?)) = ? ORDER BY name";
 
 /// The boot clock in microseconds: SQLite's "database clock".
@@ -341,14 +349,10 @@ impl SqliteStore {
         })
     }
 
-    pub(crate) async fn release(
-        &mut self,
-        election: &str,
-        instance: &str,
-    ) -> Result<bool, StoreError> {
-        let released = self.release_row(election, instance).await?;
+    pub(crate) async fn release(&mut self, item: &Release<'_>) -> Result<bool, StoreError> {
+        let released = self.release_row(item).await?;
         if released {
-            self.announce(election);
+            self.announce(item.election);
         }
         Ok(released)
     }
@@ -359,32 +363,34 @@ impl SqliteStore {
     /// waiters wake every election on any: see [`FileWaiter`]).
     pub(crate) async fn release_many(
         &mut self,
-        items: &[(&str, &str)],
+        items: &[Release<'_>],
     ) -> Result<Vec<bool>, StoreError> {
         self.begin().await?;
         let released = self.release_each(items).await;
         let released = self.end(released).await?;
-        if let Some(((election, _), _)) = items.iter().zip(&released).find(|(_, r)| **r) {
-            self.announce(election);
+        if let Some((item, _)) = items.iter().zip(&released).find(|(_, r)| **r) {
+            self.announce(item.election);
         }
         Ok(released)
     }
 
-    async fn release_each(&mut self, items: &[(&str, &str)]) -> Result<Vec<bool>, StoreError> {
+    async fn release_each(&mut self, items: &[Release<'_>]) -> Result<Vec<bool>, StoreError> {
         let mut out = Vec::with_capacity(items.len());
-        for (election, instance) in items {
-            out.push(self.release_row(election, instance).await?);
+        for item in items {
+            out.push(self.release_row(item).await?);
         }
         Ok(out)
     }
 
-    async fn release_row(&mut self, election: &str, instance: &str) -> Result<bool, StoreError> {
+    async fn release_row(&mut self, item: &Release<'_>) -> Result<bool, StoreError> {
         let n = Stmt::<()>::new(
             RELEASE,
             [
-                Bind::BigInt(now_us()),
-                Bind::Text(election),
-                Bind::Text(instance),
+                item.successor
+                    .map_or(Bind::NullText, |s| Bind::Text(s.daemon)),
+                Bind::BigInt(now_us().saturating_add(item.window_us())),
+                Bind::Text(item.election),
+                Bind::Text(item.instance),
             ],
         )
         .execute(&mut self.conn)
@@ -428,18 +434,27 @@ impl SqliteStore {
     }
 
     pub(crate) async fn elections(&mut self, prefix: &str) -> Result<Vec<ElectionRow>, StoreError> {
-        let rows: Vec<(String, Option<String>, i64, i64)> =
-            Stmt::<(Text, Nullable<Text>, BigInt, BigInt)>::new(
-                ELECTIONS,
-                [
-                    Bind::Text(&self.boot_id),
-                    Bind::BigInt(now_us()),
-                    Bind::Text(prefix),
-                    Bind::Text(prefix),
-                ],
-            )
-            .load(&mut self.conn)
-            .await?;
+        let now = now_us();
+        let rows: Vec<RowParts> = Stmt::<(
+            Text,
+            Nullable<Text>,
+            BigInt,
+            BigInt,
+            Nullable<Text>,
+            Nullable<BigInt>,
+        )>::new(
+            ELECTIONS,
+            [
+                Bind::Text(&self.boot_id),
+                Bind::BigInt(now),
+                Bind::Text(&self.boot_id),
+                Bind::BigInt(now),
+                Bind::Text(prefix),
+                Bind::Text(prefix),
+            ],
+        )
+        .load(&mut self.conn)
+        .await?;
         Ok(rows.into_iter().map(ElectionRow::from).collect())
     }
 
@@ -521,8 +536,9 @@ mod run {
     use super::{now_us, Lease, SeenRow, CREATE, OBSERVE, RENEW, TAKE};
     use crate::sql::{Bind, Stmt};
 
-    /// A row as `OBSERVE` reads it: holder, instance, and the rest.
-    pub(super) type Seen = (Option<String>, Option<String>, SeenRow);
+    /// A row as `OBSERVE` reads it: holder, instance, the rest, and the
+    /// successor it was released to.
+    pub(super) type Seen = (Option<String>, Option<String>, SeenRow, Option<String>);
 
     pub(super) fn renew(
         c: &mut SqliteConnection,
@@ -548,22 +564,34 @@ mod run {
     }
 
     pub(super) fn observe(c: &mut SqliteConnection, election: &str) -> QueryResult<Option<Seen>> {
-        type Row = (Option<String>, Option<String>, i64, String, i64, i64);
-        let rows: Vec<Row> =
-            Stmt::<(Nullable<Text>, Nullable<Text>, BigInt, Text, BigInt, BigInt)>::new(
-                OBSERVE,
-                [Bind::Text(election)],
-            )
-            .load(c)?;
+        type Row = (
+            Option<String>,
+            Option<String>,
+            i64,
+            String,
+            i64,
+            i64,
+            Option<String>,
+        );
+        type RowSql = (
+            Nullable<Text>,
+            Nullable<Text>,
+            BigInt,
+            Text,
+            BigInt,
+            BigInt,
+            Nullable<Text>,
+        );
+        let rows: Vec<Row> = Stmt::<RowSql>::new(OBSERVE, [Bind::Text(election)]).load(c)?;
         Ok(rows.into_iter().next().map(
-            |(holder, instance, token, boot_id, expires_at, renewed_at)| {
+            |(holder, instance, token, boot_id, expires_at, renewed_at, successor)| {
                 let row = SeenRow {
                     token,
                     boot_id,
                     expires_at,
                     renewed_at,
                 };
-                (holder, instance, row)
+                (holder, instance, row, successor)
             },
         ))
     }
@@ -648,14 +676,15 @@ impl SqliteStore {
     /// the row for the take that may follow.
     fn seen(&mut self, lease: &LeaseRequest<'_>, seen: Option<run::Seen>) -> Option<Observed> {
         let now = now_us();
-        let Some((holder, instance, row)) = seen else {
+        let Some((holder, instance, row, successor)) = seen else {
             self.seen.remove(lease.election);
             return None;
         };
         let remaining_us = self.remaining_us(lease.election, &row, lease.ttl_us(), now);
         let token = row.token;
         self.seen.insert(lease.election.to_owned(), row);
-        Some(observed((holder, instance, token, remaining_us)))
+        let seen = observed((holder, instance, token, remaining_us));
+        Some(as_heir(lease, seen, successor.as_deref()))
     }
 
     /// The row last observed for `election`, if its token is still

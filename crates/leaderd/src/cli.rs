@@ -105,6 +105,10 @@ pub struct ConfigArgs {
     /// Consecutive failed checks before stepping down [default: 3]
     #[arg(long, global = true, value_name = "N")]
     pub app_health_failures: Option<String>,
+    /// Preference as a successor at handovers: higher first, then the
+    /// replica that started last [default: 0]
+    #[arg(long, global = true, value_name = "N", allow_negative_numbers = true)]
+    pub priority: Option<String>,
     /// Spread several elections across the live replicas (the default).
     #[arg(long, global = true, conflicts_with = "no_spread")]
     pub spread: bool,

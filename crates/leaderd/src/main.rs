@@ -212,7 +212,7 @@ async fn run(settings: Settings, commands: Option<Vec<Vec<OsString>>>) -> anyhow
         settings.timing.heartbeat(),
         shutdown.clone(),
     ));
-    let spread = tokio::spawn(runtime::spread::run(
+    let presence = tokio::spawn(runtime::presence::run(
         daemon.clone(),
         settings.clone(),
         link,
@@ -233,7 +233,7 @@ async fn run(settings: Settings, commands: Option<Vec<Vec<OsString>>>) -> anyhow
         ),
     };
     let mut failed = None;
-    let (loops, _) = tokio::join!(futures_util::future::join_all(loops), spread);
+    let (loops, _) = tokio::join!(futures_util::future::join_all(loops), presence);
     waiter.abort();
     for election in loops {
         if let Err(e) = election {

@@ -45,10 +45,15 @@ pub const KEYS: &[&str] = &[
     "log_format",
     "app_health",
     "app_health_failures",
+    "priority",
     "stop_grace",
     "exec",
     "spread",
 ];
+
+/// The largest `priority`, either way: room enough for any ordering a
+/// user needs, and short in the presence row that carries it.
+const PRIORITY_LIMIT: i32 = 1_000_000;
 
 /// Separates the names of several elections inside one layered value: no
 /// name may hold a control character, so the join is unambiguous.
@@ -132,6 +137,9 @@ pub struct Settings {
     pub app_health: Option<AppHealth>,
     /// Consecutive failed checks before stepping down.
     pub app_health_failures: u32,
+    /// Preference as a successor at handovers (spec, Handover,
+    /// "Successor"): higher first.
+    pub priority: i32,
     /// `exec` only: how long before the local deadline a child is told to
     /// stop when renewals fail.
     pub stop_grace: Duration,
@@ -247,6 +255,22 @@ fn validate(
             }
         },
     };
+    let priority = match layers.get("priority") {
+        None => Some(0),
+        Some(s) => match s.value.trim().parse::<i32>() {
+            Ok(n) if (-PRIORITY_LIMIT..=PRIORITY_LIMIT).contains(&n) => Some(n),
+            _ => {
+                problem(
+                    problems,
+                    "priority",
+                    s,
+                    &s.value,
+                    "expected a whole number from -1000000 to 1000000",
+                );
+                None
+            }
+        },
+    };
     let stop_grace = match (timing, layers.get("stop_grace")) {
         (Some(t), None) => Some(t.default_stop_grace()),
         (Some(t), Some(s)) => duration_key(layers, "stop_grace", Duration::ZERO, problems)
@@ -285,6 +309,7 @@ fn validate(
         log_format: log_format?,
         app_health: app_health?,
         app_health_failures: app_health_failures?,
+        priority: priority?,
         stop_grace: stop_grace?,
         exec: exec?.into(),
         secret_env,
@@ -844,6 +869,24 @@ mod tests {
         );
         let msg = problems(&["--stop-grace", "soon"], &env(&[]));
         assert!(msg.contains("`stop_grace`"), "{msg}");
+    }
+
+    #[test]
+    fn priority_is_a_bounded_whole_number_from_any_source() {
+        assert_eq!(load(&[], &env(&[])).unwrap().priority, 0);
+        assert_eq!(load(&["--priority", "-5"], &env(&[])).unwrap().priority, -5);
+        let s = load(&[], &env(&[("LEADERD_PRIORITY", "7")])).unwrap();
+        assert_eq!(s.priority, 7);
+        let (_dir, file) = config_file("p.toml", "priority = 3\n");
+        let s = load(&["--config", file.to_str().unwrap()], &env(&[])).unwrap();
+        assert_eq!(s.priority, 3);
+        for bad in ["high", "1.5", "1000001", ""] {
+            let msg = problems(&["--priority", bad], &env(&[]));
+            assert!(
+                msg.contains("`priority`") && msg.contains("-1000000"),
+                "{bad}: {msg}"
+            );
+        }
     }
 
     #[test]

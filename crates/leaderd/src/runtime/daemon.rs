@@ -12,12 +12,15 @@ use std::time::Duration;
 use leaderd_core::BootTime;
 
 use crate::clock::boot_now;
+use crate::runtime::roster::Roster;
 use crate::runtime::shared::Shared;
 use crate::settings::Settings;
 
 #[derive(Debug)]
 pub struct Daemon {
     elections: Vec<Arc<Shared>>,
+    /// The other live replicas, for naming successors.
+    roster: Arc<Roster>,
     /// Until when the replica drains (see [`Daemon::drain`]).
     draining_until: Mutex<Option<BootTime>>,
 }
@@ -35,9 +38,14 @@ impl Daemon {
     /// The elections of `each`, one election's settings each (see
     /// [`Settings::each_election`]), in that order.
     pub fn new(each: &[Settings]) -> Self {
-        let elections = each.iter().map(|one| Arc::new(Shared::new(one))).collect();
+        let roster = Arc::new(Roster::new(&each[0]));
+        let elections = each
+            .iter()
+            .map(|one| Arc::new(Shared::new(one, roster.clone())))
+            .collect();
         Self {
             elections,
+            roster,
             draining_until: Mutex::new(None),
         }
     }
@@ -63,6 +71,11 @@ impl Daemon {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .is_some_and(|until| now < until)
+    }
+
+    /// Who else is live, and who is named at a release.
+    pub fn roster(&self) -> &Arc<Roster> {
+        &self.roster
     }
 
     /// Every election, in the configured order (never empty).

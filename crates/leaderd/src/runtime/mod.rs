@@ -2,8 +2,10 @@
 //! lease engine, the state each shares with the rest (`shared`), the
 //! daemon's elections together (`daemon`), and the parts around the loops:
 //! the one connection (`link`, opened by `connector`), release wake-ups
-//! (`wakeups`), the spread across replicas (`spread`), requests to a loop
-//! (`inbox`) and the app-health gate (`app_health`).
+//! (`wakeups`), the presence rows (`presence`) and who they show live
+//! (`roster`, which names successors), the spread across replicas
+//! (`spread`), requests to a loop (`inbox`) and the app-health gate
+//! (`app_health`).
 //!
 //! A new capability of the elections goes in a module of its own here,
 //! beside the loop, not into it.
@@ -14,6 +16,8 @@ pub mod daemon;
 pub mod election;
 pub mod inbox;
 pub mod link;
+pub mod presence;
+pub mod roster;
 pub mod shared;
 pub mod spread;
 pub mod wakeups;

@@ -7,7 +7,7 @@
 //! daemon imported the loop's file, which imported them: a circle).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use leaderd_core::{BootTime, Engine, Timing, View};
@@ -16,6 +16,7 @@ use tokio::sync::{oneshot, watch, Notify};
 use crate::clock::boot_now;
 use crate::outputs::metrics::Metrics;
 use crate::runtime::inbox::Inbox;
+use crate::runtime::roster::Roster;
 use crate::settings::Settings;
 
 /// A request to the election loop from outside it (HTTP, the app-health
@@ -44,6 +45,8 @@ pub enum Control {
 pub struct Shared {
     pub election: String,
     pub id: String,
+    /// The daemon's, shared by its elections: who is named at a release.
+    pub roster: Arc<Roster>,
     /// Fixed for the process; kept here so readers need not lock the engine.
     pub timing: Timing,
     pub(crate) engine: Mutex<Engine>,
@@ -89,7 +92,7 @@ impl From<View> for Leadership {
 }
 
 impl Shared {
-    pub fn new(settings: &Settings) -> Self {
+    pub fn new(settings: &Settings, roster: Arc<Roster>) -> Self {
         let instance = uuid::Uuid::new_v4().to_string();
         let now = boot_now();
         let mut engine = Engine::new(settings.timing, settings.id.clone(), instance, now);
@@ -101,6 +104,7 @@ impl Shared {
         Self {
             election: settings.election.clone(),
             id: settings.id.clone(),
+            roster,
             timing: settings.timing,
             engine: Mutex::new(engine),
             last_db_ok: Mutex::new(None),

@@ -129,6 +129,7 @@ pub(super) fn layer(
         ("log_format", args.log_format.clone()),
         ("app_health", args.app_health.clone()),
         ("app_health_failures", args.app_health_failures.clone()),
+        ("priority", args.priority.clone()),
         ("stop_grace", args.stop_grace.clone()),
         (
             "exec",

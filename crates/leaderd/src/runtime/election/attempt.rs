@@ -4,6 +4,7 @@
 
 use crate::clock::boot_now;
 use crate::runtime::link::{Reached, Request};
+use crate::runtime::roster::Heir;
 use crate::runtime::shared::Shared;
 
 use super::{Db, Loop, IN_FLIGHT_BUDGET};
@@ -178,6 +179,7 @@ impl Db {
             instance,
             ttl: shared.timing.ttl(),
             held_token,
+            daemon: Some(shared.roster.daemon().clone()),
         };
         self.reached = Reached::Database;
         self.link.attempt(req, until).await.map_err(|failure| {
@@ -186,9 +188,15 @@ impl Db {
         })
     }
 
-    /// Releases the row if `instance` holds it (connecting first if needed).
-    pub(super) async fn release(&mut self, election: &str, instance: &str) -> Result<bool, String> {
+    /// Releases the row if `instance` holds it (connecting first if
+    /// needed), naming `heir` to lead next.
+    pub(super) async fn release(
+        &mut self,
+        election: &str,
+        instance: &str,
+        heir: Option<Heir>,
+    ) -> Result<bool, String> {
         self.reached = Reached::Database;
-        self.link.release(election, instance).await
+        self.link.release(election, instance, heir).await
     }
 }

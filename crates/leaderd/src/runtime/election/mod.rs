@@ -151,7 +151,7 @@ impl Election {
         let lp = &mut self.lp;
         lp.report.step_down(&lp.shared);
         let instance = lp.shared.engine().instance().to_owned();
-        lp.release_row(&instance).await;
+        lp.release_row(&instance, true).await;
         // The named lock (MySQL) goes with the process anyway; letting it
         // go first wakes the others a little sooner. The flag file, if the
         // disk allows, should not outlive the process.

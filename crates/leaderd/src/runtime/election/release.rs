@@ -1,7 +1,7 @@
 //! Releasing the row this replica may hold, within the shutdown's budgets.
 
 use crate::clock::boot_now;
-use crate::runtime::wakeups;
+use crate::runtime::{presence, wakeups};
 
 use super::{Loop, CHILD_REAP_BUDGET, FLAG_BUDGET, NOTICE_BUDGET, RELEASE_BUDGET};
 
@@ -9,9 +9,11 @@ use tracing::{error, info, warn};
 
 impl Loop {
     /// After the local step-down: free the row, within [`RELEASE_BUDGET`],
-    /// on the connection the last attempt used when it is still usable; then
-    /// let the presence go, which wakes the others on MySQL.
-    pub(super) async fn release_row(&mut self, instance: &str) {
+    /// on the connection the last attempt used when it is still usable,
+    /// naming the successor (`leaving`: this replica goes, see
+    /// `Roster::successor`); then let the presence go, which wakes the
+    /// others on MySQL.
+    pub(super) async fn release_row(&mut self, instance: &str, leaving: bool) {
         if !self.may_hold() {
             self.sync_presence();
             return;
@@ -57,8 +59,15 @@ impl Loop {
             );
             return;
         }
-        let released =
-            tokio::time::timeout(RELEASE_BUDGET, self.db.release(&election, instance)).await;
+        let roster = self.shared.roster.clone();
+        let released = tokio::time::timeout(RELEASE_BUDGET, async {
+            let heir = presence::successor(&roster, &self.db.link, leaving).await;
+            if let Some(heir) = &heir {
+                info!(election, successor = %heir.daemon, "naming the successor");
+            }
+            self.db.release(&election, instance, heir).await
+        })
+        .await;
         if matches!(released, Ok(Ok(_))) {
             // Whatever was unanswered has been overtaken by this release.
             self.granted = false;

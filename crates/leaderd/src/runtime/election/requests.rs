@@ -51,7 +51,7 @@ impl Loop {
                     return;
                 };
                 info!(election = %self.shared.election, hold = ?hold, "stepping down on request");
-                self.step_down(step_down).await;
+                self.step_down(step_down, drain).await;
                 self.shared.engine().hold(boot_now(), hold);
                 if drain {
                     self.shared.engine().drain(boot_now(), hold);
@@ -67,7 +67,7 @@ impl Loop {
                     warn!(election = %self.shared.election, "the app fails its health check; not competing");
                 }
                 if let Some(step_down) = step_down {
-                    self.step_down(step_down).await;
+                    self.step_down(step_down, true).await;
                 }
             }
             Control::Yield(yielding) => self.shared.engine().set_yielding(now, yielding),
@@ -77,9 +77,12 @@ impl Loop {
     /// Reports a step-down on purpose and releases the lease it gave up. The
     /// engine already competes as a new instance, so this release can never
     /// free a later lease of this replica, however late it lands.
-    pub(super) async fn step_down(&mut self, step_down: leaderd_core::StepDown) {
+    /// `leaving`: the replica goes (drains, or stops competing), not only
+    /// this election (a spread hand-over).
+    pub(super) async fn step_down(&mut self, step_down: leaderd_core::StepDown, leaving: bool) {
         self.report.handle(&self.shared, vec![step_down.event]);
-        self.release_row(&step_down.released_instance).await;
+        self.release_row(&step_down.released_instance, leaving)
+            .await;
         // Whatever the release did, what may be held belongs to the old
         // instance; the fresh one has sent nothing (a shutdown now has
         // nothing to release).

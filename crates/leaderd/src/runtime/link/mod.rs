@@ -39,6 +39,7 @@ use tokio::sync::{mpsc, oneshot, watch, Notify};
 
 use crate::clock::boot_now;
 use crate::runtime::connector::Connector;
+use crate::runtime::roster::Heir;
 use crate::runtime::shared::Shared;
 
 mod gather;
@@ -63,6 +64,8 @@ pub struct Request {
     pub instance: String,
     pub ttl: Duration,
     pub held_token: Option<i64>,
+    /// The daemon's instance, as releases name successors.
+    pub daemon: Option<Arc<str>>,
 }
 
 impl Request {
@@ -73,6 +76,7 @@ impl Request {
             instance: &self.instance,
             ttl: self.ttl,
             held_token: self.held_token,
+            daemon: self.daemon.as_deref(),
         }
     }
 }
@@ -120,6 +124,7 @@ enum Job {
     Release {
         election: String,
         instance: String,
+        heir: Option<Heir>,
         reply: ReleaseReply,
     },
     Read {
@@ -236,11 +241,18 @@ impl Link {
         answer.await.unwrap_or_else(|_| Err(stopped()))
     }
 
-    /// Releases `election` if `instance` holds it; connects first if needed.
-    pub async fn release(&self, election: &str, instance: &str) -> Result<bool, String> {
+    /// Releases `election` if `instance` holds it, naming `heir` to lead
+    /// next if given; connects first if needed.
+    pub async fn release(
+        &self,
+        election: &str,
+        instance: &str,
+        heir: Option<Heir>,
+    ) -> Result<bool, String> {
         self.ask(|reply| Job::Release {
             election: election.to_owned(),
             instance: instance.to_owned(),
+            heir,
             reply,
         })
         .await
@@ -426,6 +438,7 @@ mod tests {
         let release = Job::Release {
             election: "jobs".into(),
             instance: "i".into(),
+            heir: None,
             reply: oneshot::channel().0,
         };
         assert!(release.hands_over(3));

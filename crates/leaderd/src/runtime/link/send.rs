@@ -2,12 +2,14 @@
 //! each under its bound.
 
 use leaderd_core::BootTime;
-use leaderd_store::{ElectionRow, LeaseRequest};
+use leaderd_store::{ElectionRow, LeaseRequest, Release, Successor};
 use tracing::debug;
 
 use crate::clock::boot_now;
 
 use super::settle::fail;
+use crate::runtime::roster::Heir;
+
 use super::{AttemptReply, Failure, Job, Reached, ReleaseReply, Request, Task, RELEASE_CAP};
 
 impl Task {
@@ -59,8 +61,9 @@ impl Task {
                 Job::Release {
                     election,
                     instance,
+                    heir,
                     reply,
-                } => releases.push((election, instance, reply)),
+                } => releases.push((election, instance, heir, reply)),
                 Job::Read { prefix, reply } => reads.push((prefix, reply)),
                 Job::WakeLock {
                     election,
@@ -120,15 +123,25 @@ impl Task {
         }
     }
 
-    pub(super) async fn send_releases(&mut self, releases: Vec<(String, String, ReleaseReply)>) {
+    pub(super) async fn send_releases(
+        &mut self,
+        releases: Vec<(String, String, Option<Heir>, ReleaseReply)>,
+    ) {
         let conn = self.conn.as_mut().expect("sent on a connection");
-        let items: Vec<(&str, &str)> = releases
+        let items: Vec<Release<'_>> = releases
             .iter()
-            .map(|(e, i, _)| (e.as_str(), i.as_str()))
+            .map(|(election, instance, heir, _)| Release {
+                election,
+                instance,
+                successor: heir.as_ref().map(|h| Successor {
+                    daemon: &h.daemon,
+                    window: h.window,
+                }),
+            })
             .collect();
         let answer = tokio::time::timeout(RELEASE_CAP, conn.release_many(&items)).await;
         let answer = self.settle(answer, RELEASE_CAP, "release");
-        for (i, (_, _, reply)) in releases.into_iter().enumerate() {
+        for (i, (_, _, _, reply)) in releases.into_iter().enumerate() {
             let _ = reply.send(answer.as_ref().map(|r| r[i]).map_err(Clone::clone));
         }
     }

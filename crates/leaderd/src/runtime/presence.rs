@@ -1,0 +1,274 @@
+//! The presence task: keeps this daemon's presence row, reads the group's
+//! rows every renew interval, tells the roster who is live (for naming
+//! successors, see `roster`) and, with the spread on, has the spread act on
+//! the same look. Every daemon runs it, one election or many.
+//!
+//! Presence is a row of the lock table named
+//! `leaderd-presence/<group>/slot-<n>`, leased like an election (so judged
+//! by the database's clock, and held by this daemon's instance only),
+//! renewed every renew interval and released at shutdown. A daemon takes a
+//! low slot no live replica holds: pod names change at every rollout, and a
+//! row per name would stay in the table for good (earlier versions named
+//! the row after the replica; such rows count as presence for the spread
+//! all the same, but are never named successors). A daemon whose app fails
+//! its health check, or that drains, keeps no presence: it is not waiting
+//! for anything, and must be neither named nor given an election.
+//!
+//! (Not the wake-up presence of `wakeups`, MySQL's named lock that a
+//! leader holds.)
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use leaderd_core::Attempt;
+use leaderd_store::ElectionRow;
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+use crate::clock::boot_now;
+use crate::runtime::daemon::Daemon;
+use crate::runtime::link::{Link, Request};
+use crate::runtime::roster::{fnv1a, Heir, Roster};
+use crate::runtime::spread::Spread;
+use crate::settings::Settings;
+
+/// How long shutdown gives the presence release: with the loops' own
+/// budgets, shutdown stays within the spec's 2 s.
+const RELEASE_BUDGET: Duration = Duration::from_millis(300);
+
+/// How long a release may spend reading the presence rows again before it
+/// names a successor (part of the release's own budget).
+const READ_BUDGET: Duration = Duration::from_millis(150);
+
+/// The successor a release names now: the group's rows read again first
+/// (within [`READ_BUDGET`]; a read this fresh already serves), so that a
+/// replica that joined since the last round is known, else as last read.
+/// `leaving`: this replica goes (see [`Roster::successor`]).
+pub async fn successor(roster: &Roster, link: &Link, leaving: bool) -> Option<Heir> {
+    if !roster.fresh(boot_now()) {
+        if let Ok(Ok(rows)) = tokio::time::timeout(READ_BUDGET, link.read(roster.prefix())).await {
+            roster.see(&rows, boot_now());
+        }
+    }
+    roster.successor(boot_now(), leaving)
+}
+
+/// Runs until `shutdown`, then lets the presence row go.
+pub async fn run(daemon: Arc<Daemon>, settings: Settings, link: Link, shutdown: CancellationToken) {
+    let spreading = settings.spread && settings.elections.len() > 1;
+    let prefix = daemon.roster().prefix().to_owned();
+    let mut spread =
+        spreading.then(|| Spread::new(daemon.clone(), settings.clone(), prefix.clone()));
+    let mut keeper = Keeper {
+        presence_name: None,
+        prefix,
+        held_token: None,
+        link,
+        daemon,
+        settings,
+    };
+    // At a fixed rate, not a pause after each round: the others count this
+    // replica out when its presence misses two renewals (see
+    // `leaderd_core::spread::present`), and a slow round must not look so.
+    let mut every = tokio::time::interval(keeper.settings.timing.renew_every());
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            _ = every.tick() => {}
+        }
+        match keeper.round().await {
+            Ok(Some(rows)) => {
+                if let Some(spread) = &mut spread {
+                    let leads = spread.act(&rows).await;
+                    keeper.daemon.roster().count_leads(leads);
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                debug!(error = %e, "presence: cannot read the table; not yielding");
+                keeper.held_token = None;
+                if let Some(spread) = &mut spread {
+                    spread.set_yielding(false).await;
+                }
+            }
+        }
+    }
+    keeper.leave().await;
+}
+
+struct Keeper {
+    daemon: Arc<Daemon>,
+    settings: Settings,
+    prefix: String,
+    /// The presence slot held or to take next; none before the first read.
+    presence_name: Option<String>,
+    /// The presence row's token while this instance holds it.
+    held_token: Option<i64>,
+    /// The daemon's connection: the presence renewal and the read go over
+    /// it, with whatever the loops have pending.
+    link: Link,
+}
+
+impl Keeper {
+    /// One look at the table: renew the presence and read the group's rows
+    /// (`None` while draining: nothing to plan for).
+    async fn round(&mut self) -> Result<Option<Vec<ElectionRow>>, String> {
+        if !self.link.connected() {
+            self.link.want_connection();
+            return Err("no connection".into());
+        }
+        // A replica drained by a release with a hold (or whose app fails)
+        // counts as absent: it is named for nothing and given no election
+        // until it competes again.
+        let draining = self.daemon.draining(boot_now());
+        let healthy = self.daemon.first().app_healthy() && !draining;
+        // A slot is chosen from a fresh look and taken in this same round,
+        // so that replicas starting together are counted within a round or
+        // two; the same look then serves the plan.
+        let mut presence = None;
+        if healthy {
+            if self.held_token.is_none() {
+                let fresh = self.link.read(&self.prefix).await?;
+                let instance = self.daemon.roster().daemon();
+                self.presence_name = Some(free_slot(&self.prefix, &fresh, instance));
+                presence = Some(fresh);
+            }
+            self.renew_presence().await?;
+        } else {
+            if self.held_token.is_some() {
+                // Not waiting for anything: others must not hand over to us.
+                self.leave().await;
+            }
+            if draining {
+                return Ok(None);
+            }
+        }
+        let presence = match presence {
+            Some(rows) => rows,
+            None => self.link.read(&self.prefix).await?,
+        };
+        self.daemon.roster().see(&presence, boot_now());
+        Ok(Some(presence))
+    }
+
+    /// Takes or renews the presence slot; a slot row made just now (the
+    /// attempt creates it free) is taken at once.
+    async fn renew_presence(&mut self) -> Result<(), String> {
+        let Some(name) = self.presence_name.clone() else {
+            return Ok(());
+        };
+        let daemon = self.daemon.roster().daemon().clone();
+        for _ in 0..2 {
+            let req = Request {
+                election: name.clone(),
+                holder: self.settings.id.clone(),
+                instance: daemon.to_string(),
+                ttl: self.settings.timing.ttl(),
+                held_token: self.held_token,
+                daemon: None,
+            };
+            let until = boot_now() + self.settings.timing.heartbeat();
+            let answer = self.link.attempt(req, until).await.map_err(|f| f.reason)?;
+            self.held_token = match answer {
+                Attempt::Granted { token } => Some(token),
+                Attempt::Refused(_) => None,
+                Attempt::Created => continue,
+            };
+            break;
+        }
+        Ok(())
+    }
+
+    /// Frees the presence slot (within [`RELEASE_BUDGET`]) so the others
+    /// count this daemon out at once. A failed round forgets the token, not
+    /// the slot: the release frees it only if this instance still holds it.
+    async fn leave(&mut self) {
+        self.held_token = None;
+        let Some(name) = &self.presence_name else {
+            return;
+        };
+        let instance = self.daemon.roster().daemon().clone();
+        let released =
+            tokio::time::timeout(RELEASE_BUDGET, self.link.release(name, &instance, None)).await;
+        debug!(released = ?released, "presence let go");
+    }
+}
+
+/// The presence slot to take: one that no live replica holds in `rows`
+/// (free, expired or not there yet), among the lowest `live + 1` slots, so
+/// a group never has more presence rows than it ever had live replicas at
+/// once, whatever the replicas were called. Which free one is picked by
+/// `instance`, so that replicas starting together mostly pick different
+/// ones (the loser of a tie is refused and picks again next round).
+fn free_slot(prefix: &str, rows: &[ElectionRow], instance: &str) -> String {
+    let taken: HashSet<u64> = rows
+        .iter()
+        .filter(|r| r.live_holder().is_some())
+        .filter_map(|r| {
+            r.name
+                .strip_prefix(prefix)?
+                .strip_prefix("slot-")?
+                .parse()
+                .ok()
+        })
+        .collect();
+    let free: Vec<u64> = (0..=taken.len() as u64)
+        .filter(|n| !taken.contains(n))
+        .collect();
+    // Never empty: `taken.len() + 1` slots cannot all be taken.
+    let n = free[usize::try_from(fnv1a(instance.as_bytes()) % free.len() as u64).unwrap_or(0)];
+    format!("{prefix}slot-{n}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replica_takes_a_low_slot_no_live_replica_holds() {
+        let row = |name: &str, holder: Option<&str>, remaining_us: i64| ElectionRow {
+            name: name.into(),
+            holder: holder.map(Into::into),
+            token: 1,
+            remaining_us,
+            instance: holder.map(|h| format!("0/{h}")),
+            held_us: 0,
+        };
+        let p = "leaderd-presence/0123456789abcdef/";
+        assert_eq!(free_slot(p, &[], "i"), format!("{p}slot-0"));
+        let rows = [
+            row(&format!("{p}slot-0"), Some("a"), 900_000),
+            // Expired (a replica killed): its slot is free again.
+            row(&format!("{p}slot-1"), Some("gone"), -5),
+            row(&format!("{p}slot-2"), Some("b"), 1),
+            // Another group's slot, an older version's row, an election.
+            row(
+                "leaderd-presence/ffffffffffffffff/slot-1",
+                Some("x"),
+                900_000,
+            ),
+            row(&format!("{p}00000000deadbeef"), Some("old"), 900_000),
+            row("slot-1", Some("c"), 900_000),
+        ];
+        assert_eq!(free_slot(p, &rows, "i"), format!("{p}slot-1"));
+        // Two live slots (0 and 5): the free ones among the lowest three,
+        // 1 and 2, each picked by some newcomers.
+        let rows = [
+            row(&format!("{p}slot-0"), Some("a"), 900_000),
+            row(&format!("{p}slot-5"), Some("b"), 900_000),
+        ];
+        let picks: HashSet<String> = (0..40)
+            .map(|i| free_slot(p, &rows, &format!("instance-{i}")))
+            .collect();
+        let want: HashSet<String> = [1, 2].map(|n| format!("{p}slot-{n}")).into();
+        assert_eq!(picks, want, "newcomers spread over the free slots");
+        let rows = [
+            row(&format!("{p}slot-0"), Some("a"), 900_000),
+            row(&format!("{p}slot-1"), Some("b"), 900_000),
+            row(&format!("{p}slot-2"), None, 0),
+        ];
+        assert_eq!(free_slot(p, &rows, "i"), format!("{p}slot-2"));
+    }
+}

@@ -1,0 +1,7 @@
+-- A graceful release names the daemon instance that should lead next
+-- (spec, Handover, "Successor"): the row is then free but blocked for one
+-- heartbeat, and only that instance may take it early. NULL otherwise.
+-- MySQL 8 has no ADD COLUMN IF NOT EXISTS: leaderd runs this only when the
+-- column is missing (a check of its own), under the migration's lock. A
+-- nullable column at the end is added in place (no table copy).
+ALTER TABLE service_leader_lock ADD COLUMN successor VARCHAR(64) NULL;
