@@ -163,7 +163,8 @@ fn presence_slots_are_reused_by_replicas_under_new_names() {
 /// One daemon with six elections on PostgreSQL holds one connection for the
 /// lock table and one for release wake-ups (not one each per election), and
 /// renews all six in one statement per renew interval (400 ms with the
-/// default timing): counted as the database's committed transactions.
+/// default timing): counted as the database's committed transactions,
+/// beside its presence row's renewal (one statement more per interval).
 #[test]
 fn six_elections_share_one_connection_and_one_renewal_statement() {
     let _s = serial();
@@ -182,9 +183,9 @@ fn six_elections_share_one_connection_and_one_renewal_statement() {
         Duration::from_secs(10),
     );
     eprintln!("six elections, one daemon: {per_second:.1} committed statements/s");
-    // One renewal statement each 400 ms is 2.5/s; one per election would
-    // be 15/s.
-    assert!(per_second < 5.0, "{per_second:.1} statements/s");
+    // One renewal statement each 400 ms is 2.5/s, and the presence's as
+    // much; one per election would be 15/s.
+    assert!(per_second < 6.0, "{per_second:.1} statements/s");
     assert_eq!(db.scalar(ours), "2", "connections");
     assert_eq!(a.leading().unwrap().len(), 6);
 }

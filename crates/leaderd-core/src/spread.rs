@@ -45,14 +45,15 @@ pub fn settled(led_for: Duration, timing: Timing) -> bool {
     led_for >= timing.ttl() + timing.heartbeat()
 }
 
-/// Whether the set of live replicas, unchanged for `stable_for`, has
-/// settled enough for a hand-over: two cool-downs (see [`settled`]). In a
-/// rolling update a replica joins and an old one leaves every few seconds;
-/// a hand-over to the newcomer while an old replica is about to leave
-/// (raising every share) moves an election for nothing, and a second time
-/// later. A release names its successor by the shares anyway, so the
-/// update itself keeps things balanced; the spread only mends what is left
-/// once the set holds still.
+/// Whether the set of live replicas, no replica having joined for
+/// `stable_for`, has settled enough for a hand-over: two cool-downs (see
+/// [`settled`]). In a rolling update a replica joins and an old one leaves
+/// every few seconds; a hand-over to the newcomer while an old replica is
+/// about to leave (raising every share) moves an election for nothing, and
+/// a second time later. A release names its successor by the shares
+/// anyway, so the update itself keeps things balanced; the spread only
+/// mends what is left once replicas stop joining. A replica that left
+/// (killed) starts no wait: the survivors' shares only grow.
 pub fn set_settled(stable_for: Duration, timing: Timing) -> bool {
     stable_for >= (timing.ttl() + timing.heartbeat()) * 2
 }

@@ -241,7 +241,9 @@ impl Sim {
                 let (id, inst, held) = self.requests.remove(&flight).expect("recorded");
                 let db_now = self.db_clock.at(self.now);
                 let name = self.elections[e].clone();
-                let answer = self.db.acquire_or_renew(db_now, &name, &id, &inst, held);
+                let answer = self
+                    .db
+                    .acquire_or_renew(db_now, &name, &id, &inst, held, None);
                 if self.now >= self.replicas[r].cut_until {
                     self.answers.insert(flight, answer);
                     self.push(self.now + reply_delay, What::Reply { r, e, flight });
@@ -280,7 +282,7 @@ impl Sim {
             What::Release { e, instance } => {
                 let db_now = self.db_clock.at(self.now);
                 let name = self.elections[e].clone();
-                if self.db.release(db_now, &name, &instance) {
+                if self.db.release(db_now, &name, &instance, None) {
                     for r in 0..self.replicas.len() {
                         if let Some(d) = self.delay(r) {
                             self.push(self.now + d, What::Notice { r, e });

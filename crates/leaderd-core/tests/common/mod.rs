@@ -89,6 +89,9 @@ pub struct Row {
     pub instance: Option<String>,
     pub token: i64,
     pub expires: Us,
+    /// The daemon a release named to lead next (spec, Handover,
+    /// "Successor"): while the row is free, it may take it before expiry.
+    pub successor: Option<String>,
 }
 
 /// The lock table, on the database clock (times passed in are its).
@@ -97,9 +100,12 @@ pub struct Db {
     pub rows: BTreeMap<String, Row>,
     /// Seeds a re-created row's token; the database clock in µs in reality.
     next_seed: i64,
+    /// Rows a named successor took before they expired.
+    pub heir_takes: u64,
 }
 
 impl Db {
+    /// `daemon`: the requesting daemon, as a release may name it.
     pub fn acquire_or_renew(
         &mut self,
         now: Us,
@@ -107,6 +113,7 @@ impl Db {
         id: &str,
         inst: &str,
         held: Option<i64>,
+        daemon: Option<&str>,
     ) -> Attempt {
         let Some(row) = self.rows.get_mut(name) else {
             self.next_seed += 1_000_000;
@@ -126,12 +133,17 @@ impl Db {
                 return Attempt::Granted { token: row.token };
             }
         }
-        if mine_live || row.expires <= now {
+        let heir = row.instance.is_none() && daemon.is_some() && row.successor.as_deref() == daemon;
+        if mine_live || row.expires <= now || heir {
             if !mine_live {
                 row.token += 1;
             }
+            if heir && row.expires > now {
+                self.heir_takes += 1;
+            }
             row.holder = Some(id.to_owned());
             row.instance = Some(inst.to_owned());
+            row.successor = None;
             row.expires = row.expires.max(now + TTL);
             self.next_seed = self.next_seed.max(row.token);
             return Attempt::Granted { token: row.token };
@@ -144,13 +156,21 @@ impl Db {
         })
     }
 
-    /// Whether the row was released (only by its holding instance).
-    pub fn release(&mut self, now: Us, name: &str, inst: &str) -> bool {
+    /// Whether the row was released (only by its holding instance),
+    /// naming `successor` (a daemon, and its window) if given.
+    pub fn release(
+        &mut self,
+        now: Us,
+        name: &str,
+        inst: &str,
+        successor: Option<(&str, Us)>,
+    ) -> bool {
         match self.rows.get_mut(name) {
             Some(row) if row.instance.as_deref() == Some(inst) => {
                 row.holder = None;
                 row.instance = None;
-                row.expires = now;
+                row.successor = successor.map(|(d, _)| d.to_owned());
+                row.expires = now + successor.map_or(0, |(_, window)| window);
                 true
             }
             _ => false,

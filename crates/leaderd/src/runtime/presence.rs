@@ -42,13 +42,20 @@ const RELEASE_BUDGET: Duration = Duration::from_millis(300);
 const READ_BUDGET: Duration = Duration::from_millis(150);
 
 /// The successor a release names now: the group's rows read again first
-/// (within [`READ_BUDGET`]; a read this fresh already serves), so that a
-/// replica that joined since the last round is known, else as last read.
-/// `leaving`: this replica goes (see [`Roster::successor`]).
+/// (within [`READ_BUDGET`]), so that a replica that joined since the last
+/// round is known, else as last read. One read serves every release asked
+/// before it began. `leaving`: this replica goes (see
+/// [`Roster::successor`]).
 pub async fn successor(roster: &Roster, link: &Link, leaving: bool) -> Option<Heir> {
-    if !roster.fresh(boot_now()) {
-        if let Ok(Ok(rows)) = tokio::time::timeout(READ_BUDGET, link.read(roster.prefix())).await {
-            roster.see(&rows, boot_now());
+    let asked = boot_now();
+    {
+        let mut last = roster.reread_turn().await;
+        if last.is_none_or(|began| began < asked) {
+            *last = Some(boot_now());
+            let read = tokio::time::timeout(READ_BUDGET, link.read(roster.prefix())).await;
+            if let Ok(Ok(rows)) = read {
+                roster.see(&rows, boot_now());
+            }
         }
     }
     roster.successor(boot_now(), leaving)
@@ -61,6 +68,7 @@ pub async fn run(daemon: Arc<Daemon>, settings: Settings, link: Link, shutdown: 
     let mut spread =
         spreading.then(|| Spread::new(daemon.clone(), settings.clone(), prefix.clone()));
     let mut keeper = Keeper {
+        reads: spreading,
         presence_name: None,
         prefix,
         held_token: None,
@@ -99,6 +107,9 @@ pub async fn run(daemon: Arc<Daemon>, settings: Settings, link: Link, shutdown: 
 }
 
 struct Keeper {
+    /// Read the group's rows every round (the spread plans on them);
+    /// without the spread only a release needs them, and reads them then.
+    reads: bool,
     daemon: Arc<Daemon>,
     settings: Settings,
     prefix: String,
@@ -113,7 +124,7 @@ struct Keeper {
 
 impl Keeper {
     /// One look at the table: renew the presence and read the group's rows
-    /// (`None` while draining: nothing to plan for).
+    /// (`None` while draining, or when only a release reads them).
     async fn round(&mut self) -> Result<Option<Vec<ElectionRow>>, String> {
         if !self.link.connected() {
             self.link.want_connection();
@@ -147,7 +158,8 @@ impl Keeper {
         }
         let presence = match presence {
             Some(rows) => rows,
-            None => self.link.read(&self.prefix).await?,
+            None if self.reads => self.link.read(&self.prefix).await?,
+            None => return Ok(None),
         };
         self.daemon.roster().see(&presence, boot_now());
         Ok(Some(presence))

@@ -22,10 +22,6 @@ use leaderd_store::ElectionRow;
 
 use crate::settings::Settings;
 
-/// A read of the presence rows this recent is used as it is by a release
-/// (several elections released together read once).
-const FRESH: Duration = Duration::from_millis(50);
-
 /// A successor named by a release, owned (see [`leaderd_store::Successor`]).
 #[derive(Debug, Clone)]
 pub struct Heir {
@@ -45,6 +41,10 @@ pub struct Roster {
     /// several elections; `None` otherwise (shares do not count).
     spread_over: Option<usize>,
     view: Mutex<View>,
+    /// Held while a release reads the rows again, with when the last such
+    /// read began: elections released together (a thousand at a shutdown)
+    /// read once, not once each.
+    rereads: tokio::sync::Mutex<Option<BootTime>>,
 }
 
 #[derive(Debug, Default)]
@@ -80,6 +80,7 @@ impl Roster {
             spread_over: (settings.spread && settings.elections.len() > 1)
                 .then_some(settings.elections.len()),
             view: Mutex::new(View::default()),
+            rereads: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -94,11 +95,10 @@ impl Roster {
         &self.prefix
     }
 
-    /// Whether the rows were read within [`FRESH`] of `now`.
-    pub fn fresh(&self, now: BootTime) -> bool {
-        self.view()
-            .read_at
-            .is_some_and(|at| now.saturating_since(at) < FRESH)
+    /// The turn to read the rows again for a release, holding when the
+    /// last such read began (see [`Roster::rereads`]).
+    pub async fn reread_turn(&self) -> tokio::sync::MutexGuard<'_, Option<BootTime>> {
+        self.rereads.lock().await
     }
 
     /// The group's presence rows, read at `now`: the live replicas other

@@ -36,11 +36,11 @@ pub struct Spread {
     /// Per election, the token this daemon leads it under and since when
     /// (as first seen here, within a renew interval).
     led_since: Vec<Option<(i64, BootTime)>>,
-    /// The other live replicas as last seen, and since when they have been
-    /// these: no hand-over while the set changes (see
+    /// The other live replicas as last seen, and when one last joined: no
+    /// hand-over while replicas join (see
     /// `leaderd_core::spread::set_settled`).
     live: Vec<String>,
-    live_since: BootTime,
+    joined_at: BootTime,
 }
 
 impl Spread {
@@ -54,7 +54,7 @@ impl Spread {
             last_hand_over: None,
             led_since: vec![None; n],
             live: Vec::new(),
-            live_since: boot_now(),
+            joined_at: boot_now(),
         }
     }
 
@@ -78,10 +78,13 @@ impl Spread {
         // it took since): it is one replica.
         live.sort_unstable();
         live.dedup();
-        if live != self.live {
-            self.live = live.iter().map(|&l| l.to_owned()).collect();
-            self.live_since = now;
+        if live
+            .iter()
+            .any(|l| !self.live.iter().any(|known| known == l))
+        {
+            self.joined_at = now;
         }
+        self.live = live.iter().map(|&l| l.to_owned()).collect();
         let peers: Vec<(&str, usize)> = live
             .into_iter()
             .map(|peer| (peer, leads.get(peer).copied().unwrap_or(0)))
@@ -90,13 +93,13 @@ impl Spread {
         let peer_counts: Vec<usize> = peers.iter().map(|&(_, n)| n).collect();
         self.set_yielding(p.yield_free).await;
         let t = self.settings.timing;
-        // Not while replicas come and go (a rolling update): an old one
-        // about to leave raises everyone's share, and what was handed over
-        // would have moved for nothing.
+        // Not while replicas join (a rolling update): an old one about to
+        // leave raises everyone's share, and what was handed over to the
+        // newcomer would have moved for nothing.
         let cooled = self
             .last_hand_over
             .is_none_or(|at| settled(now.saturating_since(at), t))
-            && set_settled(now.saturating_since(self.live_since), t);
+            && set_settled(now.saturating_since(self.joined_at), t);
         // The last ones led, in the configured order, but only ones led
         // for a while (see `settled`). Each loop releases its own row and
         // holds off, so the replica below takes it.
