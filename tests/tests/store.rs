@@ -245,6 +245,39 @@ pub async fn a_named_successor_alone_takes_the_row_within_its_window(url: &str) 
     }
 }
 
+/// A presence row (not an election) is open as soon as it is made: a
+/// replica just started is a candidate from its first round. An election's
+/// row stays blocked for a ttl.
+pub async fn a_presence_row_is_open_as_soon_as_it_is_made(url: &str) {
+    let mut a = migrated(url).await;
+    let slot = req("leaderd-presence/0123456789abcdef/slot-0", "a", "ia");
+    assert_eq!(a.acquire_or_renew(&slot).await.unwrap(), Attempt::Created);
+    assert!(matches!(
+        a.acquire_or_renew(&slot).await.unwrap(),
+        Attempt::Granted { .. }
+    ));
+    let election = req("e", "a", "ia");
+    assert_eq!(
+        a.acquire_or_renew(&election).await.unwrap(),
+        Attempt::Created
+    );
+    assert!(refused(a.acquire_or_renew(&election).await.unwrap()).remaining_us > 0);
+    // The same in one batch.
+    let both = [
+        req("leaderd-presence/0123456789abcdef/slot-1", "a", "ia"),
+        req("e2", "a", "ia"),
+    ];
+    for answer in a.acquire_or_renew_many(&both).await.unwrap() {
+        assert_eq!(answer.unwrap(), Attempt::Created);
+    }
+    let answers = a.acquire_or_renew_many(&both).await.unwrap();
+    assert!(
+        matches!(answers[0], Ok(Attempt::Granted { .. })),
+        "{answers:?}"
+    );
+    assert!(matches!(answers[1], Ok(Attempt::Refused(_))), "{answers:?}");
+}
+
 pub async fn concurrent_attempts_give_exactly_one_holder(url: &str) {
     migrated(url).await;
     // Create the row and let its block lapse, so all tasks race for a free row.
@@ -516,6 +549,11 @@ macro_rules! conformance {
             async fn a_named_successor_alone_takes_the_row_within_its_window() {
                 let db: TempDb = $make;
                 super::a_named_successor_alone_takes_the_row_within_its_window(&db.url).await;
+            }
+            #[tokio::test]
+            async fn a_presence_row_is_open_as_soon_as_it_is_made() {
+                let db: TempDb = $make;
+                super::a_presence_row_is_open_as_soon_as_it_is_made(&db.url).await;
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn concurrent_attempts_give_exactly_one_holder() {

@@ -142,6 +142,22 @@ impl LeaseRequest<'_> {
     fn ttl_us(&self) -> i64 {
         i64::try_from(self.ttl.as_micros()).unwrap_or(i64::MAX)
     }
+
+    /// How long a row this request creates stays blocked: one ttl, so that
+    /// a holder whose row was deleted steps down before anyone takes over.
+    /// A presence row (`leaderd_core::spread::PRESENCE_PREFIX`) leases
+    /// nothing anyone acts on, and is open at once: a replica that has just
+    /// started is a candidate (a successor, a share) from its first round.
+    fn block_us(&self) -> i64 {
+        if self
+            .election
+            .starts_with(leaderd_core::spread::PRESENCE_PREFIX)
+        {
+            0
+        } else {
+            self.ttl_us()
+        }
+    }
 }
 
 /// One lease to free (spec, Handover).

@@ -174,15 +174,15 @@ const TAKE_ALL: Sql = bounded!(
     WHERE l.expires_at <= UTC_TIMESTAMP(6) OR (l.instance IS NULL AND l.successor = j.d)"
 );
 
-/// [`CREATE`] for several missing rows in one statement. Binds: ttl µs,
-/// then a JSON array of names.
+/// [`CREATE`] for several missing rows in one statement. Binds: a JSON
+/// array of `[name, block µs]` (see `LeaseRequest::block_us`).
 const CREATE_ALL: Sql = bounded!(
     "INSERT",
     " INTO service_leader_lock (name, token, expires_at) \
     SELECT j.n, GREATEST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)), \
                 COALESCE((SELECT t.token + 1 FROM service_leader_token t WHERE t.name = j.n), 0)), \
-           UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
-    FROM JSON_TABLE(?, '$[*]' COLUMNS (n VARCHAR(100) PATH '$')) AS j \
+           UTC_TIMESTAMP(6) + INTERVAL j.b MICROSECOND \
+    FROM JSON_TABLE(?, '$[*]' COLUMNS (n VARCHAR(100) PATH '$[0]', b BIGINT PATH '$[1]')) AS j \
     ON DUPLICATE KEY UPDATE id = id"
 );
 
@@ -413,7 +413,7 @@ impl MysqlStore {
                 .execute(&mut self.conn)
                 .await?;
         }
-        Stmt::<()>::new(self.sql(&CREATE_ALL), [Bind::BigInt(0), Bind::Text("[]")])
+        Stmt::<()>::new(self.sql(&CREATE_ALL), [Bind::Text("[]")])
             .execute(&mut self.conn)
             .await?;
         self.hold_wake_locks(&[]).await?;
@@ -598,7 +598,7 @@ impl CasOps for MysqlStore {
             [
                 Bind::Text(req.election),
                 Bind::Text(req.election),
-                Bind::BigInt(req.ttl_us()),
+                Bind::BigInt(req.block_us()),
             ],
         )
         .execute(&mut self.conn)
@@ -718,15 +718,12 @@ impl CasBatch for MysqlStore {
     }
 
     async fn create_all(&mut self, reqs: &[&LeaseRequest<'_>]) -> Result<(), StoreError> {
-        let names: Vec<&str> = reqs.iter().map(|r| r.election).collect();
-        let names = names_json(&names);
-        Stmt::<()>::new(
-            self.sql(&CREATE_ALL),
-            [Bind::BigInt(reqs[0].ttl_us()), Bind::Text(&names)],
-        )
-        .execute(&mut self.conn)
-        .await
-        .map_err(busy_or)?;
+        let rows: Vec<(&str, i64)> = reqs.iter().map(|r| (r.election, r.block_us())).collect();
+        let rows = serde_json::to_string(&rows).expect("strings serialize");
+        Stmt::<()>::new(self.sql(&CREATE_ALL), [Bind::Text(&rows)])
+            .execute(&mut self.conn)
+            .await
+            .map_err(busy_or)?;
         Ok(())
     }
 }

@@ -219,18 +219,18 @@ const ACQUIRE_MANY_TYPES: &[Type] = &[
     Type::VARCHAR_ARRAY,
 ];
 
-/// Creates missing rows: free, blocked until `now + ttl` so that a holder
-/// whose row was deleted steps down before anyone takes over, and with a
-/// token from the clock in microseconds, above any a deleted row of the
-/// election carried, so tokens never go backwards. Binds: names (array), ttl
-/// in microseconds.
+/// Creates missing rows: free, blocked until `now + block` (one ttl, so
+/// that a holder whose row was deleted steps down before anyone takes over;
+/// see `LeaseRequest::block_us`), and with a token from the clock in
+/// microseconds, above any a deleted row of the election carried, so tokens
+/// never go backwards. Binds: names, blocks in microseconds (arrays).
 const CREATE_MANY: &str = "INSERT INTO service_leader_lock (name, token, expires_at) \
-    SELECT n, GREATEST((EXTRACT(EPOCH FROM now()) * 1000000)::bigint, \
-                       COALESCE(service_leader_token_floor(n) + 1, 0)), \
-           now() + $2 * INTERVAL '1 microsecond' \
-      FROM unnest($1::varchar[]) AS n \
+    SELECT c.n, GREATEST((EXTRACT(EPOCH FROM now()) * 1000000)::bigint, \
+                         COALESCE(service_leader_token_floor(c.n) + 1, 0)), \
+           now() + c.b * INTERVAL '1 microsecond' \
+      FROM unnest($1::varchar[], $2::bigint[]) AS c(n, b) \
     ON CONFLICT (name) DO NOTHING";
-const CREATE_MANY_TYPES: &[Type] = &[Type::VARCHAR_ARRAY, Type::INT8];
+const CREATE_MANY_TYPES: &[Type] = &[Type::VARCHAR_ARRAY, Type::INT8_ARRAY];
 
 /// Frees the rows this instance holds and notifies the waiting replicas
 /// (delivered at commit), in one round trip: the names released. A row
@@ -766,7 +766,8 @@ impl PgStore {
         let missing: Vec<usize> = rest.into_iter().filter(|&i| out[i].is_none()).collect();
         if !missing.is_empty() {
             let names: Vec<&str> = missing.iter().map(|&i| reqs[i].election).collect();
-            self.query(CREATE_MANY, CREATE_MANY_TYPES, &[&names, &ttl_us])
+            let blocks: Vec<i64> = missing.iter().map(|&i| reqs[i].block_us()).collect();
+            self.query(CREATE_MANY, CREATE_MANY_TYPES, &[&names, &blocks])
                 .await?;
             for i in missing {
                 out[i] = Some(Ok(Attempt::Created));

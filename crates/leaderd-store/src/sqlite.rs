@@ -512,6 +512,8 @@ struct Lease {
     holder: String,
     instance: String,
     ttl_us: i64,
+    /// How long a row made for it stays blocked (`LeaseRequest::block_us`).
+    block_us: i64,
 }
 
 impl Lease {
@@ -521,6 +523,7 @@ impl Lease {
             holder: req.holder.to_owned(),
             instance: req.instance.to_owned(),
             ttl_us: req.ttl_us(),
+            block_us: req.block_us(),
         }
     }
 }
@@ -643,7 +646,7 @@ mod run {
                 Bind::BigInt(seed),
                 Bind::Text(&lease.election),
                 Bind::Text(boot_id),
-                Bind::BigInt(now_us().saturating_add(lease.ttl_us)),
+                Bind::BigInt(now_us().saturating_add(lease.block_us)),
             ],
         )
         .execute(c)?;

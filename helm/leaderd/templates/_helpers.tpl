@@ -50,6 +50,8 @@ Usage: initContainers:
       value: /var/run/secrets/leaderd/{{ .Values.database.secretKey }}
     - name: LEADERD_LISTEN
       value: {{ .Values.listen | quote }}
+    - name: LEADERD_PRIORITY
+      value: {{ .Values.priority | quote }}
     - name: LEADERD_HEARTBEAT
       value: {{ .Values.heartbeat | quote }}
     - name: LEADERD_TTL
@@ -121,6 +123,11 @@ leads, so a Service routes to the leader alone.
 */}}
 {{/*
 The app container's lifecycle: hand leadership over before the app drains.
+The release names the successor (the live replica with the highest
+priority that started last: in a rolling update a new pod), and the hold
+drains this replica: nothing moves to it again, and the spread gives it
+nothing. So a rolling update moves each election once (README, "Rolling
+updates").
 Needs the leaderd binary in the app image (COPY --from the leaderd image).
 Given the sidecar's listen address, `leaderd release` finds its loopback-only
 release listener (127.0.0.1:4041 beside 0.0.0.0:4040).

@@ -24,7 +24,7 @@ use std::time::Duration;
 use leaderd_core::Attempt;
 use leaderd_store::ElectionRow;
 use tokio_util::sync::CancellationToken;
-use tracing::debug;
+use tracing::{debug, info};
 
 use crate::clock::boot_now;
 use crate::runtime::daemon::Daemon;
@@ -53,8 +53,12 @@ pub async fn successor(roster: &Roster, link: &Link, leaving: bool) -> Option<He
         if last.is_none_or(|began| began < asked) {
             *last = Some(boot_now());
             let read = tokio::time::timeout(READ_BUDGET, link.read(roster.prefix())).await;
-            if let Ok(Ok(rows)) = read {
-                roster.see(&rows, boot_now());
+            match read {
+                Ok(Ok(rows)) => roster.see(&rows, boot_now()),
+                Ok(Err(e)) => {
+                    info!(error = %e, "could not read the presence rows; naming from the last look")
+                }
+                Err(_) => info!("reading the presence rows timed out; naming from the last look"),
             }
         }
     }
@@ -82,11 +86,21 @@ pub async fn run(daemon: Arc<Daemon>, settings: Settings, link: Link, shutdown: 
     let mut every = tokio::time::interval(keeper.settings.timing.renew_every());
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        // Without a connection, the round comes as soon as one is open: a
+        // replica just started is a candidate from its first connect on,
+        // not a renew interval later (a rolling update may stop an old
+        // replica the moment this one is ready).
+        let waiting = !keeper.link.connected();
         tokio::select! {
             () = shutdown.cancelled() => break,
             _ = every.tick() => {}
+            _ = keeper.link.changed(), if waiting => {}
         }
-        match keeper.round().await {
+        let round = keeper.round().await;
+        if keeper.held_token.is_some() || !keeper.daemon.first().app_healthy() {
+            keeper.daemon.roster().set_joined();
+        }
+        match round {
             Ok(Some(rows)) => {
                 if let Some(spread) = &mut spread {
                     let leads = spread.act(&rows).await;
@@ -147,6 +161,9 @@ impl Keeper {
                 presence = Some(fresh);
             }
             self.renew_presence().await?;
+            if let (Some(rows), Some(_)) = (&presence, self.held_token) {
+                self.make_spare(rows).await?;
+            }
         } else {
             if self.held_token.is_some() {
                 // Not waiting for anything: others must not hand over to us.
@@ -183,12 +200,38 @@ impl Keeper {
             };
             let until = boot_now() + self.settings.timing.heartbeat();
             let answer = self.link.attempt(req, until).await.map_err(|f| f.reason)?;
+            debug!(slot = %name, answer = ?answer, "presence attempt");
             self.held_token = match answer {
                 Attempt::Granted { token } => Some(token),
                 Attempt::Refused(_) => None,
                 Attempt::Created => continue,
             };
             break;
+        }
+        Ok(())
+    }
+
+    /// Makes a spare slot row if the group has none that a newcomer could
+    /// take at once (see [`spare_slot`]). Made free and blocked for a ttl;
+    /// one found made meanwhile and taken by this attempt is let go.
+    async fn make_spare(&mut self, rows: &[ElectionRow]) -> Result<(), String> {
+        let mine = self.presence_name.as_deref().unwrap_or_default();
+        let Some(spare) = spare_slot(&self.prefix, rows, mine) else {
+            return Ok(());
+        };
+        let daemon = self.daemon.roster().daemon().to_string();
+        let req = Request {
+            election: spare.clone(),
+            holder: self.settings.id.clone(),
+            instance: daemon.clone(),
+            ttl: self.settings.timing.ttl(),
+            held_token: None,
+            daemon: None,
+        };
+        let until = boot_now() + self.settings.timing.heartbeat();
+        let answer = self.link.attempt(req, until).await.map_err(|f| f.reason)?;
+        if matches!(answer, Attempt::Granted { .. }) {
+            self.link.release(&spare, &daemon, None).await?;
         }
         Ok(())
     }
@@ -208,30 +251,73 @@ impl Keeper {
     }
 }
 
-/// The presence slot to take: one that no live replica holds in `rows`
-/// (free, expired or not there yet), among the lowest `live + 1` slots, so
-/// a group never has more presence rows than it ever had live replicas at
-/// once, whatever the replicas were called. Which free one is picked by
-/// `instance`, so that replicas starting together mostly pick different
-/// ones (the loser of a tie is refused and picks again next round).
+/// The presence slot to take: this instance's own while it still holds
+/// it (a failed round forgot the token, not the slot: its `acquired_at`,
+/// which says when this replica started, stays); else one that no live
+/// replica holds in `rows` (free, expired or not there yet), among the
+/// lowest `live + 1` slots, so a group never has more presence rows than it
+/// ever had live replicas at once (and a spare), whatever the replicas were
+/// called. A row that can be taken now comes first (a row made just now is
+/// blocked for a ttl). Which one is picked by `instance`, so that replicas
+/// starting together mostly pick different ones (the loser of a tie is
+/// refused and picks again next round).
 fn free_slot(prefix: &str, rows: &[ElectionRow], instance: &str) -> String {
+    let slot = |r: &ElectionRow| -> Option<u64> {
+        r.name
+            .strip_prefix(prefix)?
+            .strip_prefix("slot-")?
+            .parse()
+            .ok()
+    };
+    if let Some(own) = rows
+        .iter()
+        .find(|r| r.live_holder().is_some() && r.instance.as_deref() == Some(instance))
+        .filter(|r| slot(r).is_some())
+    {
+        return own.name.clone();
+    }
     let taken: HashSet<u64> = rows
         .iter()
         .filter(|r| r.live_holder().is_some())
-        .filter_map(|r| {
-            r.name
-                .strip_prefix(prefix)?
-                .strip_prefix("slot-")?
-                .parse()
-                .ok()
-        })
+        .filter_map(slot)
+        .collect();
+    let open: HashSet<u64> = rows
+        .iter()
+        .filter(|r| r.remaining_us <= 0)
+        .filter_map(slot)
         .collect();
     let free: Vec<u64> = (0..=taken.len() as u64)
         .filter(|n| !taken.contains(n))
         .collect();
+    let open_now: Vec<u64> = free.iter().copied().filter(|n| open.contains(n)).collect();
     // Never empty: `taken.len() + 1` slots cannot all be taken.
-    let n = free[usize::try_from(fnv1a(instance.as_bytes()) % free.len() as u64).unwrap_or(0)];
+    let pick = if open_now.is_empty() {
+        &free
+    } else {
+        &open_now
+    };
+    let n = pick[usize::try_from(fnv1a(instance.as_bytes()) % pick.len() as u64).unwrap_or(0)];
     format!("{prefix}slot-{n}")
+}
+
+/// The slot row to make as a spare, when every row of the group is held:
+/// a row made is blocked for a ttl, and a replica that started during a
+/// rolling update would stay unknown that long to the release that should
+/// name it. The lowest slot that has no row and is not `mine` (the slot
+/// this replica has just taken, perhaps made by it after `rows` were read).
+fn spare_slot(prefix: &str, rows: &[ElectionRow], mine: &str) -> Option<String> {
+    let group: Vec<&ElectionRow> = rows
+        .iter()
+        .filter(|r| r.name.starts_with(prefix) && r.name != mine)
+        .collect();
+    if group.iter().any(|r| r.live_holder().is_none()) {
+        return None;
+    }
+    let mut named: HashSet<&str> = group.iter().map(|r| r.name.as_str()).collect();
+    named.insert(mine);
+    (0..)
+        .map(|n| format!("{prefix}slot-{n}"))
+        .find(|name| !named.contains(name.as_str()))
 }
 
 #[cfg(test)]
@@ -282,5 +368,73 @@ mod tests {
             row(&format!("{p}slot-2"), None, 0),
         ];
         assert_eq!(free_slot(p, &rows, "i"), format!("{p}slot-2"));
+    }
+
+    fn slot_row(name: &str, holder: Option<&str>, remaining_us: i64) -> ElectionRow {
+        ElectionRow {
+            name: name.into(),
+            holder: holder.map(Into::into),
+            token: 1,
+            remaining_us,
+            instance: holder.map(|h| format!("0/{h}")),
+            held_us: 0,
+        }
+    }
+
+    #[test]
+    fn a_replica_keeps_its_own_slot_and_prefers_one_it_can_take_now() {
+        let p = "leaderd-presence/0123456789abcdef/";
+        // Its own live slot, though a lower one is free: kept (its
+        // acquired_at says when it started).
+        let rows = [
+            slot_row(&format!("{p}slot-0"), None, -5),
+            slot_row(&format!("{p}slot-1"), Some("me"), 900_000),
+        ];
+        assert_eq!(free_slot(p, &rows, "0/me"), format!("{p}slot-1"));
+        // Slot 1 made just now (blocked), slot 2 released: 2 first, for
+        // every newcomer.
+        let rows = [
+            slot_row(&format!("{p}slot-0"), Some("a"), 900_000),
+            slot_row(&format!("{p}slot-1"), None, 1_100_000),
+            slot_row(&format!("{p}slot-2"), None, -1),
+            slot_row(&format!("{p}slot-3"), Some("b"), 900_000),
+        ];
+        for i in 0..20 {
+            assert_eq!(
+                free_slot(p, &rows, &format!("0/new-{i}")),
+                format!("{p}slot-2")
+            );
+        }
+    }
+
+    #[test]
+    fn a_spare_is_made_only_when_no_row_can_be_taken_now() {
+        let p = "leaderd-presence/0123456789abcdef/";
+        let held = [
+            slot_row(&format!("{p}slot-0"), Some("a"), 900_000),
+            slot_row(&format!("{p}slot-2"), Some("b"), 900_000),
+            slot_row("leaderd-presence/ffffffffffffffff/slot-1", None, -1),
+        ];
+        let mine = format!("{p}slot-3");
+        assert_eq!(spare_slot(p, &held, &mine), Some(format!("{p}slot-1")));
+        let mut with_free = held.to_vec();
+        with_free.push(slot_row(&format!("{p}slot-7"), None, -1));
+        assert_eq!(spare_slot(p, &with_free, &mine), None);
+        // A spare made just now (blocked) is a spare all the same.
+        let mut blocked = held.to_vec();
+        blocked.push(slot_row(&format!("{p}slot-1"), None, 1_000_000));
+        assert_eq!(spare_slot(p, &blocked, &mine), None);
+        // The slot just taken is never the spare, whether `rows` (read
+        // before it was taken) show it free, or not at all.
+        let read_before = [held[0].clone(), held[1].clone()];
+        assert_eq!(
+            spare_slot(p, &read_before, &format!("{p}slot-1")),
+            Some(format!("{p}slot-3"))
+        );
+        let free_before = [held[0].clone(), slot_row(&format!("{p}slot-1"), None, -1)];
+        assert_eq!(
+            spare_slot(p, &free_before, &format!("{p}slot-1")),
+            Some(format!("{p}slot-2"))
+        );
     }
 }

@@ -45,6 +45,9 @@ pub struct Roster {
     /// read began: elections released together (a thousand at a shutdown)
     /// read once, not once each.
     rereads: tokio::sync::Mutex<Option<BootTime>>,
+    /// Whether the presence task has had its first say: this replica's
+    /// presence held, or none to keep (see [`Roster::joined`]).
+    joined: tokio::sync::watch::Sender<bool>,
 }
 
 #[derive(Debug, Default)]
@@ -81,7 +84,24 @@ impl Roster {
                 .then_some(settings.elections.len()),
             view: Mutex::new(View::default()),
             rereads: tokio::sync::Mutex::new(None),
+            joined: tokio::sync::watch::Sender::new(false),
         }
+    }
+
+    /// The presence task took this replica's presence row, or keeps none.
+    pub fn set_joined(&self) {
+        self.joined
+            .send_if_modified(|j| !std::mem::replace(j, true));
+    }
+
+    /// Waits (at most `within`) until [`Roster::set_joined`]: the election
+    /// loops wait so before their first attempt, which makes the replica
+    /// ready (`/readyz`), so that a replica is a candidate to be named
+    /// before it is ready: a rolling update may stop an old replica the
+    /// moment a new one is.
+    pub async fn joined(&self, within: Duration) {
+        let mut rx = self.joined.subscribe();
+        let _ = tokio::time::timeout(within, rx.wait_for(|j| *j)).await;
     }
 
     /// This daemon's instance: its presence row's, the one attempts carry

@@ -136,6 +136,11 @@ pub fn start(shared: Arc<Shared>, settings: &Settings, link: Link) -> Election {
 impl Election {
     /// Runs the election until `shutdown` fires, then releases the row.
     pub async fn run(mut self, shutdown: CancellationToken) {
+        let roster = self.lp.shared.roster.clone();
+        tokio::select! {
+            () = roster.joined(self.lp.shared.timing.heartbeat()) => {}
+            () = shutdown.cancelled() => {}
+        }
         self.lp.elect(&shutdown).await;
         // Requests from now on (a `leaderd release` in a preStop hook) are
         // answered at once ("stopped"), not after the release below.
