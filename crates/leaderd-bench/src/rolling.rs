@@ -144,17 +144,23 @@ fn update(case: Case, seed: u64) -> Outcome {
     let mut daemons: Vec<Daemon> = (0..case.replicas)
         .map(|i| launch(&db, &dir, &format!("old{i}"), case))
         .collect();
-    // Settled before the update: every election led, spread done.
+    // Settled before the update: every election led, and spread (no pod
+    // above its share), as a deployment that has run for a while.
+    let share = if case.spread {
+        case.elections.div_ceil(case.replicas)
+    } else {
+        case.elections
+    };
     wait_for(
-        Duration::from_secs(20),
-        "the old pods to lead everything",
+        Duration::from_secs(30),
+        "the old pods to lead everything, spread",
         || {
-            let led: usize = daemons
+            let leading: Vec<usize> = daemons
                 .iter()
-                .filter_map(Daemon::leading)
-                .map(|l| l.len())
-                .sum();
-            (led == case.elections).then_some(())
+                .map(|d| d.leading().map(|l| l.len()))
+                .collect::<Option<_>>()?;
+            let led: usize = leading.iter().sum();
+            (led == case.elections && leading.iter().all(|&n| n <= share)).then_some(())
         },
     );
     std::thread::sleep(Duration::from_secs(3));
