@@ -804,6 +804,31 @@ impl Drop for Daemon {
     }
 }
 
+/// Waits until the daemons lead `counts` elections each (in any order),
+/// every one of `elections` elections led by exactly one of them; how long
+/// that took.
+pub fn wait_counts(
+    ds: &[&Daemon],
+    counts: &[usize],
+    elections: usize,
+    within: Duration,
+    what: &str,
+) -> Duration {
+    let started = Instant::now();
+    let mut want = counts.to_vec();
+    want.sort_unstable();
+    wait_for(within, what, || {
+        let leading: Vec<Vec<String>> = ds.iter().map(|d| d.leading()).collect::<Option<_>>()?;
+        let mut got: Vec<usize> = leading.iter().map(Vec::len).collect();
+        got.sort_unstable();
+        let mut all: Vec<&String> = leading.iter().flatten().collect();
+        all.sort_unstable();
+        all.dedup();
+        (got == want && all.len() == elections).then_some(())
+    });
+    started.elapsed()
+}
+
 /// Waits until exactly one of `daemons` answers 200 on `/leader` and returns
 /// its index.
 pub fn wait_single_leader(daemons: &[&Daemon], within: Duration) -> usize {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use leaderd_tests::checker::{check, intervals_of, Interval};
 use leaderd_tests::surroundings::{slow_fsync_library, CpuHogs};
-use leaderd_tests::{http_get, serial, wait_for, Daemon, Scratch, TempDb, Value};
+use leaderd_tests::{http_get, serial, wait_counts, wait_for, Daemon, Scratch, TempDb, Value};
 
 const ELECTIONS: [&str; 6] = ["jobs", "mailer", "reports", "billing", "search", "cleanup"];
 const TTL: Duration = Duration::from_millis(1200);
@@ -20,24 +20,6 @@ fn start(db: &TempDb, dir: &Scratch, id: &str) -> Daemon {
     Daemon::launch(&db.url, id, dir, id, &[])
         .elections(&ELECTIONS)
         .start()
-}
-
-/// Waits until the live daemons lead `counts` elections each (in any
-/// order), every election led by exactly one of them.
-fn wait_counts(ds: &[&Daemon], counts: &[usize], within: Duration, what: &str) -> Duration {
-    let started = Instant::now();
-    let mut want = counts.to_vec();
-    want.sort_unstable();
-    wait_for(within, what, || {
-        let leading: Vec<Vec<String>> = ds.iter().map(|d| d.leading()).collect::<Option<_>>()?;
-        let mut got: Vec<usize> = leading.iter().map(Vec::len).collect();
-        got.sort_unstable();
-        let mut all: Vec<&String> = leading.iter().flatten().collect();
-        all.sort_unstable();
-        all.dedup();
-        (got == want && all.len() == ELECTIONS.len()).then_some(())
-    });
-    started.elapsed()
 }
 
 /// A daemon running the six elections without the spread.
@@ -51,7 +33,13 @@ fn unspread(db: &TempDb, dir: &Scratch, id: &str) -> Daemon {
 /// leads all six.
 fn alone(db: &TempDb, dir: &Scratch) -> Daemon {
     let a = unspread(db, dir, "a");
-    wait_counts(&[&a], &[6], Duration::from_secs(15), "a to lead all six");
+    wait_counts(
+        &[&a],
+        &[6],
+        ELECTIONS.len(),
+        Duration::from_secs(15),
+        "a to lead all six",
+    );
     a
 }
 
@@ -75,11 +63,29 @@ fn spread_and_rebalance(db: TempDb) {
     let _s = serial();
     let dir = Scratch::new();
     let a = start(&db, &dir, "a");
-    wait_counts(&[&a], &[6], Duration::from_secs(15), "a to lead all six");
+    wait_counts(
+        &[&a],
+        &[6],
+        ELECTIONS.len(),
+        Duration::from_secs(15),
+        "a to lead all six",
+    );
     let b = start(&db, &dir, "b");
-    let took2 = wait_counts(&[&a, &b], &[3, 3], Duration::from_secs(15), "3/3");
+    let took2 = wait_counts(
+        &[&a, &b],
+        &[3, 3],
+        ELECTIONS.len(),
+        Duration::from_secs(15),
+        "3/3",
+    );
     let c = start(&db, &dir, "c");
-    let took3 = wait_counts(&[&a, &b, &c], &[2, 2, 2], Duration::from_secs(15), "2/2/2");
+    let took3 = wait_counts(
+        &[&a, &b, &c],
+        &[2, 2, 2],
+        ELECTIONS.len(),
+        Duration::from_secs(15),
+        "2/2/2",
+    );
     // Balanced stays balanced: nothing moves for a while.
     let before: Vec<Vec<String>> = [&a, &b, &c].iter().map(|d| d.leading().unwrap()).collect();
     std::thread::sleep(Duration::from_secs(2));
@@ -90,6 +96,7 @@ fn spread_and_rebalance(db: TempDb) {
     let took_kill = wait_counts(
         &[&a, &b],
         &[3, 3],
+        ELECTIONS.len(),
         Duration::from_secs(5),
         "3/3 after SIGKILL",
     );
@@ -147,11 +154,23 @@ fn presence_slots_are_reused_by_replicas_under_new_names() {
     let dir = Scratch::new();
     let a = start(&db, &dir, "a");
     let b = start(&db, &dir, "b");
-    wait_counts(&[&a, &b], &[3, 3], Duration::from_secs(15), "3/3");
+    wait_counts(
+        &[&a, &b],
+        &[3, 3],
+        ELECTIONS.len(),
+        Duration::from_secs(15),
+        "3/3",
+    );
     b.sigkill();
-    wait_counts(&[&a], &[6], TTL * 5, "a to take b's three");
+    wait_counts(&[&a], &[6], ELECTIONS.len(), TTL * 5, "a to take b's three");
     let c = start(&db, &dir, "c");
-    wait_counts(&[&a, &c], &[3, 3], Duration::from_secs(15), "3/3 with c");
+    wait_counts(
+        &[&a, &c],
+        &[3, 3],
+        ELECTIONS.len(),
+        Duration::from_secs(15),
+        "3/3 with c",
+    );
     let presence = "FROM service_leader_lock WHERE name LIKE 'leaderd-presence/%'";
     assert_eq!(db.scalar(&format!("SELECT COUNT(*) {presence}")), "2");
     let holders = db.scalar(&format!(
@@ -478,12 +497,24 @@ fn a_replica_released_with_a_hold_is_given_nothing_by_the_spread() {
     let a = start(&db, &dir, "a");
     let b = start(&db, &dir, "b");
     let c = start(&db, &dir, "c");
-    wait_counts(&[&a, &b, &c], &[2, 2, 2], Duration::from_secs(20), "2/2/2");
+    wait_counts(
+        &[&a, &b, &c],
+        &[2, 2, 2],
+        ELECTIONS.len(),
+        Duration::from_secs(20),
+        "2/2/2",
+    );
     let listen = format!("127.0.0.1:{}", c.port);
     let (code, out, err) =
         leaderd_tests::run_cli(&["release", "--listen", &listen, "--hold", "1h"], &[]);
     assert_eq!(code, 0, "{out}{err}");
-    wait_counts(&[&a, &b], &[3, 3], Duration::from_secs(10), "3/3 without c");
+    wait_counts(
+        &[&a, &b],
+        &[3, 3],
+        ELECTIONS.len(),
+        Duration::from_secs(10),
+        "3/3 without c",
+    );
     // Several spread rounds (400 ms each) and hand-over cool-downs: c is
     // given nothing, and the others stay at their shares.
     let until = Instant::now() + Duration::from_secs(6);
@@ -495,7 +526,13 @@ fn a_replica_released_with_a_hold_is_given_nothing_by_the_spread() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    wait_counts(&[&a, &b], &[3, 3], Duration::from_secs(1), "still 3/3");
+    wait_counts(
+        &[&a, &b],
+        &[3, 3],
+        ELECTIONS.len(),
+        Duration::from_secs(1),
+        "still 3/3",
+    );
 }
 
 /// A drained replica still leads an election nobody else will: within

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use leaderd_tests::checker::{check, intervals_of, Interval};
 use leaderd_tests::sse::boot_us;
-use leaderd_tests::{http_get, serial, wait_for, Daemon, Kind, Scratch, TempDb};
+use leaderd_tests::{http_get, serial, wait_counts, wait_for, Daemon, Kind, Scratch, TempDb};
 
 const ELECTIONS: [&str; 6] = ["jobs", "mailer", "reports", "billing", "search", "cleanup"];
 const TTL: Duration = Duration::from_millis(1200);
@@ -32,22 +32,6 @@ fn wait_ready(d: &Daemon) {
         http_get(d.port, "/readyz")
             .filter(|(status, _)| *status == 200)
             .map(|_| ())
-    });
-}
-
-/// Waits until the daemons lead `counts` elections each (in any order),
-/// every one of `elections` led by exactly one of them.
-fn wait_counts(ds: &[&Daemon], counts: &[usize], elections: &[&str], what: &str) {
-    let mut want = counts.to_vec();
-    want.sort_unstable();
-    wait_for(Duration::from_secs(20), what, || {
-        let leading: Vec<Vec<String>> = ds.iter().map(|d| d.leading()).collect::<Option<_>>()?;
-        let mut got: Vec<usize> = leading.iter().map(Vec::len).collect();
-        got.sort_unstable();
-        let mut all: Vec<&String> = leading.iter().flatten().collect();
-        all.sort_unstable();
-        all.dedup();
-        (got == want && all.len() == elections.len()).then_some(())
     });
 }
 
@@ -138,13 +122,25 @@ fn a_rolling_update_moves_each_of_six_elections_at_most_once() {
         old.push(start(&db, &dir, &format!("old-{i}"), &ELECTIONS));
         let ds: Vec<&Daemon> = old.iter().collect();
         let counts: Vec<usize> = vec![6 / old.len(); old.len()];
-        wait_counts(&ds, &counts, &ELECTIONS, "balanced before the update");
+        wait_counts(
+            &ds,
+            &counts,
+            ELECTIONS.len(),
+            Duration::from_secs(20),
+            "balanced before the update",
+        );
     }
     wait_present(&db, 3);
     let (new, began) = roll(&db, &dir, &mut old, &ELECTIONS);
     let ended = Instant::now();
     let ds: Vec<&Daemon> = new.iter().collect();
-    wait_counts(&ds, &[2, 2, 2], &ELECTIONS, "2/2/2 on the new replicas");
+    wait_counts(
+        &ds,
+        &[2, 2, 2],
+        ELECTIONS.len(),
+        Duration::from_secs(20),
+        "2/2/2 on the new replicas",
+    );
     let balanced_in = ended.elapsed();
     let all: Vec<&Daemon> = old.iter().chain(&new).collect();
     let mut moves = Vec::new();

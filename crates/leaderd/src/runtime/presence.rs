@@ -326,14 +326,7 @@ mod tests {
 
     #[test]
     fn a_replica_takes_a_low_slot_no_live_replica_holds() {
-        let row = |name: &str, holder: Option<&str>, remaining_us: i64| ElectionRow {
-            name: name.into(),
-            holder: holder.map(Into::into),
-            token: 1,
-            remaining_us,
-            instance: holder.map(|h| format!("0/{h}")),
-            held_us: 0,
-        };
+        let row = slot_row;
         let p = "leaderd-presence/0123456789abcdef/";
         assert_eq!(free_slot(p, &[], "i"), format!("{p}slot-0"));
         let rows = [
