@@ -172,7 +172,14 @@ fn main() -> Result<()> {
                 release::run(size)?;
             }
             "fence" => rt.block_on(fence::run_part(size))?,
-            "rolling" => rolling::run(size)?,
+            "rolling" => {
+                let changes = rolling::run(size)?;
+                plot(
+                    plot::ROLLING,
+                    "Share of election-updates that changed leader once, twice, three times or more, per case",
+                    &|p| plot::rolling(p, &changes),
+                )?;
+            }
             _ => unreachable!(),
         }
     }

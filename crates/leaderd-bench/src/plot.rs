@@ -20,6 +20,7 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 use crate::elections::Step;
 use crate::failover::{Case, Went};
 use crate::heartbeat::{kind_name, CostRow, ScaleStep};
+use crate::rolling::Changes;
 use crate::serve::Served;
 use leaderd_tests::Kind;
 
@@ -29,6 +30,7 @@ pub const SCALE: &str = "scale.svg";
 pub const FAILOVER: &str = "failover.svg";
 pub const SERVE: &str = "leader-latency.svg";
 pub const ELECTIONS: &str = "elections.svg";
+pub const ROLLING: &str = "rolling.svg";
 
 const FONT: &str = "sans-serif";
 /// Room for the failover plot's legend, right of the plot.
@@ -629,6 +631,76 @@ pub fn elections(path: &Path, steps: &[Step]) -> Result<()> {
     Ok(())
 }
 
+/// A rolling update's changes of leader: per case, one bar of the
+/// election-updates that changed leader once (the least: it has to leave
+/// the old pods), twice, and three times or more, as shares.
+pub fn rolling(path: &Path, cases: &[Changes]) -> Result<()> {
+    let rows = cases.len().max(1);
+    let height = 120 + 30 * rows as u32;
+    let root = SVGBackend::new(path, (1000, height)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "A rolling update: changes of leader per election and update",
+            (FONT, 17),
+        )
+        .margin(12)
+        .margin_right(LEGEND_WIDTH)
+        .x_label_area_size(42)
+        .y_label_area_size(250)
+        .build_cartesian_2d(0.0..100.0, -0.6..rows as f64 - 0.4)?;
+    let labels: Vec<String> = cases.iter().map(|c| c.label.clone()).collect();
+    let y_of = |i: usize| (rows - 1 - i) as f64;
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .x_desc("% of election-updates")
+        .y_labels(rows)
+        .y_label_formatter(&|y| {
+            let i = rows as f64 - 1.0 - y.round();
+            labels
+                .get(i as usize)
+                .filter(|_| i >= 0.0 && (y - y.round()).abs() < 0.01)
+                .cloned()
+                .unwrap_or_default()
+        })
+        .label_style((FONT, 12))
+        .axis_desc_style((FONT, 13))
+        .draw()?;
+    for (k, (colour, label)) in [
+        (GREEN, "once (the least)"),
+        (ORANGE, "twice"),
+        (VERMILION, "three times or more"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let bars = cases.iter().enumerate().filter_map(|(i, c)| {
+            let total = c.counts.iter().sum::<usize>().max(1) as f64;
+            let from = c.counts[..k].iter().sum::<usize>() as f64 * 100.0 / total;
+            let to = from + c.counts[k] as f64 * 100.0 / total;
+            (to > from).then(|| {
+                Rectangle::new(
+                    [(from, y_of(i) - 0.35), (to, y_of(i) + 0.35)],
+                    colour.filled(),
+                )
+            })
+        });
+        chart
+            .draw_series(bars)?
+            .label(label)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], colour.filled()));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::Coordinate(770, 10))
+        .background_style(WHITE)
+        .label_font((FONT, 12))
+        .draw()?;
+    root.present().context("writing the rolling-update plot")?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -712,6 +784,20 @@ mod tests {
         }
         let svg = std::fs::read_to_string(file(FAILOVER)).unwrap();
         assert!(svg.contains("leaderd, SQLite, release"), "case names drawn");
+        let changes = [
+            Changes {
+                label: "3×1 oldest first".into(),
+                counts: [18, 2, 0],
+            },
+            Changes {
+                label: "3×6 spread random, wait".into(),
+                counts: [100, 15, 5],
+            },
+        ];
+        rolling(&file(ROLLING), &changes).unwrap();
+        let svg = std::fs::read_to_string(file(ROLLING)).unwrap();
+        assert!(svg.contains("3×6 spread random, wait"), "case names drawn");
+        rolling(&file("r0.svg"), &[]).unwrap();
 
         // Nothing measured: still a (blank) plot, not a panic.
         heartbeat(&file("h0.svg"), &[]).unwrap();

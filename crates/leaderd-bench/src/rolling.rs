@@ -247,8 +247,17 @@ fn update(case: Case, seed: u64) -> Outcome {
     o
 }
 
-/// Prints the part's table: `runs` updates per case.
-pub fn run(size: Size) -> Result<()> {
+/// One case's changes of leader, for the plot: its label, and how many
+/// election-updates changed leader once, twice, and three times or more.
+#[derive(Debug, Clone)]
+pub struct Changes {
+    pub label: String,
+    pub counts: [usize; 3],
+}
+
+/// Prints the part's table: `runs` updates per case; returns each case's
+/// changes of leader.
+pub fn run(size: Size) -> Result<Vec<Changes>> {
     let runs = std::env::var("ROLLING_RUNS")
         .ok()
         .and_then(|r| r.parse().ok())
@@ -300,6 +309,7 @@ pub fn run(size: Size) -> Result<()> {
         "| replicas | elections | spread | order | wait | changes mean / worst | election-updates with > 1 change | longest leaderless ms | hand-overs per update | end split (most common) | balanced after p50 ms |"
     );
     println!("|---:|---:|---|---|---|---|---|---:|---:|---|---:|");
+    let mut plotted = Vec::new();
     for case in cases {
         let outcomes: Vec<Outcome> = (0..runs).map(|r| update(case, r as u64 + 1)).collect();
         let changes: Vec<usize> = outcomes.iter().flat_map(|o| o.changes.clone()).collect();
@@ -332,6 +342,24 @@ pub fn run(size: Size) -> Result<()> {
             (1, _) | (_, None) => "-".to_owned(),
             (_, Some(d)) => ms(*d),
         };
+        let mut counts = [0; 3];
+        for &c in &changes {
+            counts[c.clamp(1, 3) - 1] += 1;
+        }
+        plotted.push(Changes {
+            label: format!(
+                "{}×{}{} {}{}",
+                case.replicas,
+                case.elections,
+                if case.spread { " spread" } else { "" },
+                match case.order {
+                    Order::OldestFirst => "oldest first",
+                    Order::Random => "random",
+                },
+                if case.wait { ", wait" } else { "" },
+            ),
+            counts,
+        });
         let doubles: usize = outcomes.iter().map(|o| o.double_sweeps).sum();
         eprintln!("rolling {case:?}: splits {splits:?}; sweeps with two leaders {doubles}");
         println!(
@@ -350,5 +378,5 @@ pub fn run(size: Size) -> Result<()> {
         );
     }
     println!();
-    Ok(())
+    Ok(plotted)
 }

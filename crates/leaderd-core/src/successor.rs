@@ -57,18 +57,18 @@ pub struct Candidate<'a> {
 /// The successor among `candidates` (live, not draining, not this replica),
 /// or `None` when there is none (release as before: anyone may take it).
 ///
-/// With the spread on (`share`: the most elections a replica should hold),
-/// a replica below its share comes first, so that a replica that leaves
-/// hands its elections to the ones with room, and the spread has nothing
-/// left to move. Then the highest priority; among equals the one that
-/// started last (in a rolling update, a new pod); then the instance, so
-/// that every replica orders the same view alike.
+/// The highest priority first. Among equals, with the spread on (`share`:
+/// the most elections a replica should hold), a replica below its share,
+/// so that a replica that leaves hands its elections to the ones with
+/// room and the spread has nothing left to move; then the one that started
+/// last (in a rolling update, a new pod); then the instance, so that every
+/// replica orders the same view alike.
 pub fn choose<'a>(candidates: &[Candidate<'a>], share: Option<usize>) -> Option<&'a str> {
     candidates
         .iter()
         .min_by_key(|c| {
             let full = share.is_some_and(|s| c.leads >= s);
-            (full, Reverse(c.priority), c.started_ago, c.instance)
+            (Reverse(c.priority), full, c.started_ago, c.instance)
         })
         .map(|c| c.instance)
 }
@@ -145,13 +145,16 @@ mod tests {
         // Everyone full: the order as without shares.
         let c = [cand("a", 0, 10, 2), cand("b", 0, 3, 2)];
         assert_eq!(choose(&c, Some(2)), Some("b"));
-        // Room before priority: priority orders among those with room.
+        // Priority before room (the spec: the highest priority first);
+        // room orders the replicas of one priority.
         let c = [
-            cand("hi-full", 9, 10, 2),
+            cand("hi-full", 9, 1, 2),
             cand("lo", 0, 10, 0),
             cand("hi", 9, 20, 1),
         ];
         assert_eq!(choose(&c, Some(2)), Some("hi"));
+        let c = [cand("hi-full", 9, 1, 2), cand("lo", 0, 10, 0)];
+        assert_eq!(choose(&c, Some(2)), Some("hi-full"));
     }
 
     #[test]

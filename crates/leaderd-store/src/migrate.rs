@@ -241,8 +241,8 @@ pub(crate) struct Plan {
     /// the backend has one: the one check every connect sends. A read only,
     /// so a user with data rights alone passes once the table exists.
     pub current: &'static str,
-    /// One boolean: the steps' work is there (`current` without the fence),
-    /// asked again under the lock.
+    /// One boolean: the steps' work is there (`current` without the
+    /// columns and the fence), asked again under the lock.
     pub steps_current: &'static str,
     /// Serialises concurrent migrations; may open a transaction.
     pub lock: &'static str,
@@ -255,8 +255,9 @@ pub(crate) struct Plan {
     pub unlock: &'static str,
     /// The idempotent steps, in order.
     pub steps: &'static [&'static str],
-    /// Columns added after the steps where missing; `steps_current` asks
-    /// for them too.
+    /// Columns added after the steps where missing, each on its own check
+    /// (so a missing column re-runs no step: a step's DDL may need the
+    /// same lock for nothing).
     pub columns: &'static [Column],
     /// The last step, run on its own (best effort) when the schema is
     /// current: a tuning that tables made by earlier versions get too, and
@@ -287,15 +288,8 @@ impl Plan {
         let parts = [Some(self.steps_current)]
             .into_iter()
             .chain([&self.extra, &self.fence].map(|p| p.as_ref().map(|p| p.current)));
-        for column in self.columns {
-            assert!(
-                self.steps_current
-                    .contains(&format!("({})", column.present)),
-                "the plan's `steps_current` does not ask {}",
-                column.present
-            );
-        }
-        for check in parts.flatten() {
+        let columns = self.columns.iter().map(|c| Some(c.present));
+        for check in parts.chain(columns).flatten() {
             assert!(
                 self.current == check || self.current.contains(&format!("({check})")),
                 "the plan's `current` does not ask {check}"
@@ -356,12 +350,13 @@ pub(crate) async fn run<M: Migrator>(conn: &mut M, plan: &Plan) -> Result<Migrat
                 .map_err(refusal)?;
             result = Migrated::Applied;
             stepped = true;
-            for column in plan.columns {
-                if !conn.flag(column.present).await? {
-                    batch_retrying(conn, column.add, plan.retry_busy)
-                        .await
-                        .map_err(refusal)?;
-                }
+        }
+        for column in plan.columns {
+            if !conn.flag(column.present).await? {
+                batch_retrying(conn, column.add, plan.retry_busy)
+                    .await
+                    .map_err(refusal)?;
+                result = Migrated::Applied;
             }
         }
         for part in plan.extra.iter().chain(&plan.fence) {

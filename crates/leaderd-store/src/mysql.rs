@@ -226,32 +226,21 @@ macro_rules! schema_current {
     };
 }
 
-/// The steps' work and the columns added after them (see `migrate::Column`).
-macro_rules! steps_current {
-    () => {
-        concat!(
-            "SELECT (",
-            schema_current!(),
-            ") AND (",
-            migrate::mysql_successor_present!(),
-            ")"
-        )
-    };
-}
-
 /// DDL is not transactional in MySQL: concurrent migrations are serialised
 /// with a named lock (freed with the session if this one dies).
 const MIGRATION: migrate::Plan = migrate::Plan {
     current: concat!(
         "SELECT (",
-        steps_current!(),
+        schema_current!(),
+        ") AND (",
+        migrate::mysql_successor_present!(),
         ") AND (",
         migrate::mysql_fence_current!(),
         ") AND (",
         migrate::mysql_kept_tokens_current!(),
         ")"
     ),
-    steps_current: steps_current!(),
+    steps_current: schema_current!(),
     // Every metadata lock a step needs (its DDL locks the lock table) is
     // waited for as briefly as the server allows, on this connection (used
     // for the migration only): a request queued behind a long transaction

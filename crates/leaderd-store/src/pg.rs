@@ -54,31 +54,20 @@ macro_rules! schema_current {
     };
 }
 
-/// The steps' work and the columns added after them (see `migrate::Column`).
-macro_rules! steps_current {
-    () => {
-        concat!(
-            "SELECT (",
-            schema_current!(),
-            ") AND (",
-            migrate::postgres_successor_present!(),
-            ")"
-        )
-    };
-}
-
 /// DDL is transactional here: the steps run under a transaction-level
 /// advisory lock (pooler-safe, released by COMMIT or a dropped session). The
 /// key is "leaderd" in ASCII.
 const MIGRATION: migrate::Plan = migrate::Plan {
     current: concat!(
         "SELECT (",
-        steps_current!(),
+        schema_current!(),
+        ") AND (",
+        migrate::postgres_successor_present!(),
         ") AND (",
         migrate::postgres_fence_current!(),
         ")"
     ),
-    steps_current: steps_current!(),
+    steps_current: schema_current!(),
     // Once the advisory lock is ours, every lock a step needs (a trigger's
     // DDL locks the lock table) is waited for 100 ms at most, for this
     // transaction only: a lock request queued behind a long transaction

@@ -38,21 +38,28 @@ const SETUP: &str = "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;";
 /// Set-up may wait for another process's this long.
 const SETUP_BUSY: &str = "PRAGMA busy_timeout = 5000;";
 
-/// The schema is current (SQLite has no fence to install: the app's recipe
-/// needs nothing of the migration).
-const SCHEMA_CURRENT: &str = concat!(
-    "SELECT (SELECT COUNT(*) FROM sqlite_master \
+/// The steps' work is there.
+macro_rules! schema_current {
+    () => {
+        "SELECT (SELECT COUNT(*) FROM sqlite_master \
         WHERE (type = 'table' AND name IN ('service_leader_lock', 'service_leader_token')) \
-           OR (type = 'trigger' AND name = 'service_leader_keep_token')) = 3 AND (",
-    migrate::sqlite_successor_present!(),
-    ")"
-);
+           OR (type = 'trigger' AND name = 'service_leader_keep_token')) = 3"
+    };
+}
 
 /// `BEGIN IMMEDIATE` takes the write lock first, so concurrent migrations run
 /// one after another and the later ones find the work done.
 const MIGRATION: migrate::Plan = migrate::Plan {
-    current: SCHEMA_CURRENT,
-    steps_current: SCHEMA_CURRENT,
+    // SQLite has no fence to install: the app's recipe needs nothing of
+    // the migration.
+    current: concat!(
+        "SELECT (",
+        schema_current!(),
+        ") AND (",
+        migrate::sqlite_successor_present!(),
+        ")"
+    ),
+    steps_current: schema_current!(),
     lock: "PRAGMA busy_timeout = 5000; BEGIN IMMEDIATE",
     lock_held: None,
     unlock: "COMMIT",
