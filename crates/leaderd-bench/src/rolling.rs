@@ -136,6 +136,16 @@ fn shuffled(n: usize, seed: u64) -> Vec<usize> {
     order
 }
 
+/// How many elections the spread has handed over so far, by the logs.
+fn hand_overs(daemons: &[Daemon]) -> usize {
+    let n: u64 = daemons
+        .iter()
+        .flat_map(|d| d.logged("handing elections over to a replica below its share"))
+        .filter_map(|v| v["hand_over"].as_u64())
+        .sum();
+    usize::try_from(n).unwrap_or(0)
+}
+
 /// One rolling update of `case`; `seed` picks the random order.
 fn update(case: Case, seed: u64) -> Outcome {
     let db = TempDb::postgres();
@@ -164,6 +174,9 @@ fn update(case: Case, seed: u64) -> Outcome {
         },
     );
     std::thread::sleep(Duration::from_secs(3));
+    // The spread's hand-overs before the update (the old pods balancing)
+    // are not the update's.
+    let handed_before = hand_overs(&daemons);
     let pods = Arc::new(Mutex::new(
         daemons.iter().map(|d| d.port).collect::<Vec<_>>(),
     ));
@@ -196,13 +209,8 @@ fn update(case: Case, seed: u64) -> Outcome {
         let mut all: Vec<_> = daemons.iter().flat_map(|d| intervals_of(d, e)).collect();
         check(&mut all);
     }
-    let hand_overs = daemons
-        .iter()
-        .flat_map(|d| d.logged("handing elections over to a replica below its share"))
-        .filter_map(|v| v["hand_over"].as_u64())
-        .sum::<u64>();
     let mut o = Outcome {
-        hand_overs: usize::try_from(hand_overs).unwrap_or(0),
+        hand_overs: hand_overs(&daemons).saturating_sub(handed_before),
         ..Outcome::default()
     };
     for e in 0..elections.len() {
