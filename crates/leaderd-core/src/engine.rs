@@ -404,10 +404,17 @@ impl Engine {
         // replica keeps knowing who leads; only free rows wait.
     }
 
+    /// Whether this replica drains at `now` (see [`Engine::drain`]): it
+    /// must not take a row released to it as a successor either (a release
+    /// may have named it from a look taken just before it began to drain).
+    pub fn draining(&self, now: BootTime) -> bool {
+        self.draining_until.is_some_and(|until| now < until)
+    }
+
     /// How much later than it otherwise would a follower attempts, at
     /// `now`, a row that will be free by then.
     fn yield_delay(&self, now: BootTime) -> Duration {
-        if self.draining_until.is_some_and(|until| now < until) {
+        if self.draining(now) {
             self.timing.heartbeat() * DRAIN_LATE_HEARTBEATS
         } else if self.yielding {
             self.timing.heartbeat()

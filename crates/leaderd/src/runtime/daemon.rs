@@ -63,6 +63,7 @@ impl Daemon {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         *draining = Some(draining.map_or(until, |was| was.max(until)));
+        self.roster.nudge();
     }
 
     /// Whether the replica drains at `now`.

@@ -91,10 +91,13 @@ pub async fn run(daemon: Arc<Daemon>, settings: Settings, link: Link, shutdown: 
         // not a renew interval later (a rolling update may stop an old
         // replica the moment this one is ready).
         let waiting = !keeper.link.connected();
+        let roster = keeper.daemon.roster().clone();
         tokio::select! {
             () = shutdown.cancelled() => break,
             _ = every.tick() => {}
             _ = keeper.link.changed(), if waiting => {}
+            // Draining from now: the presence row goes at once.
+            () = roster.nudged() => {}
         }
         let round = keeper.round().await;
         if keeper.held_token.is_some() || !keeper.daemon.first().app_healthy() {

@@ -48,6 +48,9 @@ pub struct Roster {
     /// Whether the presence task has had its first say: this replica's
     /// presence held, or none to keep (see [`Roster::joined`]).
     joined: tokio::sync::watch::Sender<bool>,
+    /// Wakes the presence task when this replica begins to drain, so that
+    /// it leaves its presence row at once, not at its next round.
+    nudge: tokio::sync::Notify,
 }
 
 #[derive(Debug, Default)]
@@ -85,7 +88,18 @@ impl Roster {
             view: Mutex::new(View::default()),
             rereads: tokio::sync::Mutex::new(None),
             joined: tokio::sync::watch::Sender::new(false),
+            nudge: tokio::sync::Notify::new(),
         }
+    }
+
+    /// This replica begins to drain: its presence row goes now.
+    pub fn nudge(&self) {
+        self.nudge.notify_one();
+    }
+
+    /// Resolves at a [`Roster::nudge`].
+    pub async fn nudged(&self) {
+        self.nudge.notified().await;
     }
 
     /// The presence task took this replica's presence row, or keeps none.

@@ -168,10 +168,10 @@ impl Db {
     ) -> Result<leaderd_core::Attempt, String> {
         // The token we hold as of the send time, the instant the timeout was
         // computed for.
-        let (held_token, instance) = {
+        let (held_token, instance, draining) = {
             let engine = shared.engine();
             let held = engine.lease(sent_at).map(|(token, _)| token);
-            (held, engine.instance().to_owned())
+            (held, engine.instance().to_owned(), engine.draining(sent_at))
         };
         let req = Request {
             election: shared.election.clone(),
@@ -179,7 +179,10 @@ impl Db {
             instance,
             ttl: shared.timing.ttl(),
             held_token,
-            daemon: Some(shared.roster.daemon().clone()),
+            // A draining replica is nobody's successor: a row released to
+            // it (named from a look just before it drained) waits out its
+            // window for the others.
+            daemon: (!draining).then(|| shared.roster.daemon().clone()),
         };
         self.reached = Reached::Database;
         self.link.attempt(req, until).await.map_err(|failure| {
