@@ -48,6 +48,8 @@ pub struct Roster {
     /// Whether the presence task has had its first say: this replica's
     /// presence held, or none to keep (see [`Roster::joined`]).
     joined: tokio::sync::watch::Sender<bool>,
+    /// Whether the release waiter listens (see [`Roster::joined`]).
+    listening: tokio::sync::watch::Sender<bool>,
     /// Wakes the presence task when this replica begins to drain, so that
     /// it leaves its presence row at once, not at its next round.
     nudge: tokio::sync::Notify,
@@ -88,6 +90,7 @@ impl Roster {
             view: Mutex::new(View::default()),
             rereads: tokio::sync::Mutex::new(None),
             joined: tokio::sync::watch::Sender::new(false),
+            listening: tokio::sync::watch::Sender::new(false),
             nudge: tokio::sync::Notify::new(),
         }
     }
@@ -108,14 +111,28 @@ impl Roster {
             .send_if_modified(|j| !std::mem::replace(j, true));
     }
 
-    /// Waits (at most `within`) until [`Roster::set_joined`]: the election
-    /// loops wait so before their first attempt, which makes the replica
-    /// ready (`/readyz`), so that a replica is a candidate to be named
-    /// before it is ready: a rolling update may stop an old replica the
-    /// moment a new one is.
+    /// The release waiter listens (or has nothing to listen to): a
+    /// release that names this replica wakes it.
+    pub fn set_listening(&self) {
+        self.listening
+            .send_if_modified(|l| !std::mem::replace(l, true));
+    }
+
+    /// Waits (at most `within`) until [`Roster::set_joined`] and
+    /// [`Roster::set_listening`]: the election loops wait so before their
+    /// first attempt, which makes the replica ready (`/readyz`), so that a
+    /// replica is a candidate to be named, and hears the release that
+    /// names it, before it is ready: a rolling update may stop an old
+    /// replica the moment a new one is, and a successor that missed the
+    /// wake-up came at its next poll while the others were held off.
     pub async fn joined(&self, within: Duration) {
-        let mut rx = self.joined.subscribe();
-        let _ = tokio::time::timeout(within, rx.wait_for(|j| *j)).await;
+        let mut joined = self.joined.subscribe();
+        let mut listening = self.listening.subscribe();
+        let both = async {
+            let _ = joined.wait_for(|j| *j).await;
+            let _ = listening.wait_for(|l| *l).await;
+        };
+        let _ = tokio::time::timeout(within, both).await;
     }
 
     /// This daemon's instance: its presence row's, the one attempts carry

@@ -75,11 +75,14 @@ pub async fn wait_for_releases(
                     // Expected behind a transaction pooler (PgBouncer): not
                     // a fault, and polling keeps every guarantee.
                     info!("release notifications are not delivered (transaction-pooling proxy?); polling only");
+                    daemon.roster().set_listening();
                     return Ok(());
                 }
                 debug!("release wake-ups work");
                 checked = true;
             }
+            // Listening from here on: this replica may be named.
+            daemon.roster().set_listening();
             backoff = Duration::from_millis(100);
             let exact = waiter.names_every_release();
             // A leader holds its own election's wake-up; no release of it
