@@ -16,7 +16,8 @@
 //!   attempt until its hold ends, nor at all while its app is unhealthy;
 //! - a follower told to yield (see `spread`) attempts a free or expiring row
 //!   one heartbeat late, so that a replica below its share takes it first,
-//!   and still takes it if nobody does;
+//!   and still takes it if nobody does; a release notice is not put off (the
+//!   release names who may take the row first, and it may be this replica);
 //! - a draining replica (released as a whole, with a hold) comes three
 //!   heartbeats late to a free row it does not lead: after any replica that
 //!   is to take it (a spread hand-over's holds off two heartbeats), yet an
@@ -460,10 +461,22 @@ impl Engine {
         }
     }
 
-    /// A release notification for this election arrived: attempt at once.
+    /// A release notification for this election arrived: attempt at once,
+    /// yielding or not. A graceful release names its successor in the row,
+    /// and only that replica can take it for a window: a yield here would
+    /// cost a named successor that yields (its view of the shares differs
+    /// from the releaser's) the whole window. Any other replica is refused,
+    /// writing nothing, and comes after the window, late if yielding (see
+    /// [`Engine::on_attempt`]). A draining replica still comes late: its
+    /// attempts name no daemon, so it is never the successor.
     pub fn on_release_notice(&mut self, now: BootTime) {
         if !self.is_leader(now) {
-            self.next_attempt = self.next_attempt.min(now + self.yield_delay(now));
+            let late = if self.draining(now) {
+                self.yield_delay(now)
+            } else {
+                Duration::ZERO
+            };
+            self.next_attempt = self.next_attempt.min(now + late);
         }
     }
 
@@ -620,6 +633,17 @@ mod tests {
         )
     }
 
+    /// Refused: the row is free, blocked for `remaining_ms` (released to a
+    /// named successor).
+    fn released(token: i64, remaining_ms: i64) -> Attempt {
+        Attempt::Refused(Observed {
+            holder: None,
+            instance: None,
+            token,
+            remaining_us: remaining_ms * 1000,
+        })
+    }
+
     fn refused(holder: &str, token: i64, remaining_ms: i64) -> Attempt {
         Attempt::Refused(Observed {
             holder: Some(holder.into()),
@@ -640,15 +664,20 @@ mod tests {
         // Held for longer than a heartbeat: poll as usual, not late.
         e.on_attempt(at(1311), at(1320), refused("pod-b", 4, 5000));
         assert!(e.attempt_due(at(2320)));
-        // Released: a notice does not bring the next poll (3,330) forward.
+        // Released: a notice brings the attempt forward all the same (the
+        // release may name this replica its successor, for a window).
         e.on_attempt(at(2320), at(2330), refused("pod-b", 4, 5000));
         e.on_release_notice(at(2400));
-        assert!(!e.attempt_due(at(3329)));
-        assert!(e.attempt_due(at(3330)));
+        assert!(e.attempt_due(at(2400)));
+        // Released to another replica: free, blocked for what is left of
+        // its window (990 ms): the window's end plus a heartbeat, late.
+        e.on_attempt(at(2400), at(2410), released(4, 990));
+        assert!(!e.attempt_due(at(4400)));
+        assert!(e.attempt_due(at(4401)));
         // Expired, lost a race: retried late, not in 10 ms.
-        e.on_attempt(at(3330), at(3340), refused("pod-b", 4, -5));
-        assert!(!e.attempt_due(at(3500)));
-        assert!(e.attempt_due(at(4350)));
+        e.on_attempt(at(4401), at(4410), refused("pod-b", 4, -5));
+        assert!(!e.attempt_due(at(4500)));
+        assert!(e.attempt_due(at(5420)));
     }
 
     #[test]

@@ -63,12 +63,29 @@ pub struct Candidate<'a> {
 /// room and the spread has nothing left to move; then the one that started
 /// last (in a rolling update, a new pod); then the instance, so that every
 /// replica orders the same view alike.
-pub fn choose<'a>(candidates: &[Candidate<'a>], share: Option<usize>) -> Option<&'a str> {
+///
+/// `staying`: the releasing replica stays (a spread hand-over, one
+/// election of several released): with the spread, room then comes before
+/// priority. A full replica named there would owe the election on by the
+/// share rule at once, and two full replicas of a higher priority would
+/// hand elections to each other for ever while one below its share got
+/// none (the spec's exception: priority yields to the spread's shares).
+pub fn choose<'a>(
+    candidates: &[Candidate<'a>],
+    share: Option<usize>,
+    staying: bool,
+) -> Option<&'a str> {
     candidates
         .iter()
         .min_by_key(|c| {
             let full = share.is_some_and(|s| c.leads >= s);
-            (Reverse(c.priority), full, c.started_ago, c.instance)
+            (
+                staying && full,
+                Reverse(c.priority),
+                full,
+                c.started_ago,
+                c.instance,
+            )
         })
         .map(|c| c.instance)
 }
@@ -104,8 +121,8 @@ mod tests {
 
     #[test]
     fn nobody_to_name_names_nobody() {
-        assert_eq!(choose(&[], None), None);
-        assert_eq!(choose(&[], Some(2)), None);
+        assert_eq!(choose(&[], None, false), None);
+        assert_eq!(choose(&[], Some(2), false), None);
     }
 
     #[test]
@@ -116,8 +133,8 @@ mod tests {
             cand("new", 0, 2, 0),
             cand("old-b", 0, 1800, 0),
         ];
-        assert_eq!(choose(&c, None), Some("new"));
-        assert_eq!(choose(&c, Some(1)), Some("new"));
+        assert_eq!(choose(&c, None, false), Some("new"));
+        assert_eq!(choose(&c, Some(1), false), Some("new"));
     }
 
     #[test]
@@ -127,7 +144,7 @@ mod tests {
             cand("preferred", 5, 9000, 0),
             cand("low", -1, 0, 0),
         ];
-        assert_eq!(choose(&c, None), Some("preferred"));
+        assert_eq!(choose(&c, None, false), Some("preferred"));
     }
 
     #[test]
@@ -139,12 +156,12 @@ mod tests {
             cand("new-room", 0, 5, 1),
             cand("old", 0, 900, 2),
         ];
-        assert_eq!(choose(&c, Some(2)), Some("new-room"));
+        assert_eq!(choose(&c, Some(2), false), Some("new-room"));
         // Without the spread, shares do not count.
-        assert_eq!(choose(&c, None), Some("new-full"));
+        assert_eq!(choose(&c, None, false), Some("new-full"));
         // Everyone full: the order as without shares.
         let c = [cand("a", 0, 10, 2), cand("b", 0, 3, 2)];
-        assert_eq!(choose(&c, Some(2)), Some("b"));
+        assert_eq!(choose(&c, Some(2), false), Some("b"));
         // Priority before room (the spec: the highest priority first);
         // room orders the replicas of one priority.
         let c = [
@@ -152,17 +169,42 @@ mod tests {
             cand("lo", 0, 10, 0),
             cand("hi", 9, 20, 1),
         ];
-        assert_eq!(choose(&c, Some(2)), Some("hi"));
+        assert_eq!(choose(&c, Some(2), false), Some("hi"));
         let c = [cand("hi-full", 9, 1, 2), cand("lo", 0, 10, 0)];
-        assert_eq!(choose(&c, Some(2)), Some("hi-full"));
+        assert_eq!(choose(&c, Some(2), false), Some("hi-full"));
+    }
+
+    #[test]
+    fn a_replica_that_stays_hands_over_to_room_before_priority() {
+        // Six elections, three replicas (share 2): A and B (priority 1)
+        // hold three each, C (priority 0) none. A spread hand-over by A
+        // that named B (priority first) would leave 3/3/0, and B's would
+        // name A: the two would swap elections for ever.
+        let from_a = [cand("b", 1, 5, 3), cand("c", 0, 9, 0)];
+        assert_eq!(choose(&from_a, Some(2), true), Some("c"));
+        let from_b = [cand("a", 1, 5, 3), cand("c", 0, 9, 0)];
+        assert_eq!(choose(&from_b, Some(2), true), Some("c"));
+        // Among those with room, priority still leads, then the youngest.
+        let c = [
+            cand("full", 9, 1, 2),
+            cand("room-lo", 0, 1, 1),
+            cand("room-hi", 3, 50, 0),
+        ];
+        assert_eq!(choose(&c, Some(2), true), Some("room-hi"));
+        // Nobody with room: the order of a replica that leaves.
+        let c = [cand("hi", 9, 50, 2), cand("lo", 0, 1, 2)];
+        assert_eq!(choose(&c, Some(2), true), Some("hi"));
+        // Without the spread, staying changes nothing.
+        let c = [cand("hi", 9, 50, 5), cand("lo", 0, 1, 0)];
+        assert_eq!(choose(&c, None, true), Some("hi"));
     }
 
     #[test]
     fn equal_candidates_are_ordered_alike_everywhere() {
         let a = [cand("b", 0, 4, 0), cand("a", 0, 4, 0)];
         let b = [cand("a", 0, 4, 0), cand("b", 0, 4, 0)];
-        assert_eq!(choose(&a, None), Some("a"));
-        assert_eq!(choose(&b, None), Some("a"));
+        assert_eq!(choose(&a, None, false), Some("a"));
+        assert_eq!(choose(&b, None, false), Some("a"));
     }
 
     #[test]

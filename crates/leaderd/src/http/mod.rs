@@ -193,8 +193,10 @@ async fn release(
         },
         None => daemon.all().iter().collect(),
     };
-    // The whole replica: drained for the hold, led elections or not.
-    let drain = q.election.is_none();
+    // The whole replica: drained for the hold, led elections or not. So is
+    // a replica whose only election is named: held off it, it must be
+    // nobody's successor (a release naming it would cost a window).
+    let drain = q.election.is_none() || daemon.all().len() == 1;
     if drain {
         daemon.drain(hold);
     }
@@ -435,6 +437,42 @@ mod tests {
             call_with(daemon(), Method::POST, "/release", local, &ok, elsewhere).await;
         assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
         assert!(body.contains("127.0.0.1:4041"), "{body}");
+    }
+
+    /// A replica held off its only election drains (nobody names it a
+    /// successor); held off one election of several, it stays a candidate
+    /// for the others.
+    #[tokio::test]
+    async fn a_hold_on_the_only_election_drains_the_replica() {
+        let local = SocketAddr::from(([127, 0, 0, 1], 50000));
+        let ok = [(RELEASE_HEADER, "1")];
+        let now = || crate::clock::boot_now();
+        let one = daemon_of(&["--election", "jobs"]);
+        let uri = "/release?election=jobs&hold=30s";
+        call_with(one.clone(), Method::POST, uri, local, &ok, ReleaseAt::Here).await;
+        assert!(one.draining(now()), "held off its only election");
+        let several = daemon_of(&["--election", "mailer", "--election", "reports"]);
+        let uri = "/release?election=reports&hold=30s";
+        call_with(
+            several.clone(),
+            Method::POST,
+            uri,
+            local,
+            &ok,
+            ReleaseAt::Here,
+        )
+        .await;
+        assert!(!several.draining(now()), "one of two: still a candidate");
+        call_with(
+            several.clone(),
+            Method::POST,
+            "/release?hold=30s",
+            local,
+            &ok,
+            ReleaseAt::Here,
+        )
+        .await;
+        assert!(several.draining(now()), "all of them");
     }
 
     #[tokio::test]

@@ -38,8 +38,14 @@ use crate::settings::Settings;
 const RELEASE_BUDGET: Duration = Duration::from_millis(300);
 
 /// How long a release may spend reading the presence rows again before it
-/// names a successor (part of the release's own budget).
-const READ_BUDGET: Duration = Duration::from_millis(150);
+/// names a successor: half of the release's own budget (800 ms), so the
+/// release statement keeps the other half. A database a 100 ms round trip
+/// away answers the read in two (it waits behind a renewal on the one
+/// connection): 150 ms timed out there, and the release named a replica
+/// from a look older than the new pod, which was stopped next (measured,
+/// `tests/tests/successor.rs`). A near database answers in milliseconds
+/// whatever this is.
+const READ_BUDGET: Duration = Duration::from_millis(400);
 
 /// The successor a release names now: the group's rows read again first
 /// (within [`READ_BUDGET`]), so that a replica that joined since the last
@@ -68,13 +74,10 @@ pub async fn successor(roster: &Roster, link: &Link, leaving: bool) -> Option<He
 /// Runs until `shutdown`, then lets the presence row go.
 pub async fn run(daemon: Arc<Daemon>, settings: Settings, link: Link, shutdown: CancellationToken) {
     let spreading = settings.spread && settings.elections.len() > 1;
-    let prefix = daemon.roster().prefix().to_owned();
-    let mut spread =
-        spreading.then(|| Spread::new(daemon.clone(), settings.clone(), prefix.clone()));
+    let mut spread = spreading.then(|| Spread::new(daemon.clone(), settings.clone()));
     let mut keeper = Keeper {
         reads: spreading,
         presence_name: None,
-        prefix,
         held_token: None,
         link,
         daemon,
@@ -129,7 +132,6 @@ struct Keeper {
     reads: bool,
     daemon: Arc<Daemon>,
     settings: Settings,
-    prefix: String,
     /// The presence slot held or to take next; none before the first read.
     presence_name: Option<String>,
     /// The presence row's token while this instance holds it.
@@ -158,9 +160,9 @@ impl Keeper {
         let mut presence = None;
         if healthy {
             if self.held_token.is_none() {
-                let fresh = self.link.read(&self.prefix).await?;
-                let instance = self.daemon.roster().daemon();
-                self.presence_name = Some(free_slot(&self.prefix, &fresh, instance));
+                let roster = self.daemon.roster();
+                let fresh = self.link.read(roster.prefix()).await?;
+                self.presence_name = Some(free_slot(roster.prefix(), &fresh, roster.daemon()));
                 presence = Some(fresh);
             }
             self.renew_presence().await?;
@@ -178,7 +180,7 @@ impl Keeper {
         }
         let presence = match presence {
             Some(rows) => rows,
-            None if self.reads => self.link.read(&self.prefix).await?,
+            None if self.reads => self.link.read(self.daemon.roster().prefix()).await?,
             None => return Ok(None),
         };
         self.daemon.roster().see(&presence, boot_now());
@@ -191,19 +193,8 @@ impl Keeper {
         let Some(name) = self.presence_name.clone() else {
             return Ok(());
         };
-        let daemon = self.daemon.roster().daemon().clone();
         for _ in 0..2 {
-            let req = Request {
-                election: name.clone(),
-                holder: self.settings.id.clone(),
-                instance: daemon.to_string(),
-                ttl: self.settings.timing.ttl(),
-                held_token: self.held_token,
-                daemon: None,
-            };
-            let until = boot_now() + self.settings.timing.heartbeat();
-            let answer = self.link.attempt(req, until).await.map_err(|f| f.reason)?;
-            debug!(slot = %name, answer = ?answer, "presence attempt");
+            let answer = self.attempt_slot(&name, self.held_token).await?;
             self.held_token = match answer {
                 Attempt::Granted { token } => Some(token),
                 Attempt::Refused(_) => None,
@@ -219,24 +210,29 @@ impl Keeper {
     /// one found made meanwhile and taken by this attempt is let go.
     async fn make_spare(&mut self, rows: &[ElectionRow]) -> Result<(), String> {
         let mine = self.presence_name.as_deref().unwrap_or_default();
-        let Some(spare) = spare_slot(&self.prefix, rows, mine) else {
+        let Some(spare) = spare_slot(self.daemon.roster().prefix(), rows, mine) else {
             return Ok(());
         };
-        let daemon = self.daemon.roster().daemon().to_string();
-        let req = Request {
-            election: spare.clone(),
-            holder: self.settings.id.clone(),
-            instance: daemon.clone(),
-            ttl: self.settings.timing.ttl(),
-            held_token: None,
-            daemon: None,
-        };
-        let until = boot_now() + self.settings.timing.heartbeat();
-        let answer = self.link.attempt(req, until).await.map_err(|f| f.reason)?;
-        if matches!(answer, Attempt::Granted { .. }) {
+        if let Attempt::Granted { .. } = self.attempt_slot(&spare, None).await? {
+            let daemon = self.daemon.roster().daemon().clone();
             self.link.release(&spare, &daemon, None).await?;
         }
         Ok(())
+    }
+
+    /// One attempt on the slot row `name`, as this daemon's instance
+    /// (holding it under `held_token`, if so); within a heartbeat.
+    async fn attempt_slot(&self, name: &str, held_token: Option<i64>) -> Result<Attempt, String> {
+        let req = Request {
+            election: name.to_owned(),
+            holder: self.settings.id.clone(),
+            instance: self.daemon.roster().daemon().to_string(),
+            ttl: self.settings.timing.ttl(),
+            held_token,
+            daemon: None,
+        };
+        let until = boot_now() + self.settings.timing.heartbeat();
+        self.link.attempt(req, until).await.map_err(|f| f.reason)
     }
 
     /// Frees the presence slot (within [`RELEASE_BUDGET`]) so the others

@@ -152,17 +152,30 @@ impl Roster {
         self.rereads.lock().await
     }
 
-    /// The group's presence rows, read at `now`: the live replicas other
-    /// than this one, as candidates.
-    pub fn see(&self, rows: &[ElectionRow], now: BootTime) {
-        let peers = rows
-            .iter()
+    /// The group's presence rows in `rows` whose replica counts as live
+    /// (see [`present`]), with its id: the one rule the successor and the
+    /// spread both count by.
+    pub fn live<'a>(
+        &self,
+        rows: &'a [ElectionRow],
+    ) -> impl Iterator<Item = (&'a str, &'a ElectionRow)> + use<'a, '_> {
+        rows.iter()
             .filter(|row| row.name.starts_with(&self.prefix))
             .filter_map(|row| {
                 let id = row.live_holder()?;
-                let instance = row.instance.as_deref()?;
                 let remaining = Duration::from_micros(row.remaining_us.unsigned_abs());
-                if instance == &*self.daemon || !present(remaining, self.timing) {
+                present(remaining, self.timing).then_some((id, row))
+            })
+    }
+
+    /// The group's presence rows, read at `now`: the live replicas other
+    /// than this one, as candidates.
+    pub fn see(&self, rows: &[ElectionRow], now: BootTime) {
+        let peers = self
+            .live(rows)
+            .filter_map(|(id, row)| {
+                let instance = row.instance.as_deref()?;
+                if instance == &*self.daemon {
                     return None;
                 }
                 Some(Peer {
@@ -214,7 +227,7 @@ impl Roster {
             .collect();
         let replicas = candidates.len() + usize::from(!leaving);
         let shares = self.spread_over.map(|e| share(e, replicas));
-        let chosen: Arc<str> = choose(&candidates, shares)?.into();
+        let chosen: Arc<str> = choose(&candidates, shares, !leaving)?.into();
         view.named.push((chosen.clone(), now));
         Some(Heir {
             daemon: chosen,
@@ -327,6 +340,30 @@ mod tests {
             .map(|_| r.successor(now, true).unwrap().daemon.to_string())
             .collect();
         assert_eq!(named, ["0/newer", "0/newer", "0/new"]);
+    }
+
+    #[test]
+    fn a_replica_that_stays_names_room_before_priority() {
+        // Six elections on three replicas (share 2): this one and b
+        // (priority 1) lead three each, c (priority 0) none. A spread
+        // hand-over naming b would leave 3/3/0, and b's would name this one
+        // back, for ever; it names c. Leaving (share 3 among two), b has
+        // room and the higher priority.
+        let names = ["a", "b", "c", "d", "e", "f"];
+        let r = Roster::new(&settings(&names, 1));
+        let p = r.prefix().to_owned();
+        let now = BootTime::from_since_boot(Duration::from_secs(10));
+        r.see(
+            &[
+                row(&format!("{p}slot-0"), "b", "1/b", 1000, 5),
+                row(&format!("{p}slot-1"), "c", "0/c", 1000, 9),
+                row(&format!("{p}slot-2"), "me", r.daemon(), 1000, 20),
+            ],
+            now,
+        );
+        r.count_leads(HashMap::from([("b".into(), 3)]));
+        assert_eq!(&*r.successor(now, false).unwrap().daemon, "0/c");
+        assert_eq!(&*r.successor(now, true).unwrap().daemon, "1/b");
     }
 
     #[test]

@@ -13,9 +13,8 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
-use leaderd_core::spread::{plan, present, set_settled, settled};
+use leaderd_core::spread::{plan, set_settled, settled};
 use leaderd_core::BootTime;
 use leaderd_store::ElectionRow;
 use tracing::info;
@@ -28,8 +27,6 @@ use crate::settings::Settings;
 pub struct Spread {
     daemon: Arc<Daemon>,
     settings: Settings,
-    /// The group's presence rows start with this.
-    prefix: String,
     /// What each election's loop was last told.
     yielding: Vec<bool>,
     last_hand_over: Option<BootTime>,
@@ -44,12 +41,11 @@ pub struct Spread {
 }
 
 impl Spread {
-    pub fn new(daemon: Arc<Daemon>, settings: Settings, prefix: String) -> Self {
+    pub fn new(daemon: Arc<Daemon>, settings: Settings) -> Self {
         let n = daemon.all().len();
         Self {
             daemon,
             settings,
-            prefix,
             yielding: vec![false; n],
             last_hand_over: None,
             led_since: vec![None; n],
@@ -65,14 +61,12 @@ impl Spread {
         let now = boot_now();
         let (leading, leads) = self.look(now);
         let id = self.settings.id.as_str();
-        let mut live: Vec<&str> = presence
-            .iter()
-            .filter(|row| row.name.starts_with(&self.prefix))
-            .filter_map(|row| {
-                let holder = row.live_holder()?;
-                let remaining = Duration::from_micros(row.remaining_us.unsigned_abs());
-                (holder != id && present(remaining, self.settings.timing)).then_some(holder)
-            })
+        let mut live: Vec<&str> = self
+            .daemon
+            .roster()
+            .live(presence)
+            .map(|(holder, _)| holder)
+            .filter(|&holder| holder != id)
             .collect();
         // A replica may show in two slots for up to a ttl (one it lost, one
         // it took since): it is one replica.
