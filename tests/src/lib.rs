@@ -421,6 +421,17 @@ pub fn free_port() -> u16 {
         .expect("free port")
 }
 
+/// The elections an `/elections` body says this replica leads.
+pub fn led_in(body: &str) -> Option<Vec<String>> {
+    let list: Vec<Value> = serde_json::from_str(body).ok()?;
+    Some(
+        list.iter()
+            .filter(|v| v["is_leader"] == true)
+            .filter_map(|v| v["election"].as_str().map(str::to_owned))
+            .collect(),
+    )
+}
+
 /// A plain HTTP/1.1 GET on loopback: status and body, or `None` when nothing
 /// answers.
 pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
@@ -726,13 +737,7 @@ impl Daemon {
         let (200, body) = http_get(self.port, "/elections")? else {
             return None;
         };
-        let list: Vec<Value> = serde_json::from_str(&body).ok()?;
-        Some(
-            list.iter()
-                .filter(|v| v["is_leader"] == true)
-                .filter_map(|v| v["election"].as_str().map(str::to_owned))
-                .collect(),
-        )
+        led_in(&body)
     }
 
     /// Whether `/leader` answers 200 now.
@@ -764,6 +769,31 @@ impl Daemon {
                 return None;
             }
             std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Fills an undrained stderr pipe to the brim from outside (a writer of
+    /// its own, through `/proc/<pid>/fd/2`): from here on every write the
+    /// daemon makes to stderr blocks, however little it logs.
+    pub fn fill_stderr(&self) {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        assert!(
+            self.child.stderr.is_some(),
+            "stderr is not an undrained pipe"
+        );
+        let mut pipe = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+            .open(format!("/proc/{}/fd/2", self.pid()))
+            .expect("open the daemon's stderr");
+        let chunk = [b'.'; 4096];
+        loop {
+            match pipe.write(&chunk) {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) => panic!("filling stderr: {e}"),
+            }
         }
     }
 

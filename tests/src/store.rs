@@ -18,13 +18,21 @@ pub async fn connect(url: &str) -> Connection {
         .unwrap_or_else(|e| panic!("cannot connect: {e}"))
 }
 
-/// A connection to `url` once the table is migrated.
+/// A connection to `url` once the table is migrated. A migration that
+/// fails is tried once more on a new connection, as the daemon tries again
+/// at its next connect: on MariaDB, right after a full CI run, a
+/// migration's connection was closed under it ("connection closed") 3
+/// times in about 40 runs of these tests; the cause was not found, and
+/// the tests here are about the statements, not the link.
 pub async fn migrated(url: &str) -> Connection {
-    connect(url)
-        .await
-        .migrate()
-        .await
-        .unwrap_or_else(|e| panic!("cannot migrate: {e}"));
+    if let Err(e) = connect(url).await.migrate().await {
+        eprintln!("migration failed, trying once more: {e}");
+        connect(url)
+            .await
+            .migrate()
+            .await
+            .unwrap_or_else(|e| panic!("cannot migrate: {e}"));
+    }
     connect(url).await
 }
 

@@ -96,3 +96,39 @@ int fdatasync(int fd) {
     assert!(status.success(), "building the slow-fsync library failed");
     library
 }
+
+/// A daemon's flushes made slow ([`slow_fsync_library`], built into a
+/// directory) and the file that shows the library was used: one set-up for
+/// every test that wants a slow disk.
+#[derive(Debug)]
+pub struct SlowFsync {
+    library: String,
+    mark: String,
+}
+
+impl SlowFsync {
+    /// Builds the library into `dir`; its mark file goes there too.
+    pub fn new(dir: &Path) -> SlowFsync {
+        let path = |p: PathBuf| p.to_str().expect("utf-8 path").to_owned();
+        SlowFsync {
+            library: path(slow_fsync_library(dir)),
+            mark: path(dir.join("flushed")),
+        }
+    }
+
+    /// The environment to start a daemon with.
+    pub fn env(&self) -> [(&str, &str); 2] {
+        [
+            ("LD_PRELOAD", self.library.as_str()),
+            ("SLOW_FSYNC_MARK", self.mark.as_str()),
+        ]
+    }
+
+    /// Panics unless a process flushed through the library.
+    pub fn assert_used(&self) {
+        assert!(
+            Path::new(&self.mark).exists(),
+            "the slow fsync was not used"
+        );
+    }
+}

@@ -1,13 +1,14 @@
 //! Fenced writes (README, "Fenced writes"): an app's own transaction, fenced
 //! by `leaderd_fence`, commits only while its token leads; a takeover waits
-//! for it, and a transaction that hangs holds takeovers off for its bound
-//! only. Each case is one of the interleavings in `shared/FENCE.md`, run with
-//! real sessions: leaderd's own statements (`leaderd_store`) for the leader
-//! and the follower, a plain client for the app.
+//! for it (a named successor's take too), and a transaction that hangs
+//! holds takeovers off for its bound only. Each case is one of the
+//! interleavings in `shared/FENCE.md`, run with real sessions: leaderd's
+//! own statements (`leaderd_store`) for the leader and the follower, a
+//! plain client for the app.
 
 use std::time::{Duration, Instant};
 
-use leaderd_store::{Attempt, Connection, FenceStatus, LeaseRequest};
+use leaderd_store::{Attempt, Connection, FenceStatus, LeaseRequest, Release, Successor};
 use leaderd_tests::store::{acquire, connect, migrated};
 use leaderd_tests::{pg_exec, TempDb};
 use tokio_postgres::{Client, NoTls};
@@ -82,6 +83,11 @@ async fn logged(app: &Client) -> i64 {
         .get(0)
 }
 
+/// The fence with a bound above the tests' stalls (the default, the
+/// lease's ttl, would end the idle transaction before the follower's
+/// attempts).
+const FENCE_10S: &str = "SELECT leaderd_fence('e', $1, interval '10 seconds')";
+
 /// `BEGIN`, the fence (`fence` binds the token as `$1`), one row written:
 /// the transaction left open.
 async fn fence_and_log(app: &Client, fence: &str, token: i64) {
@@ -125,22 +131,50 @@ async fn refused_throughout(b: &mut Connection, for_: Duration) -> usize {
     tries
 }
 
+/// The leader `a`'s release of `e` naming the daemon [`HEIR`] (spec,
+/// Handover, "Successor") for a window longer than the tests' stalls.
+fn release_to_heir() -> Release<'static> {
+    Release {
+        election: "e",
+        instance: "a",
+        successor: Some(Successor {
+            daemon: HEIR,
+            window: Duration::from_secs(5),
+        }),
+    }
+}
+
+/// The named successor's daemon instance.
+const HEIR: &str = "0/heir";
+
+/// `req` from the named successor's daemon.
+fn heir_req() -> LeaseRequest<'static> {
+    LeaseRequest {
+        daemon: Some(HEIR),
+        ..req("heir", None)
+    }
+}
+
+/// The named successor's attempts for `for_`: none may be granted while a
+/// fenced transaction is open.
+async fn heir_refused_throughout(b: &mut Connection, for_: Duration) -> usize {
+    let until = Instant::now() + for_;
+    let mut tries = 0;
+    while Instant::now() < until {
+        match b.acquire_or_renew(&heir_req()).await.unwrap() {
+            Attempt::Refused(_) => tries += 1,
+            other => panic!("a successor's take while a fenced transaction is open: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tries
+}
+
 #[tokio::test]
 async fn a_stalled_fenced_transaction_holds_the_takeover_off_until_it_commits() {
     let (db, mut leader, token) = led().await;
     let app = app(&db.url).await;
-    app.batch_execute("BEGIN").await.unwrap();
-    // A bound above the stall (the default, the lease's ttl, would end the
-    // idle transaction before the follower's attempts below).
-    app.query_one(
-        "SELECT leaderd_fence('e', $1, interval '10 seconds')",
-        &[&token],
-    )
-    .await
-    .unwrap();
-    app.execute("INSERT INTO app_log (token) VALUES ($1)", &[&token])
-        .await
-        .unwrap();
+    fence_and_log(&app, FENCE_10S, token).await;
     // The leader renews meanwhile (each renewal a new row version: the
     // fence's lock carries over to it)...
     for _ in 0..3 {
@@ -173,6 +207,46 @@ async fn a_stalled_fenced_transaction_holds_the_takeover_off_until_it_commits() 
         .await
         .unwrap();
     assert!(row.get::<_, bool>(0), "the takeover came before the write");
+}
+
+/// A graceful handover to a named successor is a takeover like any other
+/// for the fence: a fenced transaction the leader's app opened before the
+/// release holds the successor's take off (the window does not open the
+/// row to it while the fence holds it), its write comes first in commit
+/// order, and the old token is refused once the successor leads.
+#[tokio::test]
+async fn a_named_successor_waits_for_a_fenced_transaction_opened_before_the_release() {
+    let (db, mut leader, token) = led().await;
+    let app = app(&db.url).await;
+    fence_and_log(&app, FENCE_10S, token).await;
+    // The release itself does not wait for the app (its lock does not
+    // conflict with the fence's).
+    assert!(leader.release_one(&release_to_heir()).await.unwrap());
+    let mut heir = connect(&db.url).await;
+    let tries = heir_refused_throughout(&mut heir, Duration::from_millis(600)).await;
+    assert!(tries >= 5, "only {tries} attempts");
+    app.batch_execute("COMMIT").await.unwrap();
+    let taken = acquire(&mut heir, &heir_req(), Duration::from_secs(2)).await;
+    assert!(taken > token, "token {taken} after {token}");
+    let watcher = self::app(&db.url).await;
+    let row = watcher
+        .query_one(
+            "SELECT (SELECT max(at) FROM app_log) < acquired_at AND holder = 'heir' \
+             FROM service_leader_lock WHERE name = 'e'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(
+        row.get::<_, bool>(0),
+        "the successor's take came before the write"
+    );
+    app.batch_execute("BEGIN").await.unwrap();
+    let stale = app
+        .query_one("SELECT leaderd_fence('e', $1)", &[&token])
+        .await;
+    assert_eq!(code(&stale), FENCED_OUT, "{}", message(&stale));
+    app.batch_execute("ROLLBACK").await.unwrap();
 }
 
 #[tokio::test]
@@ -628,6 +702,18 @@ mod mariadb {
             .await
     }
 
+    /// An app's session with a transaction open: fenced with `token` (a
+    /// bound above the tests' stalls) and one row written.
+    async fn fenced_and_logged(url: &str, token: i64) -> Conn {
+        let mut app = app(url).await;
+        app.query_drop("START TRANSACTION").await.unwrap();
+        fence(&mut app, token, Some(10_000)).await.unwrap();
+        app.exec_drop("INSERT INTO app_log (token) VALUES (?)", (token,))
+            .await
+            .unwrap();
+        app
+    }
+
     async fn wait_expired(app: &mut Conn) {
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
@@ -656,12 +742,7 @@ mod mariadb {
     #[tokio::test]
     async fn a_stalled_fenced_transaction_holds_single_and_batched_takeovers_off() {
         let (db, mut leader, token) = led().await;
-        let mut app = app(&db.url).await;
-        app.query_drop("START TRANSACTION").await.unwrap();
-        fence(&mut app, token, Some(10_000)).await.unwrap();
-        app.exec_drop("INSERT INTO app_log (token) VALUES (?)", (token,))
-            .await
-            .unwrap();
+        let mut app = fenced_and_logged(&db.url, token).await;
         for _ in 0..3 {
             assert_eq!(
                 leader
@@ -705,6 +786,31 @@ mod mariadb {
             .await
             .unwrap();
         assert_eq!(first, Some(1), "the takeover came before the write");
+    }
+
+    /// The named successor's take, as anyone's: held off by a fenced
+    /// transaction opened before the release (its trigger cannot write the
+    /// fence row), granted after the commit, with the write first.
+    #[tokio::test]
+    async fn a_named_successor_waits_for_a_fenced_transaction_opened_before_the_release() {
+        let (db, mut leader, token) = led().await;
+        let mut app = fenced_and_logged(&db.url, token).await;
+        assert!(leader.release_one(&release_to_heir()).await.unwrap());
+        let mut heir = connect(&db.url).await;
+        let tries = heir_refused_throughout(&mut heir, Duration::from_millis(400)).await;
+        assert!(tries >= 3, "only {tries} attempts");
+        app.query_drop("COMMIT").await.unwrap();
+        let taken = acquire(&mut heir, &heir_req(), Duration::from_secs(2)).await;
+        assert!(taken > token);
+        let mut watcher = self::app(&db.url).await;
+        let first: Option<i64> = watcher
+            .query_first(
+                "SELECT (SELECT MAX(at) FROM app_log) < acquired_at AND holder = 'heir' \
+                 FROM service_leader_lock WHERE name = 'e'",
+            )
+            .await
+            .unwrap();
+        assert_eq!(first, Some(1), "the successor's take came before the write");
     }
 
     #[tokio::test]
