@@ -21,6 +21,7 @@ mod exec;
 mod failover;
 mod fence;
 mod heartbeat;
+mod keepalive;
 mod plot;
 mod release;
 mod rolling;

@@ -11,7 +11,10 @@
 //! What issue 35 measured by hand and sets out to improve: this part gives
 //! its figures before and after. `ROLLING_RUNS=N` sets the updates per
 //! case, `ROLLING_CASES=3x1,3x6s` picks cases (replicas x elections, `s`:
-//! the spread on).
+//! the spread on; `5x6/random/nowait` one subcase of a case, order
+//! `oldest` or `random`, `wait` or `nowait`); `ROLLING_KEEP=DIR` keeps the daemons' logs of every
+//! update with an election leaderless longer than [`LONG_SPELL`], to find
+//! out why.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,8 +23,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use leaderd_tests::checker::{check, intervals_of};
-use leaderd_tests::{http_get, wait_for, Daemon, Scratch, TempDb};
+use leaderd_tests::{led_in, wait_for, Daemon, Scratch, TempDb};
 
+use crate::keepalive::KeepAlive;
 use crate::stats::ms;
 use crate::Size;
 
@@ -30,6 +34,8 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(5);
 /// After the last old pod has gone, how long the update is still watched
 /// (the spread hands over one batch per cool-down, ttl + heartbeat).
 const SETTLE: Duration = Duration::from_secs(8);
+/// The bound on a leaderless spell that issue 35 sets for an update.
+const LONG_SPELL: Duration = Duration::from_millis(100);
 
 /// Which old pod goes next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,6 +98,15 @@ fn launch(db: &TempDb, dir: &Scratch, id: &str, case: Case) -> Daemon {
     launch.start()
 }
 
+/// The elections a pod leads, by its `/elections` (`Daemon::leading` on a
+/// kept connection).
+fn leading(conn: &mut KeepAlive) -> Option<Vec<String>> {
+    let (200, body) = conn.get("/elections")? else {
+        return None;
+    };
+    led_in(&body)
+}
+
 /// Every pod's view, every [`SAMPLE_EVERY`], until `stop`.
 fn sample(
     pods: Arc<Mutex<Vec<u16>>>,
@@ -100,17 +115,16 @@ fn sample(
 ) -> std::thread::JoinHandle<Vec<Sample>> {
     std::thread::spawn(move || {
         let mut out = Vec::new();
+        // One kept connection per pod (see `keepalive`), in the pods' order.
+        let mut conns: Vec<KeepAlive> = Vec::new();
         while !stop.load(Ordering::Relaxed) {
             let at = Instant::now();
             let ports = pods.lock().expect("pods").clone();
+            conns.extend(ports[conns.len()..].iter().map(|&p| KeepAlive::new(p)));
             let mut leaders = vec![Vec::new(); elections.len()];
-            for (i, port) in ports.iter().enumerate() {
-                let Some((200, body)) = http_get(*port, "/elections") else {
-                    continue;
-                };
-                let list: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap_or_default();
-                for v in list.iter().filter(|v| v["is_leader"] == true) {
-                    if let Some(e) = elections.iter().position(|e| v["election"] == e.as_str()) {
+            for (i, conn) in conns.iter_mut().enumerate() {
+                for led in leading(conn).unwrap_or_default() {
+                    if let Some(e) = elections.iter().position(|e| *e == led) {
                         leaders[e].push(i);
                     }
                 }
@@ -161,13 +175,15 @@ fn update(case: Case, seed: u64) -> Outcome {
     } else {
         case.elections
     };
+    // Asked every 5 ms too: on kept connections (see `keepalive`).
+    let mut olds: Vec<KeepAlive> = daemons.iter().map(|d| KeepAlive::new(d.port)).collect();
     wait_for(
         Duration::from_secs(30),
         "the old pods to lead everything, spread",
         || {
-            let leading: Vec<usize> = daemons
-                .iter()
-                .map(|d| d.leading().map(|l| l.len()))
+            let leading: Vec<usize> = olds
+                .iter_mut()
+                .map(|c| leading(c).map(|l| l.len()))
                 .collect::<Option<_>>()?;
             let led: usize = leading.iter().sum();
             (led == case.elections && leading.iter().all(|&n| n <= share)).then_some(())
@@ -189,8 +205,9 @@ fn update(case: Case, seed: u64) -> Outcome {
     let mut last_exit = Instant::now();
     for (k, &old) in order.iter().enumerate() {
         let new = launch(&db, &dir, &format!("new{k}"), case);
+        let mut ready = KeepAlive::new(new.port);
         wait_for(Duration::from_secs(10), "the new pod to be ready", || {
-            matches!(http_get(new.port, "/readyz"), Some((200, _))).then_some(())
+            matches!(ready.get("/readyz"), Some((200, _))).then_some(())
         });
         pods.lock().expect("pods").push(new.port);
         daemons.push(new);
@@ -252,7 +269,35 @@ fn update(case: Case, seed: u64) -> Outcome {
         .last()
         .map(|s| s.at);
     o.balanced_after = final_since.map(|t| t.saturating_duration_since(last_exit));
+    if let Ok(keep) = std::env::var("ROLLING_KEEP") {
+        if o.leaderless.iter().any(|&l| l > LONG_SPELL) {
+            keep_logs(&keep, case, seed, &daemons, &o.leaderless);
+        }
+    }
     o
+}
+
+/// Copies the daemons' logs of one update to `DIR/<case>-<seed>/`, with
+/// each election's longest leaderless spell.
+fn keep_logs(dir: &str, case: Case, seed: u64, daemons: &[Daemon], leaderless: &[Duration]) {
+    let to = std::path::Path::new(dir).join(format!(
+        "{}x{}{}-{:?}-{}-{seed}",
+        case.replicas,
+        case.elections,
+        if case.spread { "s" } else { "" },
+        case.order,
+        if case.wait { "wait" } else { "nowait" },
+    ));
+    let kept = std::fs::create_dir_all(&to).and_then(|()| {
+        for d in daemons {
+            std::fs::write(to.join(format!("{}.log", d.id)), d.log_text())?;
+        }
+        std::fs::write(to.join("leaderless.txt"), format!("{leaderless:?}\n"))
+    });
+    match kept {
+        Ok(()) => eprintln!("rolling: logs of a long spell kept in {}", to.display()),
+        Err(e) => eprintln!("rolling: could not keep the logs in {}: {e}", to.display()),
+    }
 }
 
 /// One case's changes of leader, for the plot: its label, and how many
@@ -291,7 +336,8 @@ pub fn run(size: Size) -> Result<Vec<Changes>> {
         cases.retain(|c| c.elections == 6 && c.spread && c.order == Order::Random && !c.wait);
     }
     if let Ok(only) = std::env::var("ROLLING_CASES") {
-        // e.g. "3x1,3x6s": replicas x elections, `s` for the spread.
+        // e.g. "3x1,3x6s,5x6/random/nowait": replicas x elections, `s` for
+        // the spread; a whole case, or one of its four subcases.
         let wanted: Vec<&str> = only.split(',').collect();
         cases.retain(|c| {
             let label = format!(
@@ -300,8 +346,21 @@ pub fn run(size: Size) -> Result<Vec<Changes>> {
                 c.elections,
                 if c.spread { "s" } else { "" }
             );
-            wanted.contains(&label.as_str())
+            let sub = format!(
+                "{label}/{}/{}",
+                match c.order {
+                    Order::OldestFirst => "oldest",
+                    Order::Random => "random",
+                },
+                if c.wait { "wait" } else { "nowait" }
+            );
+            wanted.contains(&label.as_str()) || wanted.contains(&sub.as_str())
         });
+        if cases.is_empty() {
+            anyhow::bail!(
+                "ROLLING_CASES={only:?} names no case: use e.g. 3x1, 3x6s, 5x6 or 5x6/random/nowait"
+            );
+        }
     }
     println!("## A rolling update (issue 35)\n");
     println!(
