@@ -378,14 +378,21 @@ pub fn serial() -> MutexGuard<'static, ()> {
 
 /// Polls `f` every few milliseconds until it returns `Some`, or panics after
 /// `within` with `what` in the message.
-pub fn wait_for<T>(within: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+pub fn wait_for<T>(within: Duration, what: &str, f: impl FnMut() -> Option<T>) -> T {
+    try_wait_for(within, f)
+        .unwrap_or_else(|| panic!("timed out after {within:?} waiting for {what}"))
+}
+
+/// [`wait_for`] for a caller that has something to do on a timeout (a
+/// bench counts it, or prints logs): `None` after `within`.
+pub fn try_wait_for<T>(within: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + within;
     loop {
         if let Some(v) = f() {
-            return v;
+            return Some(v);
         }
         if Instant::now() >= deadline {
-            panic!("timed out after {within:?} waiting for {what}");
+            return None;
         }
         std::thread::sleep(Duration::from_millis(5));
     }

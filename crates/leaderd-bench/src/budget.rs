@@ -4,7 +4,10 @@
 //! minutes. Counted per ttl: changes of holder (new tokens), local
 //! step-downs (the leader losing its lease by its own deadline or a failed
 //! renewal), and the leaders' renewal p99 (from `/metrics`, over the load)
-//! against the budget, `ttl - safety margin - renew interval`.
+//! against the budget, `ttl - safety margin - renew interval`. A ttl that
+//! finds no single leader within 30 s before the load (a disk whose fsync
+//! cannot keep within it) is marked in the table, not an error: it is what
+//! the part measures.
 
 use std::time::Duration;
 
@@ -12,7 +15,7 @@ use anyhow::Result;
 use leaderd_core::Timing;
 use leaderd_tests::{Daemon, Scratch, TempDb};
 
-use crate::busy::{pgbench, pgbench_figures, pgbench_init, transitions};
+use crate::busy::{leader_of, pgbench, pgbench_figures, pgbench_init, transitions};
 use crate::Size;
 
 const TTLS_MS: [u64; 3] = [100, 150, 300];
@@ -115,17 +118,19 @@ pub fn run(size: Size) -> Result<()> {
             .iter()
             .map(|id| Daemon::start(&db.url, id, &dir, &timing))
             .collect();
-        leaderd_tests::wait_single_leader(
-            &daemons.iter().collect::<Vec<_>>(),
-            Duration::from_secs(10),
-        );
+        let settled =
+            leaderd_tests::try_wait_for(Duration::from_secs(30), || leader_of(&daemons)).is_some();
         let (tokens, lost) = transitions(&daemons);
         let histogram = renewals(&daemons);
         let (tps, latency) = pgbench_figures(pgbench(&db.url, load)?)?;
         let (tokens_after, lost_after) = transitions(&daemons);
         let p99 = quantile(0.99, &histogram, &renewals(&daemons));
         rows.push((
-            ttl_ms,
+            if settled {
+                ttl_ms.to_string()
+            } else {
+                format!("{ttl_ms} (no single leader within 30 s before the load)")
+            },
             budget,
             tps,
             latency,

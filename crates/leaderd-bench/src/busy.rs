@@ -4,7 +4,16 @@
 //! queue must not cost the lease: counted are the changes of holder (new
 //! tokens) and the leader's step-downs while the load runs, which should
 //! both be 0; then the leader is SIGKILLed again and again under the same
-//! load, timed until another daemon answers 200.
+//! load, timed until another daemon answers 200. A round in which no
+//! single leader shows within 10 s, or nobody takes over within 10 s, is
+//! counted in the table rather than ending the run: on a disk whose fsync
+//! falls behind the load, a 100 ms lease cannot be held, and that is the
+//! figure (spec, "Renewal budget").
+//!
+//! `--smoke` runs the same steps with the default lease: a smoke run checks
+//! that the part runs, not the machine's fsync latency (CI's machine, just
+//! after a cold build and the whole suite, once found no leader with
+//! 100 ms within 10 s, and once no single leader in a round).
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -16,6 +25,7 @@ use crate::stats::{ms, Summary};
 use crate::Size;
 
 const TIMING: [&str; 4] = ["--ttl", "100ms", "--heartbeat", "33ms"];
+const SMOKE_TIMING: [&str; 4] = ["--ttl", "1200ms", "--heartbeat", "1s"];
 
 /// `pgbench` on `url`, for `secs`: 32 clients, the default TPC-B writes.
 pub fn pgbench(url: &str, secs: u64) -> Result<Child> {
@@ -75,7 +85,8 @@ pub fn transitions(daemons: &[Daemon]) -> (Vec<i64>, usize) {
     (tokens, lost)
 }
 
-fn leader_of(daemons: &[Daemon]) -> Option<usize> {
+/// The one daemon that leads now, if exactly one does.
+pub fn leader_of(daemons: &[Daemon]) -> Option<usize> {
     let leaders: Vec<usize> = (0..daemons.len())
         .filter(|&i| daemons[i].is_leader())
         .collect();
@@ -86,26 +97,22 @@ fn leader_of(daemons: &[Daemon]) -> Option<usize> {
 pub fn run(size: Size) -> Result<()> {
     let load = size.pick(600, 3);
     let rounds = size.pick(50, 2);
+    let timing = size.pick(TIMING, SMOKE_TIMING);
     let db = TempDb::postgres();
     pgbench_init(&db.url)?;
     let dir = Scratch::new();
     let mut daemons: Vec<Daemon> = ["a", "b", "c"]
         .iter()
-        .map(|id| Daemon::start(&db.url, id, &dir, &TIMING))
+        .map(|id| Daemon::start(&db.url, id, &dir, &timing))
         .collect();
     // A 100 ms lease just after pgbench's initial load (and the checkpoint
     // it brings) may step down and change hands for a while: wait longer
-    // than for a default lease, and show the logs if it never settles (a
-    // CI smoke run once timed out at 10 s with nothing to go on).
-    let settled = Instant::now() + Duration::from_secs(30);
-    while leader_of(&daemons).is_none() {
-        if Instant::now() > settled {
-            for d in &daemons {
-                eprintln!("----- log of {} -----\n{}", d.id, d.log_text());
-            }
-            bail!("no single leader among the three within 30 s");
+    // than for a default lease, and show the logs if it never settles.
+    if leaderd_tests::try_wait_for(Duration::from_secs(30), || leader_of(&daemons)).is_none() {
+        for d in &daemons {
+            eprintln!("----- log of {} -----\n{}", d.id, d.log_text());
         }
-        std::thread::sleep(Duration::from_millis(5));
+        bail!("no single leader among the three within 30 s, before any load");
     }
     let (before, lost_before) = transitions(&daemons);
 
@@ -118,9 +125,13 @@ pub fn run(size: Size) -> Result<()> {
     // SIGKILL failovers under the same load.
     let mut bench = pgbench(&db.url, 3600)?;
     let mut times = Vec::new();
+    let (mut no_leader, mut no_takeover) = (0, 0);
     for round in 0..rounds {
-        let leader =
-            leaderd_tests::wait_for(Duration::from_secs(10), "a leader", || leader_of(&daemons));
+        let found = leaderd_tests::try_wait_for(Duration::from_secs(10), || leader_of(&daemons));
+        let Some(leader) = found else {
+            no_leader += 1;
+            continue;
+        };
         // Past the restarted daemon's start, and anywhere in the renew cycle.
         std::thread::sleep(Duration::from_millis(300 + (round as u64 * 37) % 100));
         let t0 = Instant::now();
@@ -132,13 +143,14 @@ pub fn run(size: Size) -> Result<()> {
                 break;
             }
             if t0.elapsed() > Duration::from_secs(10) {
-                bail!("no failover within 10 s");
+                no_takeover += 1;
+                break;
             }
             std::thread::sleep(Duration::from_micros(500));
         }
         daemons[leader].wait_exit(Duration::from_secs(3));
         let id = format!("{}{round}", &daemons[leader].id[..1]);
-        daemons[leader] = Daemon::start(&db.url, &id, &dir, &TIMING);
+        daemons[leader] = Daemon::start(&db.url, &id, &dir, &timing);
     }
     let _ = bench.kill();
     let _ = bench.wait();
@@ -146,8 +158,9 @@ pub fn run(size: Size) -> Result<()> {
 
     println!("## A short lease on a busy database\n");
     println!(
-        "Three daemons (`--ttl 100ms --heartbeat 33ms`) on one PostgreSQL that `pgbench -c 32 -j 2` \
-         (TPC-B) saturates with writes: {tps} tps at {latency} ms average latency over {load} s."
+        "Three daemons (`{}`) on one PostgreSQL that `pgbench -c 32 -j 2` \
+         (TPC-B) saturates with writes: {tps} tps at {latency} ms average latency over {load} s.",
+        timing.join(" ")
     );
     println!("Then the leader SIGKILLed {rounds} times under the same load.\n");
     println!("| what | value |");
@@ -157,6 +170,8 @@ pub fn run(size: Size) -> Result<()> {
     println!("| SIGKILL failover p50 ms | {} |", ms(s.p50));
     println!("| SIGKILL failover p99 ms | {} |", ms(s.p99));
     println!("| SIGKILL failover max ms | {} |", ms(s.max));
+    println!("| rounds with no single leader within 10 s | {no_leader} |");
+    println!("| rounds with no takeover within 10 s | {no_takeover} |");
     println!();
     Ok(())
 }
