@@ -455,20 +455,25 @@ fn an_idle_daemon_costs_mysql_nothing_beside_twenty_thousand_other_rows() {
     let scans = "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS \
                  WHERE VARIABLE_NAME = 'HANDLER_READ_RND_NEXT'";
     let read = |sql: &str| -> u64 { db.scalar(sql).parse().unwrap() };
-    let window = Duration::from_secs(10);
-    let (ticks, rows, own) = (
-        leaderd_tests::cpu_ticks(server).unwrap(),
-        read(scans),
-        leaderd_tests::cpu_ticks(a.pid()).unwrap(),
-    );
-    std::thread::sleep(window);
-    let server_share =
-        (leaderd_tests::cpu_ticks(server).unwrap() - ticks) as f64 / 100.0 / window.as_secs_f64();
-    let own_share =
-        (leaderd_tests::cpu_ticks(a.pid()).unwrap() - own) as f64 / 100.0 / window.as_secs_f64();
-    let rows_per_second = (read(scans) - rows) as f64 / window.as_secs_f64();
+    // The server's share is the least of three windows: its own background
+    // work (purging and flushing what the tests before this one dropped,
+    // and the rows just inserted) comes in bursts and lands in a window at
+    // times (2.1–2.7 % in one window right after a full suite, 0.8–1.2 %
+    // on a quiet machine), while the daemon's cost is in every window.
+    let window = Duration::from_secs(4);
+    let mut server_share = f64::MAX;
+    let (rows, own) = (read(scans), leaderd_tests::cpu_ticks(a.pid()).unwrap());
+    for _ in 0..3 {
+        let ticks = leaderd_tests::cpu_ticks(server).unwrap();
+        std::thread::sleep(window);
+        let used = leaderd_tests::cpu_ticks(server).unwrap() - ticks;
+        server_share = server_share.min(used as f64 / 100.0 / window.as_secs_f64());
+    }
+    let whole = 3.0 * window.as_secs_f64();
+    let own_share = (leaderd_tests::cpu_ticks(a.pid()).unwrap() - own) as f64 / 100.0 / whole;
+    let rows_per_second = (read(scans) - rows) as f64 / whole;
     eprintln!(
-        "server {:.2} % of a core, daemon {:.2} %, rows scanned {rows_per_second:.0}/s",
+        "server {:.2} % of a core (least of three windows), daemon {:.2} %, rows scanned {rows_per_second:.0}/s",
         server_share * 100.0,
         own_share * 100.0
     );
@@ -476,12 +481,11 @@ fn an_idle_daemon_costs_mysql_nothing_beside_twenty_thousand_other_rows() {
         rows_per_second < 1000.0,
         "{rows_per_second:.0} rows scanned/s"
     );
-    // Measured 0.4 % (the issue's bound is 1 %); CPU ticks come in 10 ms
-    // steps and the server's own background work (flushing the rows just
-    // inserted) lands in the window at times (1.0 % seen once on a loaded
-    // machine), so the test allows 2 %: the fault it guards against cost
-    // 36 % (2.8 % with half of it fixed). The rows scanned above are the
-    // exact check.
+    // Measured 0.4 % when this test was written, 0.75–1.25 % in 2026-11
+    // (the issue's bound is 1 %); CPU ticks
+    // come in 10 ms steps (0.25 % of a 4 s window), so the test allows 2 %:
+    // the fault it guards against cost 36 % (2.8 % with half of it fixed).
+    // The rows scanned above are the exact check.
     assert!(
         server_share < 0.02,
         "server: {:.2} % of a core",

@@ -178,8 +178,8 @@ mod tests {
     fn a_replica_that_stays_hands_over_to_room_before_priority() {
         // Six elections, three replicas (share 2): A and B (priority 1)
         // hold three each, C (priority 0) none. A spread hand-over by A
-        // that named B (priority first) would leave 3/3/0, and B's would
-        // name A: the two would swap elections for ever.
+        // that named B (priority first) would leave 2/4/0, and B's would
+        // name A back: the two would swap elections for ever.
         let from_a = [cand("b", 1, 5, 3), cand("c", 0, 9, 0)];
         assert_eq!(choose(&from_a, Some(2), true), Some("c"));
         let from_b = [cand("a", 1, 5, 3), cand("c", 0, 9, 0)];

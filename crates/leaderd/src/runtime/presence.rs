@@ -52,21 +52,27 @@ const READ_BUDGET: Duration = Duration::from_millis(400);
 /// round is known, else as last read. One read serves every release asked
 /// before it began. `leaving`: this replica goes (see
 /// [`Roster::successor`]).
+///
+/// The budget counts from when the release asked, the wait for another
+/// release's read included: elections released together at shutdown each
+/// ask a moment apart, and on a database slow enough to time a read out,
+/// a second full read after the first would leave their releases no time.
 pub async fn successor(roster: &Roster, link: &Link, leaving: bool) -> Option<Heir> {
     let asked = boot_now();
-    {
+    let reread = async {
         let mut last = roster.reread_turn().await;
         if last.is_none_or(|began| began < asked) {
             *last = Some(boot_now());
-            let read = tokio::time::timeout(READ_BUDGET, link.read(roster.prefix())).await;
-            match read {
-                Ok(Ok(rows)) => roster.see(&rows, boot_now()),
-                Ok(Err(e)) => {
+            match link.read(roster.prefix()).await {
+                Ok(rows) => roster.see(&rows, boot_now()),
+                Err(e) => {
                     info!(error = %e, "could not read the presence rows; naming from the last look")
                 }
-                Err(_) => info!("reading the presence rows timed out; naming from the last look"),
             }
         }
+    };
+    if tokio::time::timeout(READ_BUDGET, reread).await.is_err() {
+        info!("reading the presence rows timed out; naming from the last look");
     }
     roster.successor(boot_now(), leaving)
 }

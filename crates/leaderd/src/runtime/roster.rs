@@ -346,9 +346,9 @@ mod tests {
     fn a_replica_that_stays_names_room_before_priority() {
         // Six elections on three replicas (share 2): this one and b
         // (priority 1) lead three each, c (priority 0) none. A spread
-        // hand-over naming b would leave 3/3/0, and b's would name this one
-        // back, for ever; it names c. Leaving (share 3 among two), b has
-        // room and the higher priority.
+        // hand-over naming b would leave 2/4/0, and b's would name this one
+        // back, for ever; it names c. Leaving, the order is priority
+        // first: b, full or not.
         let names = ["a", "b", "c", "d", "e", "f"];
         let r = Roster::new(&settings(&names, 1));
         let p = r.prefix().to_owned();
