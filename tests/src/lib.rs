@@ -590,6 +590,12 @@ impl Launch {
         self
     }
 
+    /// [`Launch::env`] for each pair.
+    pub fn envs(mut self, pairs: &[(&str, &str)]) -> Self {
+        self.cmd.envs(pairs.iter().copied());
+        self
+    }
+
     /// Runs `leaderd exec … -- command` instead of `leaderd run`.
     pub fn exec(mut self, command: &[&str]) -> Self {
         self.command = Some(command.iter().map(|a| a.to_string()).collect());
@@ -869,15 +875,24 @@ pub fn wait_counts(
 /// Waits until exactly one of `daemons` answers 200 on `/leader` and returns
 /// its index.
 pub fn wait_single_leader(daemons: &[&Daemon], within: Duration) -> usize {
-    wait_for(within, "exactly one leader", || {
-        let leaders: Vec<usize> = daemons
-            .iter()
-            .enumerate()
-            .filter(|(_, d)| d.is_leader())
-            .map(|(i, _)| i)
-            .collect();
-        (leaders.len() == 1).then(|| leaders[0])
-    })
+    wait_for(within, "exactly one leader", || single_leader(daemons))
+}
+
+/// The index of the one daemon of `daemons` that leads now (`/leader` 200),
+/// if exactly one does.
+pub fn single_leader<D: std::borrow::Borrow<Daemon>>(daemons: &[D]) -> Option<usize> {
+    let leaders: Vec<usize> = (0..daemons.len())
+        .filter(|&i| daemons[i].borrow().is_leader())
+        .collect();
+    let [leader] = leaders[..] else { return None };
+    Some(leader)
+}
+
+/// Prints the daemons' logs to stderr: a failed run's evidence.
+pub fn print_logs<'a>(daemons: impl IntoIterator<Item = &'a Daemon>) {
+    for d in daemons {
+        eprintln!("----- log of {} -----\n{}", d.id, d.log_text());
+    }
 }
 
 /// Waits until exactly one of `daemons` leads and every one of them names

@@ -142,9 +142,7 @@ impl Drop for Replicas {
     fn drop(&mut self) {
         // A failed scenario is only as useful as what the daemons said.
         if std::thread::panicking() {
-            for d in &self.daemons {
-                eprintln!("----- log of {} -----\n{}", d.id, d.log_text());
-            }
+            crate::print_logs(&self.daemons);
         }
     }
 }

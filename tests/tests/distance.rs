@@ -22,9 +22,7 @@ struct Far {
 impl Drop for Far {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            for d in &self.daemons {
-                eprintln!("----- log of {} -----\n{}", d.id, d.log_text());
-            }
+            leaderd_tests::print_logs(&self.daemons);
         }
     }
 }

@@ -117,14 +117,18 @@ async fn wait_expired(app: &Client) {
     }
 }
 
-/// The follower's attempts for `for_`: none may be granted.
-async fn refused_throughout(b: &mut Connection, for_: Duration) -> usize {
+/// Attempts with `req` (the follower's, or the named successor's) for
+/// `for_`: none may be granted while a fenced transaction is open.
+async fn refused_throughout(b: &mut Connection, req: &LeaseRequest<'_>, for_: Duration) -> usize {
     let until = Instant::now() + for_;
     let mut tries = 0;
     while Instant::now() < until {
-        match b.acquire_or_renew(&req("b", None)).await.unwrap() {
+        match b.acquire_or_renew(req).await.unwrap() {
             Attempt::Refused(_) => tries += 1,
-            other => panic!("a takeover while a fenced transaction is open: {other:?}"),
+            other => panic!(
+                "a take by {} while a fenced transaction is open: {other:?}",
+                req.holder
+            ),
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -155,21 +159,6 @@ fn heir_req() -> LeaseRequest<'static> {
     }
 }
 
-/// The named successor's attempts for `for_`: none may be granted while a
-/// fenced transaction is open.
-async fn heir_refused_throughout(b: &mut Connection, for_: Duration) -> usize {
-    let until = Instant::now() + for_;
-    let mut tries = 0;
-    while Instant::now() < until {
-        match b.acquire_or_renew(&heir_req()).await.unwrap() {
-            Attempt::Refused(_) => tries += 1,
-            other => panic!("a successor's take while a fenced transaction is open: {other:?}"),
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    tries
-}
-
 #[tokio::test]
 async fn a_stalled_fenced_transaction_holds_the_takeover_off_until_it_commits() {
     let (db, mut leader, token) = led().await;
@@ -191,7 +180,7 @@ async fn a_stalled_fenced_transaction_holds_the_takeover_off_until_it_commits() 
     let watcher = self::app(&db.url).await;
     wait_expired(&watcher).await;
     let mut b = connect(&db.url).await;
-    let tries = refused_throughout(&mut b, Duration::from_millis(600)).await;
+    let tries = refused_throughout(&mut b, &req("b", None), Duration::from_millis(600)).await;
     assert!(tries >= 5, "only {tries} attempts");
     app.batch_execute("COMMIT").await.unwrap();
     let taken = acquire(&mut b, &req("b", None), Duration::from_secs(2)).await;
@@ -223,7 +212,7 @@ async fn a_named_successor_waits_for_a_fenced_transaction_opened_before_the_rele
     // conflict with the fence's).
     assert!(leader.release_one(&release_to_heir()).await.unwrap());
     let mut heir = connect(&db.url).await;
-    let tries = heir_refused_throughout(&mut heir, Duration::from_millis(600)).await;
+    let tries = refused_throughout(&mut heir, &heir_req(), Duration::from_millis(600)).await;
     assert!(tries >= 5, "only {tries} attempts");
     app.batch_execute("COMMIT").await.unwrap();
     let taken = acquire(&mut heir, &heir_req(), Duration::from_secs(2)).await;
@@ -756,7 +745,7 @@ mod mariadb {
         let mut watcher = self::app(&db.url).await;
         wait_expired(&mut watcher).await;
         let mut b = connect(&db.url).await;
-        let tries = refused_throughout(&mut b, Duration::from_millis(400)).await;
+        let tries = refused_throughout(&mut b, &req("b", None), Duration::from_millis(400)).await;
         assert!(tries >= 3, "only {tries} attempts");
         // The batched take (several expired rows in one statement).
         let other = LeaseRequest {
@@ -797,7 +786,7 @@ mod mariadb {
         let mut app = fenced_and_logged(&db.url, token).await;
         assert!(leader.release_one(&release_to_heir()).await.unwrap());
         let mut heir = connect(&db.url).await;
-        let tries = heir_refused_throughout(&mut heir, Duration::from_millis(400)).await;
+        let tries = refused_throughout(&mut heir, &heir_req(), Duration::from_millis(400)).await;
         assert!(tries >= 3, "only {tries} attempts");
         app.query_drop("COMMIT").await.unwrap();
         let taken = acquire(&mut heir, &heir_req(), Duration::from_secs(2)).await;

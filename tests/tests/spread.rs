@@ -258,14 +258,12 @@ fn many(db: &TempDb, dir: &Scratch, id: &str, n: usize, env: &[(&str, &str)]) ->
 fn launch_many(db: &TempDb, dir: &Scratch, id: &str, n: usize, env: &[(&str, &str)]) -> Daemon {
     let names: Vec<String> = (0..n).map(|i| format!("job-{i:04}")).collect();
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    let mut launch = Daemon::launch(&db.url, id, dir, id, &["--no-spread"])
+    Daemon::launch(&db.url, id, dir, id, &["--no-spread"])
         .without_flag_file()
         .elections(&refs)
-        .env("RUST_LOG", "info");
-    for (k, v) in env {
-        launch = launch.env(k, v);
-    }
-    launch.start()
+        .env("RUST_LOG", "info")
+        .envs(env)
+        .start()
 }
 
 /// A leader of a thousand elections renews each once per renew interval:

@@ -22,7 +22,9 @@ use leaderd_tests::checker::{check, intervals_of, Interval};
 use leaderd_tests::proxy::{upstream, Fault, FaultProxy};
 use leaderd_tests::sse::boot_us;
 use leaderd_tests::surroundings::{CpuHogs, SlowFsync};
-use leaderd_tests::{http_get, serial, wait_counts, wait_for, Daemon, Kind, Scratch, TempDb};
+use leaderd_tests::{
+    http_get, print_logs, serial, wait_counts, wait_for, Daemon, Kind, Scratch, TempDb,
+};
 
 const ELECTIONS: [&str; 6] = ["jobs", "mailer", "reports", "billing", "search", "cleanup"];
 const TTL: Duration = Duration::from_millis(1200);
@@ -60,13 +62,6 @@ fn wait_present(db: &TempDb, n: usize) {
         );
         (db.scalar(&sql) == n.to_string()).then_some(())
     });
-}
-
-/// Prints the daemons' logs (a failed test's evidence).
-fn dump(ds: &[&Daemon]) {
-    for d in ds {
-        eprintln!("----- log of {} -----\n{}", d.id, d.log_text());
-    }
 }
 
 /// Per election, its leadership intervals on every daemon, checked (no
@@ -131,7 +126,7 @@ fn one_election_moves_once(
         .then(|| Duration::from_micros(during[1].start.saturating_sub(during[0].end)));
     eprintln!("{what}: leaderless for {gap:?}");
     if !moved_once || gap.is_none_or(|g| g >= bound) {
-        dump(&all);
+        print_logs(all.iter().copied());
         panic!("{what}: one change of leader, to a new replica, within {bound:?}: {leaders:?}, leaderless {gap:?}");
     }
 }
@@ -194,10 +189,8 @@ fn a_rolling_update_on_sqlite_with_stderr_stalled_and_a_slow_disk_moves_once() {
     let dir = Scratch::new();
     let slow = SlowFsync::new(&dir.path(""));
     let spawn = |id: &str| {
-        let [(k1, v1), (k2, v2)] = slow.env();
         let d = Daemon::launch(&db.url, id, &dir, id, &[])
-            .env(k1, v1)
-            .env(k2, v2)
+            .envs(&slow.env())
             .elections(&["jobs"])
             .stderr_undrained()
             .start();
@@ -374,7 +367,7 @@ fn a_successor_killed_as_it_is_named_costs_at_most_its_window() {
     assert!(a.wait_exit(Duration::from_secs(3)).is_some());
     let named = a.logged("naming the successor");
     if named.len() != 1 || named[0]["successor"] != c_instance.as_str() {
-        dump(&[&a, &b, &c]);
+        print_logs([&a, &b, &c]);
         panic!("a named {named:?}, not c ({c_instance})");
     }
     wait_for(WINDOW + TTL * 2, "b to lead", || {

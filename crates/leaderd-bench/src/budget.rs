@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use anyhow::Result;
 use leaderd_core::Timing;
-use leaderd_tests::{Daemon, Scratch, TempDb};
+use leaderd_tests::{single_leader, Daemon, Scratch, TempDb};
 
-use crate::busy::{leader_of, pgbench, pgbench_figures, pgbench_init, transitions};
+use crate::busy::{pgbench, pgbench_figures, pgbench_init, transitions};
 use crate::Size;
 
 const TTLS_MS: [u64; 3] = [100, 150, 300];
@@ -119,7 +119,8 @@ pub fn run(size: Size) -> Result<()> {
             .map(|id| Daemon::start(&db.url, id, &dir, &timing))
             .collect();
         let settled =
-            leaderd_tests::try_wait_for(Duration::from_secs(30), || leader_of(&daemons)).is_some();
+            leaderd_tests::try_wait_for(Duration::from_secs(30), || single_leader(&daemons))
+                .is_some();
         let (tokens, lost) = transitions(&daemons);
         let histogram = renewals(&daemons);
         let (tps, latency) = pgbench_figures(pgbench(&db.url, load)?)?;

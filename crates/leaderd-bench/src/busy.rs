@@ -19,7 +19,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use leaderd_tests::{Daemon, Scratch, TempDb};
+use leaderd_tests::{single_leader, Daemon, Scratch, TempDb};
 
 use crate::stats::{ms, Summary};
 use crate::Size;
@@ -85,14 +85,6 @@ pub fn transitions(daemons: &[Daemon]) -> (Vec<i64>, usize) {
     (tokens, lost)
 }
 
-/// The one daemon that leads now, if exactly one does.
-pub fn leader_of(daemons: &[Daemon]) -> Option<usize> {
-    let leaders: Vec<usize> = (0..daemons.len())
-        .filter(|&i| daemons[i].is_leader())
-        .collect();
-    (leaders.len() == 1).then(|| leaders[0])
-}
-
 /// Prints the part's table.
 pub fn run(size: Size) -> Result<()> {
     let load = size.pick(600, 3);
@@ -108,10 +100,8 @@ pub fn run(size: Size) -> Result<()> {
     // A 100 ms lease just after pgbench's initial load (and the checkpoint
     // it brings) may step down and change hands for a while: wait longer
     // than for a default lease, and show the logs if it never settles.
-    if leaderd_tests::try_wait_for(Duration::from_secs(30), || leader_of(&daemons)).is_none() {
-        for d in &daemons {
-            eprintln!("----- log of {} -----\n{}", d.id, d.log_text());
-        }
+    if leaderd_tests::try_wait_for(Duration::from_secs(30), || single_leader(&daemons)).is_none() {
+        leaderd_tests::print_logs(&daemons);
         bail!("no single leader among the three within 30 s, before any load");
     }
     let (before, lost_before) = transitions(&daemons);
@@ -127,7 +117,8 @@ pub fn run(size: Size) -> Result<()> {
     let mut times = Vec::new();
     let (mut no_leader, mut no_takeover) = (0, 0);
     for round in 0..rounds {
-        let found = leaderd_tests::try_wait_for(Duration::from_secs(10), || leader_of(&daemons));
+        let found =
+            leaderd_tests::try_wait_for(Duration::from_secs(10), || single_leader(&daemons));
         let Some(leader) = found else {
             no_leader += 1;
             continue;
