@@ -77,6 +77,31 @@ pub async fn successor(roster: &Roster, link: &Link, leaving: bool) -> Option<He
     roster.successor(boot_now(), leaving)
 }
 
+/// Waits until this replica is a candidate to be named (see
+/// [`Roster::joined`]), before the election loops' first attempt, which
+/// makes it ready: a heartbeat at most once `link` has first connected, as
+/// no presence round can run before, and [`JOIN_CAP`] heartbeats at most in
+/// all. Counted from the start, the heartbeat ran out on a database 100 ms
+/// away with both cores busy (the connect took it all): the replica was
+/// ready with no presence row, and the old leader stopped next named
+/// another old one (measured, `tests/tests/successor.rs`).
+pub async fn joined(roster: &Roster, link: &Link, heartbeat: Duration) {
+    let mut link = link.clone();
+    let waited = async {
+        // The presence task asks for the connection.
+        while !link.connected() {
+            let _ = link.changed().await;
+        }
+        roster.joined(heartbeat).await;
+    };
+    let _ = tokio::time::timeout(heartbeat * JOIN_CAP, waited).await;
+}
+
+/// In heartbeats, how long [`joined`] may hold the loops back in all: a
+/// database that cannot be reached must not keep them from their loop
+/// (`/healthz` counts from their start, five heartbeats at least).
+const JOIN_CAP: u32 = 3;
+
 /// Runs until `shutdown`, then lets the presence row go.
 pub async fn run(daemon: Arc<Daemon>, settings: Settings, link: Link, shutdown: CancellationToken) {
     let spreading = settings.spread && settings.elections.len() > 1;

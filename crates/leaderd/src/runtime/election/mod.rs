@@ -30,7 +30,7 @@ use crate::clock::{boot_now, BootTimer};
 use crate::outputs::flag_file::{FlagFile, FlagWriter};
 use crate::runtime::link::{Link, Reached};
 use crate::runtime::shared::Shared;
-use crate::runtime::wakeups;
+use crate::runtime::{presence, wakeups};
 use crate::settings::Settings;
 
 mod attempt;
@@ -137,8 +137,9 @@ impl Election {
     /// Runs the election until `shutdown` fires, then releases the row.
     pub async fn run(mut self, shutdown: CancellationToken) {
         let roster = self.lp.shared.roster.clone();
+        let heartbeat = self.lp.shared.timing.heartbeat();
         tokio::select! {
-            () = roster.joined(self.lp.shared.timing.heartbeat()) => {}
+            () = presence::joined(&roster, &self.lp.db.link, heartbeat) => {}
             () = shutdown.cancelled() => {}
         }
         self.lp.elect(&shutdown).await;
