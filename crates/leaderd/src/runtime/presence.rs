@@ -38,7 +38,7 @@ use crate::settings::Settings;
 const RELEASE_BUDGET: Duration = Duration::from_millis(300);
 
 /// How long a release may spend reading the presence rows again before it
-/// names a successor: half of the release's own budget (800 ms), so the
+/// names a successor (waiting for another release's read included): half of the release's own budget (800 ms), so the
 /// release statement keeps the other half. A database a 100 ms round trip
 /// away answers the read in two (it waits behind a renewal on the one
 /// connection): 150 ms timed out there, and the release named a replica
@@ -49,8 +49,9 @@ const READ_BUDGET: Duration = Duration::from_millis(400);
 
 /// The successor a release names now: the group's rows read again first
 /// (within [`READ_BUDGET`]), so that a replica that joined since the last
-/// round is known, else as last read. One read serves every release asked
-/// before it began. `leaving`: this replica goes (see
+/// round is known, else as last read. One read, once answered, serves
+/// every release asked before it began; one that failed or was cut off
+/// serves nobody. `leaving`: this replica goes (see
 /// [`Roster::successor`]).
 ///
 /// The budget counts from when the release asked, the wait for another
@@ -62,9 +63,12 @@ pub async fn successor(roster: &Roster, link: &Link, leaving: bool) -> Option<He
     let reread = async {
         let mut last = roster.reread_turn().await;
         if last.is_none_or(|began| began < asked) {
-            *last = Some(boot_now());
+            let began = boot_now();
             match link.read(roster.prefix()).await {
-                Ok(rows) => roster.see(&rows, boot_now()),
+                Ok(rows) => {
+                    roster.see(&rows, boot_now());
+                    *last = Some(began);
+                }
                 Err(e) => {
                     info!(error = %e, "could not read the presence rows; naming from the last look")
                 }
@@ -79,7 +83,7 @@ pub async fn successor(roster: &Roster, link: &Link, leaving: bool) -> Option<He
 
 /// Waits until this replica is a candidate to be named (see
 /// [`Roster::joined`]), before the election loops' first attempt, which
-/// makes it ready: a heartbeat at most once `link` has first connected, as
+/// makes it ready: a heartbeat at most once `link` is seen connected, as
 /// no presence round can run before, and [`JOIN_CAP`] heartbeats at most in
 /// all. Counted from the start, the heartbeat ran out on a database 100 ms
 /// away with both cores busy (the connect took it all): the replica was
@@ -99,7 +103,8 @@ pub async fn joined(roster: &Roster, link: &Link, heartbeat: Duration) {
 
 /// In heartbeats, how long [`joined`] may hold the loops back in all: a
 /// database that cannot be reached must not keep them from their loop
-/// (`/healthz` counts from their start, five heartbeats at least).
+/// (`/healthz` counts from the daemon's start, five heartbeats and a
+/// second at least).
 const JOIN_CAP: u32 = 3;
 
 /// Runs until `shutdown`, then lets the presence row go.
@@ -134,7 +139,10 @@ pub async fn run(daemon: Arc<Daemon>, settings: Settings, link: Link, shutdown: 
             () = roster.nudged() => {}
         }
         let round = keeper.round().await;
-        if keeper.held_token.is_some() || !keeper.daemon.first().app_healthy() {
+        // Joined: it holds its row, or keeps none (its app fails, or it
+        // drains), and the loops need not wait for one.
+        let keeps_none = !keeper.daemon.first().app_healthy() || keeper.daemon.draining(boot_now());
+        if keeper.held_token.is_some() || keeps_none {
             keeper.daemon.roster().set_joined();
         }
         match round {
