@@ -41,7 +41,7 @@ macro_rules! postgres_fence_current {
         WHERE p.proname = 'leaderd_fence' \
         AND p.pronamespace = (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = current_schema()) \
         AND obj_description(p.oid, 'pg_proc') ~ '^leaderd fence [0-9]+$' \
-        AND split_part(obj_description(p.oid, 'pg_proc'), ' ', 3)::int >= 2)"
+        AND split_part(obj_description(p.oid, 'pg_proc'), ' ', 3)::int >= 3)"
     };
 }
 pub(crate) use postgres_fence_current;
@@ -52,7 +52,12 @@ pub(crate) const POSTGRES_FENCE: BestEffort = BestEffort {
     refused: FENCE_REFUSED,
     said: &FENCE_SAID,
     current: postgres_fence_current!(),
-    install: include_str!("../../../migrations/postgres/2026-11-26-000000_fence/up.sql"),
+    // The trigger functions' file first: an upgrade from a version before
+    // their search_path was pg_catalog's replaces them with the fence.
+    install: concat!(
+        include_str!("../../../migrations/postgres/2026-11-24-000000_token_floor/up.sql"),
+        include_str!("../../../migrations/postgres/2026-11-26-000000_fence/up.sql")
+    ),
     begin: "SAVEPOINT leaderd_fence",
     undo: "ROLLBACK TO SAVEPOINT leaderd_fence",
     end: "RELEASE SAVEPOINT leaderd_fence",
@@ -244,13 +249,14 @@ pub(crate) struct Plan {
     /// One boolean: the steps' work is there (`current` without the
     /// columns and the fence), asked again under the lock.
     pub steps_current: &'static str,
-    /// Serialises concurrent migrations; may open a transaction.
+    /// Prepares the session for the migration; may open a transaction.
     pub lock: &'static str,
-    /// One boolean: this session holds the lock `lock` asked for, where the
-    /// server answers a lock not granted in time without an error (MySQL's
-    /// `GET_LOCK` returns 0): the migration then stops, busy, rather than
-    /// run beside another.
-    pub lock_held: Option<&'static str>,
+    /// One boolean: the lock that serialises concurrent migrations, tried
+    /// without waiting (anyone who may connect can hold it, for as long as
+    /// they like): tried again for up to [`LOCK_WAIT`], then the migration
+    /// stops, postponed, rather than run beside another. The server never
+    /// waits for it, so a migration given up leaves no session waiting.
+    pub try_lock: &'static str,
     /// Undoes `lock` (commits).
     pub unlock: &'static str,
     /// The idempotent steps, in order.
@@ -298,6 +304,28 @@ impl Plan {
     }
 }
 
+/// How long the migration's own lock is tried for: another migration
+/// (milliseconds) is waited out; a session that keeps it postpones the
+/// migration well within a daemon's connect budget (10 s).
+pub(crate) const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(4);
+
+/// The pause between tries of the migration's lock.
+const LOCK_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Tries `try_lock` until it is granted or [`LOCK_WAIT`] has passed.
+async fn take_lock<M: Migrator>(conn: &mut M, try_lock: &'static str) -> Result<(), StoreError> {
+    let until = tokio::time::Instant::now() + LOCK_WAIT;
+    while !conn.flag(try_lock).await? {
+        if tokio::time::Instant::now() + LOCK_PAUSE >= until {
+            return Err(StoreError::MigrationBusy(format!(
+                "another session kept the migration's lock for {LOCK_WAIT:?}"
+            )));
+        }
+        tokio::time::sleep(LOCK_PAUSE).await;
+    }
+    Ok(())
+}
+
 /// How long the steps are tried again after a lock they did not get, where
 /// the plan allows it: the migration's whole wait for a lock.
 const BUSY_RETRY_FOR: std::time::Duration = std::time::Duration::from_millis(100);
@@ -337,13 +365,7 @@ pub(crate) async fn run<M: Migrator>(conn: &mut M, plan: &Plan) -> Result<Migrat
     let mut stepped = false;
     if !conn.flag(plan.current).await? {
         conn.batch(plan.lock).await?;
-        if let Some(held) = plan.lock_held {
-            if !conn.flag(held).await? {
-                return Err(StoreError::MigrationBusy(
-                    "another migration kept the migration lock past the wait for it".into(),
-                ));
-            }
-        }
+        take_lock(conn, plan.try_lock).await?;
         if !conn.flag(plan.steps_current).await? {
             batch_retrying(conn, &plan.steps.concat(), plan.retry_busy)
                 .await

@@ -68,14 +68,13 @@ const MIGRATION: migrate::Plan = migrate::Plan {
         ")"
     ),
     steps_current: schema_current!(),
-    // Once the advisory lock is ours, every lock a step needs (a trigger's
-    // DDL locks the lock table) is waited for 100 ms at most, for this
-    // transaction only: a lock request queued behind a long transaction
-    // queues every renewal behind it, and leaders lose their leases.
-    lock: "BEGIN; SELECT pg_advisory_xact_lock(30510766455353956); \
-        SET LOCAL lock_timeout = '100ms'",
-    // The advisory lock waits or fails (lock_timeout comes after it).
-    lock_held: None,
+    // Every lock a step needs (a trigger's DDL locks the lock table) is
+    // waited for 100 ms at most, for this transaction only: a lock request
+    // queued behind a long transaction queues every renewal behind it, and
+    // leaders lose their leases.
+    lock: "BEGIN; SET LOCAL lock_timeout = '100ms'",
+    // Tried, never waited for: any role that may connect can hold the key.
+    try_lock: "SELECT pg_try_advisory_xact_lock(30510766455353956)",
     unlock: "COMMIT",
     steps: migrate::POSTGRES,
     columns: &[migrate::POSTGRES_SUCCESSOR],
@@ -216,11 +215,11 @@ const ACQUIRE_MANY_TYPES: &[Type] = &[
 /// Creates missing rows: free, blocked until `now + block` (one ttl, so
 /// that a holder whose row was deleted steps down before anyone takes over;
 /// see `LeaseRequest::block_us`), and with a token from the clock in
-/// microseconds, above any a deleted row of the election carried, so tokens
-/// never go backwards. Binds: names, blocks in microseconds (arrays).
+/// microseconds, raised above any a deleted row of the election carried by
+/// the table's trigger (`service_leader_seed_token`), so tokens never go
+/// backwards. Binds: names, blocks in microseconds (arrays).
 const CREATE_MANY: &str = "INSERT INTO service_leader_lock (name, token, expires_at) \
-    SELECT c.n, GREATEST((EXTRACT(EPOCH FROM now()) * 1000000)::bigint, \
-                         COALESCE(service_leader_token_floor(c.n) + 1, 0)), \
+    SELECT c.n, (EXTRACT(EPOCH FROM now()) * 1000000)::bigint, \
            now() + c.b * INTERVAL '1 microsecond' \
       FROM unnest($1::varchar[], $2::bigint[]) AS c(n, b) \
     ON CONFLICT (name) DO NOTHING";

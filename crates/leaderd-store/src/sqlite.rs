@@ -60,8 +60,9 @@ const MIGRATION: migrate::Plan = migrate::Plan {
         ")"
     ),
     steps_current: schema_current!(),
+    // The write lock, waited for 5 s at most by the busy timeout.
     lock: "PRAGMA busy_timeout = 5000; BEGIN IMMEDIATE",
-    lock_held: None,
+    try_lock: "SELECT 1",
     unlock: "COMMIT",
     steps: migrate::SQLITE,
     columns: &[migrate::SQLITE_SUCCESSOR],

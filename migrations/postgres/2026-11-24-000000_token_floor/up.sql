@@ -1,23 +1,72 @@
 -- The highest token each election's deleted lease row carried. A row made
 -- again starts above it, so tokens never go back even when the clock that
--- seeds a new row has stepped back. The functions run with their owner's
--- rights (the migrating user's), so a user with rights on
--- service_leader_lock alone needs no grant here. Idempotent.
+-- seeds a new row has stepped back. Idempotent: the fence's installation
+-- (2026-11-26) runs this file again, so that an upgrade replaces the
+-- functions of older versions.
 CREATE TABLE IF NOT EXISTS service_leader_token (
     name  VARCHAR(100) PRIMARY KEY,
     token BIGINT       NOT NULL
 );
-CREATE OR REPLACE FUNCTION service_leader_keep_token() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+-- Two triggers keep and apply that floor. Their functions run with their
+-- owner's rights (the migrating user's), so that the daemon's role needs
+-- rights on service_leader_lock alone. Code that runs with an owner's
+-- rights in someone else's database finds nothing through a schema another
+-- role may create in: search_path is pg_catalog, then pg_temp (named last,
+-- so that a temporary object shadows nothing), and every table is named
+-- with its schema, this migration's, written into the text when it runs
+-- ({schema} below). An operator or function that the app's role plants in
+-- its own schema is then never seen. Nobody but the owner may call them
+-- (a trigger's function is not checked for EXECUTE when the trigger fires).
+DO $migrate$
+DECLARE
+    s TEXT := pg_catalog.quote_ident(pg_catalog.current_schema());
 BEGIN
-    INSERT INTO service_leader_token AS t (name, token) VALUES (OLD.name, OLD.token)
+    IF s IS NULL THEN
+        RAISE EXCEPTION 'leaderd: no current schema to install into (search_path)';
+    END IF;
+    -- A lease row deleted: its token is kept.
+    EXECUTE pg_catalog.replace($sql$
+CREATE OR REPLACE FUNCTION {schema}.service_leader_keep_token() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+    INSERT INTO {schema}.service_leader_token AS t (name, token) VALUES (OLD.name, OLD.token)
     ON CONFLICT (name) DO UPDATE SET token = GREATEST(t.token, EXCLUDED.token);
     RETURN OLD;
-END $$;
-CREATE OR REPLACE FUNCTION service_leader_token_floor(election VARCHAR) RETURNS BIGINT
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $$
-    SELECT token FROM service_leader_token WHERE name = election
-$$;
-DROP TRIGGER IF EXISTS service_leader_keep_token ON service_leader_lock;
-CREATE TRIGGER service_leader_keep_token AFTER DELETE ON service_leader_lock
-    FOR EACH ROW EXECUTE FUNCTION service_leader_keep_token();
+END $fn$$sql$, '{schema}', s);
+    -- A lease row made: its token starts above the kept one. A trigger
+    -- rather than a function in leaderd's INSERT, so that the daemon's role
+    -- needs no EXECUTE right.
+    EXECUTE pg_catalog.replace($sql$
+CREATE OR REPLACE FUNCTION {schema}.service_leader_seed_token() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+    NEW.token := GREATEST(NEW.token,
+        COALESCE((SELECT t.token + 1 FROM {schema}.service_leader_token t WHERE t.name = NEW.name),
+                 NEW.token));
+    RETURN NEW;
+END $fn$$sql$, '{schema}', s);
+    -- What daemons of earlier versions call when they make a row (they run
+    -- as the owner, or were granted EXECUTE: PUBLIC no longer has it).
+    EXECUTE pg_catalog.replace($sql$
+CREATE OR REPLACE FUNCTION {schema}.service_leader_token_floor(election VARCHAR) RETURNS BIGINT
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT t.token FROM {schema}.service_leader_token t WHERE t.name = election
+$fn$$sql$, '{schema}', s);
+    EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s.service_leader_keep_token() FROM PUBLIC', s);
+    EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s.service_leader_seed_token() FROM PUBLIC', s);
+    EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s.service_leader_token_floor(VARCHAR) FROM PUBLIC', s);
+    -- Made only when missing: a trigger dropped and made again would leave
+    -- a gap, and the table's lock for nothing.
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
+                    WHERE t.tgname OPERATOR(pg_catalog.=) 'service_leader_keep_token'
+                      AND t.tgrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(pg_catalog.format('%s.service_leader_lock', s))) THEN
+        EXECUTE pg_catalog.format('CREATE TRIGGER service_leader_keep_token AFTER DELETE ON %1$s.service_leader_lock '
+            'FOR EACH ROW EXECUTE FUNCTION %1$s.service_leader_keep_token()', s);
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
+                    WHERE t.tgname OPERATOR(pg_catalog.=) 'service_leader_seed_token'
+                      AND t.tgrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(pg_catalog.format('%s.service_leader_lock', s))) THEN
+        EXECUTE pg_catalog.format('CREATE TRIGGER service_leader_seed_token BEFORE INSERT ON %1$s.service_leader_lock '
+            'FOR EACH ROW EXECUTE FUNCTION %1$s.service_leader_seed_token()', s);
+    END IF;
+END $migrate$;

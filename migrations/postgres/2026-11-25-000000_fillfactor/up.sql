@@ -10,12 +10,17 @@
 -- and a lock held on the table (an index being built, a long ANALYZE) is
 -- waited for 100 ms at most, this transaction only (no session setting),
 -- and tried again at the next start.
+--
+-- It runs with the migrating user's rights and search_path, where the
+-- app's role may have made operators and functions: each is named with its
+-- schema, so that none of theirs can run here.
 DO $$
 BEGIN
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_class
-                WHERE oid = to_regclass('service_leader_lock')
-                  AND NOT coalesce(array_to_string(reloptions, ',') LIKE '%fillfactor=%', false)) THEN
-        PERFORM set_config('lock_timeout', '100ms', true);
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_class c
+                WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('service_leader_lock')::oid
+                  AND NOT coalesce(pg_catalog.array_to_string(c.reloptions, ',')
+                                   OPERATOR(pg_catalog.~~) '%fillfactor=%', false)) THEN
+        PERFORM pg_catalog.set_config('lock_timeout', '100ms', true);
         ALTER TABLE service_leader_lock SET (fillfactor = 50);
     END IF;
 EXCEPTION WHEN insufficient_privilege OR lock_not_available THEN

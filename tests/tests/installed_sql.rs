@@ -1,0 +1,428 @@
+//! The SQL leaderd installs in the app's database (the fence, the trigger
+//! functions, the migration's own lock), tried as the app's
+//! least-privileged role would: it plants operators and functions where the
+//! installed code might find them, calls what it may call, holds the locks
+//! anyone may take, and must gain nothing.
+
+use std::time::{Duration, Instant};
+
+use leaderd_store::{LeaseRequest, StoreError};
+use leaderd_tests::store::{acquire, connect, migrated};
+use leaderd_tests::TempDb;
+
+fn req<'a>(election: &'a str, instance: &'a str) -> LeaseRequest<'a> {
+    LeaseRequest {
+        election,
+        holder: instance,
+        instance,
+        ttl: Duration::from_secs(3),
+        held_token: None,
+        daemon: None,
+    }
+}
+
+mod postgres {
+    use super::*;
+    use tokio_postgres::{Client, NoTls};
+
+    /// What leaderd's previous release installed: SECURITY DEFINER
+    /// functions whose search_path was the schema, then pg_temp.
+    const PREVIOUS_RELEASE: &str = include_str!("../fixtures/postgres-previous-release.sql");
+
+    async fn session(url: &str) -> Client {
+        let (client, conn) = tokio_postgres::connect(url, NoTls)
+            .await
+            .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"));
+        tokio::spawn(conn);
+        client
+    }
+
+    /// A role of its own for one test, dropped with what it owns.
+    struct Role {
+        name: String,
+        admin: String,
+    }
+
+    impl Role {
+        fn new(db: &TempDb, what: &str) -> Role {
+            let name = format!("leaderd_{what}_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+            db.exec(&[&format!("CREATE ROLE {name} LOGIN")]);
+            Role {
+                name,
+                admin: db.url.clone(),
+            }
+        }
+    }
+
+    impl Drop for Role {
+        fn drop(&mut self) {
+            let name = self.name.clone();
+            let admin = self.admin.clone();
+            let _ = std::panic::catch_unwind(move || {
+                leaderd_tests::pg_exec(
+                    &admin,
+                    &[
+                        &format!("ALTER ROLE {name} NOSUPERUSER"),
+                        &format!("DROP OWNED BY {name}"),
+                    ],
+                );
+                leaderd_tests::pg_exec(
+                    &leaderd_tests::postgres_admin_url(),
+                    &[&format!("DROP ROLE IF EXISTS {name}")],
+                );
+            });
+        }
+    }
+
+    /// The app's traps, made by its role in `public` (which every role may
+    /// create in on PostgreSQL 14 and earlier, and an app that runs its own
+    /// migrations may on any version): an operator or function with the
+    /// exact argument types a body uses wins over `pg_catalog`'s where a
+    /// function's search_path reaches `public`. Each trap does its job (so
+    /// the call goes through) and, run by anyone but its caller (that is,
+    /// with a SECURITY DEFINER function's rights), writes down whose rights
+    /// it had and makes the caller a superuser.
+    fn traps() -> Vec<String> {
+        let mut sql = vec![
+            "CREATE TABLE public.trap_seen (who TEXT, what TEXT)".to_owned(),
+            "GRANT INSERT ON public.trap_seen TO PUBLIC".to_owned(),
+            "CREATE FUNCTION public.trap_sprung(what TEXT) RETURNS void LANGUAGE plpgsql AS $$ \
+             BEGIN \
+               IF current_user::text IS DISTINCT FROM session_user::text THEN \
+                 INSERT INTO public.trap_seen VALUES (current_user::text, what); \
+                 EXECUTE 'ALTER ROLE ' || quote_ident(session_user::text) || ' SUPERUSER'; \
+               END IF; \
+             END $$"
+                .to_owned(),
+        ];
+        for (op, name) in [
+            ("=", "eq"),
+            ("<>", "ne"),
+            ("<", "lt"),
+            ("<=", "le"),
+            (">", "gt"),
+            (">=", "ge"),
+        ] {
+            sql.push(format!(
+                "CREATE FUNCTION public.trap_vc_{name}(a VARCHAR, b VARCHAR) RETURNS boolean \
+                 LANGUAGE plpgsql AS $$ BEGIN PERFORM public.trap_sprung('varchar {op}'); \
+                 RETURN a::text {op} b::text; END $$"
+            ));
+            sql.push(format!(
+                "CREATE OPERATOR public.{op} (LEFTARG = VARCHAR, RIGHTARG = VARCHAR, \
+                 FUNCTION = public.trap_vc_{name})"
+            ));
+        }
+        for (op, name, l, r, body) in [
+            ("*", "mul", "NUMERIC", "INTEGER", "a * b::numeric"),
+            ("+", "add", "BIGINT", "INTEGER", "a + b::bigint"),
+            ("=", "beq", "BIGINT", "BIGINT", "a::numeric = b::numeric"),
+            ("=", "oideq", "OID", "REGCLASS", "a = b::oid"),
+            ("<=", "tle", "TIMESTAMPTZ", "TIMESTAMPTZ", "a::timestamp <= b::timestamp"),
+            ("-", "tsub", "TIMESTAMPTZ", "TIMESTAMPTZ", "a::timestamp - b::timestamp"),
+        ] {
+            let ret = match op {
+                "*" => "NUMERIC",
+                "+" => "BIGINT",
+                "-" => "INTERVAL",
+                _ => "BOOLEAN",
+            };
+            sql.push(format!(
+                "CREATE FUNCTION public.trap_{name}(a {l}, b {r}) RETURNS {ret} \
+                 LANGUAGE plpgsql AS $$ BEGIN PERFORM public.trap_sprung('{l} {op} {r}'); \
+                 RETURN {body}; END $$"
+            ));
+            sql.push(format!(
+                "CREATE OPERATOR public.{op} (LEFTARG = {l}, RIGHTARG = {r}, \
+                 FUNCTION = public.trap_{name})"
+            ));
+        }
+        for (f, args, ret, body) in [
+            ("clock_timestamp", "", "TIMESTAMPTZ", "pg_catalog.clock_timestamp()"),
+            ("statement_timestamp", "", "TIMESTAMPTZ", "pg_catalog.statement_timestamp()"),
+            ("transaction_timestamp", "", "TIMESTAMPTZ", "pg_catalog.transaction_timestamp()"),
+            ("ceil", "x NUMERIC", "NUMERIC", "pg_catalog.ceil(x)"),
+            ("ceil", "x DOUBLE PRECISION", "DOUBLE PRECISION", "pg_catalog.ceil(x)"),
+            (
+                "set_config",
+                "a TEXT, b TEXT, c BOOLEAN",
+                "TEXT",
+                "pg_catalog.set_config(a, b, c)",
+            ),
+            (
+                "current_setting",
+                "a TEXT, b BOOLEAN",
+                "TEXT",
+                "pg_catalog.current_setting(a, b)",
+            ),
+            ("coalesce", "a BIGINT, b BIGINT", "BIGINT", "pg_catalog.int8larger(a, b)"),
+        ] {
+            sql.push(format!(
+                "CREATE FUNCTION public.{f}({args}) RETURNS {ret} LANGUAGE plpgsql AS $$ \
+                 BEGIN PERFORM public.trap_sprung('{f}'); RETURN {body}; END $$"
+            ));
+        }
+        sql
+    }
+
+    /// Who a trap ran as, and what it was.
+    async fn sprung(admin: &Client) -> Vec<(String, String)> {
+        admin
+            .query("SELECT who, what FROM public.trap_seen", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect()
+    }
+
+    async fn is_superuser(admin: &Client, role: &str) -> bool {
+        admin
+            .query_one("SELECT rolsuper FROM pg_roles WHERE rolname = $1", &[&role])
+            .await
+            .unwrap()
+            .get(0)
+    }
+
+    /// Every function leaderd installed: name, SECURITY DEFINER, its
+    /// settings, whether PUBLIC may execute it.
+    async fn installed(admin: &Client) -> Vec<(String, bool, Vec<String>, bool)> {
+        admin
+            .query(
+                "SELECT p.proname::text, p.prosecdef, coalesce(p.proconfig, '{}'), \
+                 p.proacl IS NULL OR EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0) \
+                 FROM pg_proc p WHERE p.pronamespace = 'public'::regnamespace \
+                 AND (p.proname LIKE 'leaderd%' OR p.proname LIKE 'service_leader%') ORDER BY 1",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+            .collect()
+    }
+
+    /// The reproduction: on the previous release's SQL the app's role,
+    /// with EXECUTE on the fence only (and even without it, through the
+    /// token floor PUBLIC could call), becomes a superuser through a
+    /// planted operator. The migration replaces those functions, and then
+    /// the same role, calling every function it may with valid arguments,
+    /// and the daemon's role, making and deleting rows (the triggers),
+    /// gain nothing.
+    #[tokio::test]
+    async fn a_planted_operator_never_runs_with_the_owners_rights() {
+        let db = TempDb::postgres();
+        let admin = session(&db.url).await;
+        admin.batch_execute(PREVIOUS_RELEASE).await.unwrap();
+        let app = Role::new(&db, "app");
+        let daemon = Role::new(&db, "daemon");
+        db.exec(&[
+            &format!("GRANT CREATE ON SCHEMA public TO {}", app.name),
+            &format!(
+                "GRANT EXECUTE ON FUNCTION leaderd_fence(VARCHAR, BIGINT, INTERVAL) TO {}",
+                app.name
+            ),
+            &format!(
+                "GRANT SELECT, INSERT, UPDATE, DELETE ON service_leader_lock TO {}",
+                daemon.name
+            ),
+            &format!(
+                "GRANT USAGE ON SEQUENCE service_leader_lock_id_seq TO {}",
+                daemon.name
+            ),
+        ]);
+        let mut leader = connect(&db.url).await;
+        let token = acquire(&mut leader, &req("e", "a"), Duration::from_secs(5)).await;
+        // A deleted row's token kept: the floor's table has a row to compare.
+        admin
+            .batch_execute(
+                "INSERT INTO service_leader_lock (name, token, expires_at) VALUES ('old', 3, now()); \
+                 DELETE FROM service_leader_lock WHERE name = 'old'",
+            )
+            .await
+            .unwrap();
+        let as_app = session(&db.url_as(&app.name)).await;
+        for sql in traps() {
+            as_app
+                .batch_execute(&sql)
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        }
+        // Before: the floor needs no grant, and its `=` is the app's.
+        as_app
+            .query_one("SELECT service_leader_token_floor('e')", &[])
+            .await
+            .expect("PUBLIC could call the previous release's floor");
+        let seen = sprung(&admin).await;
+        assert!(
+            seen.iter().any(|(who, _)| who == "postgres"),
+            "the reproduction did not reproduce: {seen:?}"
+        );
+        assert!(is_superuser(&admin, &app.name).await, "{seen:?}");
+        admin
+            .batch_execute(&format!(
+                "ALTER ROLE {} NOSUPERUSER; DELETE FROM public.trap_seen",
+                app.name
+            ))
+            .await
+            .unwrap();
+
+        // The upgrade.
+        connect(&db.url).await.migrate().await.unwrap();
+        let functions = installed(&admin).await;
+        let names: Vec<&str> = functions.iter().map(|f| f.0.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "leaderd_fence",
+                "service_leader_keep_token",
+                "service_leader_seed_token",
+                "service_leader_token_floor"
+            ]
+        );
+        for (name, definer, config, public) in &functions {
+            assert!(definer, "{name}");
+            assert_eq!(config, &["search_path=pg_catalog, pg_temp"], "{name}");
+            assert!(!public, "PUBLIC may execute {name}");
+        }
+
+        // After: every call the app's role may make, with valid arguments.
+        let as_app = session(&db.url_as(&app.name)).await;
+        as_app.batch_execute("BEGIN").await.unwrap();
+        let fenced: i64 = as_app
+            .query_one("SELECT leaderd_fence('e', $1)", &[&token])
+            .await
+            .expect("the fence, with the live token")
+            .get(0);
+        assert_eq!(fenced, token);
+        as_app.batch_execute("COMMIT").await.unwrap();
+        as_app.batch_execute("BEGIN").await.unwrap();
+        as_app
+            .query_one(
+                "SELECT leaderd_fence('e', $1, interval '250 milliseconds')",
+                &[&token],
+            )
+            .await
+            .expect("the fence with a bound");
+        as_app.batch_execute("COMMIT").await.unwrap();
+        let denied = as_app
+            .query_one("SELECT service_leader_token_floor('e')", &[])
+            .await
+            .expect_err("PUBLIC may no longer call the floor");
+        assert_eq!(denied.code().map(|c| c.code()), Some("42501"), "{denied}");
+        // Granted, it is no way in either.
+        admin
+            .batch_execute(&format!(
+                "GRANT EXECUTE ON FUNCTION service_leader_token_floor(VARCHAR) TO {}",
+                app.name
+            ))
+            .await
+            .unwrap();
+        as_app
+            .query_one("SELECT service_leader_token_floor('e')", &[])
+            .await
+            .unwrap();
+        // The trigger functions, fired by the daemon's role: a row made,
+        // deleted (its token kept) and made again (seeded above it).
+        let as_daemon = session(&db.url_as(&daemon.name)).await;
+        as_daemon
+            .batch_execute(
+                "INSERT INTO service_leader_lock (name, token, expires_at) VALUES ('gone', 5, now()); \
+                 UPDATE service_leader_lock SET token = 9000000000000000000 WHERE name = 'gone'; \
+                 DELETE FROM service_leader_lock WHERE name = 'gone'; \
+                 INSERT INTO service_leader_lock (name, token, expires_at) VALUES ('gone', 7, now())",
+            )
+            .await
+            .unwrap();
+        let seeded: i64 = admin
+            .query_one(
+                "SELECT token FROM service_leader_lock WHERE name = 'gone'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(seeded, 9_000_000_000_000_000_001, "the kept token's floor");
+        let seen = sprung(&admin).await;
+        assert!(
+            seen.iter().all(|(who, _)| who != "postgres"),
+            "a trap ran with the owner's rights: {seen:?}"
+        );
+        assert!(!is_superuser(&admin, &app.name).await);
+        assert!(!is_superuser(&admin, &daemon.name).await);
+        let rights: bool = admin
+            .query_one(
+                "SELECT has_table_privilege($1, 'service_leader_lock', \
+                 'SELECT, INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER')",
+                &[&app.name],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(!rights, "the app's role got a right on the lock table");
+        drop((as_app, as_daemon, admin, leader));
+    }
+
+    /// A temporary table named as leaderd's is not what the fence reads:
+    /// its search_path names pg_temp last and its table is qualified.
+    #[tokio::test]
+    async fn a_temporary_lock_table_does_not_fool_the_fence() {
+        let db = TempDb::postgres();
+        let mut leader = migrated(&db.url).await;
+        let token = acquire(&mut leader, &req("e", "a"), Duration::from_secs(5)).await;
+        let app = session(&db.url).await;
+        app.batch_execute(
+            "CREATE TEMPORARY TABLE service_leader_lock AS SELECT * FROM public.service_leader_lock; \
+             UPDATE pg_temp.service_leader_lock SET token = 424242, expires_at = now() + interval '1 hour'; \
+             BEGIN",
+        )
+        .await
+        .unwrap();
+        let forged = app
+            .query_one("SELECT leaderd_fence('e', 424242)", &[])
+            .await
+            .expect_err("a made-up token passed");
+        assert_eq!(forged.code().map(|c| c.code()), Some("LF001"), "{forged}");
+        app.batch_execute("ROLLBACK; BEGIN").await.unwrap();
+        app.query_one("SELECT leaderd_fence('e', $1)", &[&token])
+            .await
+            .expect("the live token");
+    }
+
+    /// Anyone who may connect can take the migration's advisory lock and
+    /// keep it. The migration tries it without waiting (so no session of
+    /// its own is left waiting on the server) and is postponed within its
+    /// bound; daemons keep electing meanwhile, and once the key is free the
+    /// migration completes.
+    #[tokio::test]
+    async fn a_held_migration_lock_postpones_the_migration_within_its_bound() {
+        let db = TempDb::postgres();
+        let holder = session(&db.url).await;
+        holder
+            .batch_execute("SELECT pg_advisory_lock(30510766455353956)")
+            .await
+            .unwrap();
+        let started = Instant::now();
+        let r = connect(&db.url).await.migrate().await;
+        let took = started.elapsed();
+        assert!(matches!(r, Err(StoreError::MigrationBusy(_))), "{r:?}");
+        assert!(took < Duration::from_secs(8), "{took:?}");
+        assert!(!db.has_table("service_leader_lock"), "ran beside the lock");
+        let waiting: i64 = holder
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                 AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(waiting, 0, "a session left waiting on the server");
+        holder
+            .batch_execute("SELECT pg_advisory_unlock(30510766455353956)")
+            .await
+            .unwrap();
+        connect(&db.url).await.migrate().await.unwrap();
+        assert!(db.has_table("service_leader_lock"));
+    }
+}
