@@ -346,6 +346,39 @@ async fn a_stale_token_is_refused() {
     assert_eq!(code(&r), "ok", "{}", message(&r));
 }
 
+/// A fence outside a transaction block protects nothing (its lock ends
+/// with its statement). Refused where the server lets the function tell:
+/// the call alone in a simple-protocol query that began the transaction
+/// (psql's `-c`, a script without BEGIN, a driver sending text). Accepted
+/// after BEGIN, and in one query string behind it; the extended protocol in
+/// autocommit cannot be told (the README says so).
+#[tokio::test]
+async fn a_fence_outside_a_transaction_block_is_refused_where_it_can_be_told() {
+    let (db, _leader, token) = led().await;
+    let app = app(&db.url).await;
+    for sql in [
+        format!("SELECT leaderd_fence('e', {token})"),
+        format!("  select * from public.leaderd_fence('e', {token}, interval '1 second');  "),
+    ] {
+        let r = app.simple_query(&sql).await;
+        assert_eq!(code(&r), "LF004", "{sql}: {}", message(&r));
+        assert!(message(&r).contains("not in a transaction block"));
+    }
+    let r = app
+        .simple_query(&format!(
+            "BEGIN; SELECT leaderd_fence('e', {token}); INSERT INTO app_log (token) VALUES ({token}); COMMIT"
+        ))
+        .await;
+    assert_eq!(code(&r), "ok", "{}", message(&r));
+    app.batch_execute("BEGIN").await.unwrap();
+    let r = app
+        .simple_query(&format!("SELECT leaderd_fence('e', {token})"))
+        .await;
+    assert_eq!(code(&r), "ok", "{}", message(&r));
+    app.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(logged(&app).await, 1);
+}
+
 /// `now()` is the transaction's start: a fence judged by it would pass on a
 /// lease that expired since.
 #[tokio::test]
@@ -836,11 +869,15 @@ mod mariadb {
     async fn stale_unheld_and_unknown_are_refused() {
         let (db, _leader, token) = led().await;
         let mut app = app(&db.url).await;
-        app.query_drop("START TRANSACTION").await.unwrap();
         for stale in [token - 1, token + 1] {
+            app.query_drop("START TRANSACTION").await.unwrap();
             let r = fence(&mut app, stale, None).await;
             assert_eq!(state(&r), FENCED_OUT, "{}", said(&r));
+            // Rolled back before the error: nothing of it is held.
+            let open: Option<i64> = app.query_first("SELECT @@in_transaction").await.unwrap();
+            assert_eq!(open, Some(0), "a refused call left its transaction open");
         }
+        app.query_drop("START TRANSACTION").await.unwrap();
         let r = app
             .exec_drop("CALL leaderd_fence('nope', ?, NULL)", (token,))
             .await;
@@ -867,6 +904,7 @@ mod mariadb {
             .exec_drop("CALL leaderd_fence('fresh', ?, 60000)", (fresh,))
             .await;
         assert_eq!(state(&r), FENCED_OUT, "an unheld row: {}", said(&r));
+        app.query_drop("START TRANSACTION").await.unwrap();
         assert_eq!(state(&fence(&mut app, token, None).await), "ok");
     }
 
@@ -879,6 +917,7 @@ mod mariadb {
         let mut stale = app(&db.url).await;
         stale.query_drop("START TRANSACTION").await.unwrap();
         assert_eq!(state(&fence(&mut stale, token - 1, None).await), FENCED_OUT);
+        stale.query_drop("START TRANSACTION").await.unwrap();
         let r = stale
             .exec_drop("CALL leaderd_fence('missing', ?, NULL)", (token,))
             .await;

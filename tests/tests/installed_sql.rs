@@ -426,3 +426,237 @@ mod postgres {
         assert!(db.has_table("service_leader_lock"));
     }
 }
+
+mod mariadb {
+    use super::*;
+    use leaderd_store::{Attempt, Connection};
+    use mysql_async::prelude::Queryable;
+    use mysql_async::Conn;
+
+    /// A MariaDB user of its own for one test (the app's role: EXECUTE on
+    /// the fence, temporary tables, its own table), dropped at the end.
+    struct AppUser {
+        name: String,
+        url: String,
+    }
+
+    impl AppUser {
+        fn new(db: &TempDb) -> AppUser {
+            let name = format!(
+                "leaderd_app_{}",
+                &uuid::Uuid::new_v4().simple().to_string()[..12]
+            );
+            let schema = db.url.rsplit('/').next().unwrap().to_owned();
+            leaderd_tests::mysql_exec(&format!("CREATE USER '{name}'@'%'"));
+            leaderd_tests::mysql_exec(&format!(
+                "GRANT EXECUTE ON PROCEDURE {schema}.leaderd_fence TO '{name}'@'%'"
+            ));
+            leaderd_tests::mysql_exec(&format!(
+                "GRANT CREATE TEMPORARY TABLES, SELECT, INSERT ON {schema}.* TO '{name}'@'%'"
+            ));
+            AppUser {
+                url: db.url.replacen("root@", &format!("{name}@"), 1),
+                name,
+            }
+        }
+    }
+
+    impl Drop for AppUser {
+        fn drop(&mut self) {
+            let name = self.name.clone();
+            let _ = std::panic::catch_unwind(move || {
+                leaderd_tests::mysql_exec(&format!("DROP USER IF EXISTS '{name}'@'%'"))
+            });
+        }
+    }
+
+    /// A migrated database whose leader `a` holds `e` with a 3 s lease.
+    async fn led() -> (TempDb, Connection, i64) {
+        let db = TempDb::mysql();
+        let mut a = migrated(&db.url).await;
+        let token = acquire(&mut a, &req("e", "a"), Duration::from_secs(5)).await;
+        (db, a, token)
+    }
+
+    fn state<T>(r: &Result<T, mysql_async::Error>) -> String {
+        match r {
+            Ok(_) => "ok".to_owned(),
+            Err(mysql_async::Error::Server(e)) => e.state.clone(),
+            Err(e) => format!("not a server error: {e}"),
+        }
+    }
+
+    async fn in_transaction(c: &mut Conn) -> bool {
+        let v: Option<i64> = c.query_first("SELECT @@in_transaction").await.unwrap();
+        v == Some(1)
+    }
+
+    /// The leader renews every 300 ms for `for_`: every renewal must be
+    /// granted (a lock left by a refused fence makes them Busy).
+    async fn renewals_go_on(leader: &mut Connection, token: i64, for_: Duration) {
+        let until = Instant::now() + for_;
+        while Instant::now() < until {
+            let r = leader
+                .acquire_or_renew(&LeaseRequest {
+                    held_token: Some(token),
+                    ..req("e", "a")
+                })
+                .await;
+            assert!(
+                matches!(r, Ok(Attempt::Granted { token: t }) if t == token),
+                "a renewal beside the app's idle session: {r:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+
+    /// SERIALIZABLE for one transaction only (which `@@tx_isolation` does
+    /// not show) and a refused call, then left idle: nothing stays locked
+    /// (the call rolls back before its error), so the leader renews
+    /// throughout. With the live token it is refused as the session form
+    /// is, before the lease row is read.
+    #[tokio::test]
+    async fn a_refused_fence_leaves_nothing_locked_whatever_the_level() {
+        let (db, mut leader, token) = led().await;
+        let user = AppUser::new(&db);
+        let mut app = Conn::from_url(user.url.as_str()).await.unwrap();
+        for (level, given, expected) in [
+            ("SERIALIZABLE", 0, "LF003"),
+            ("SERIALIZABLE", token, "LF003"),
+            ("REPEATABLE READ", 0, "LF001"),
+        ] {
+            app.query_drop(format!(
+                "SET TRANSACTION ISOLATION LEVEL {level}; START TRANSACTION"
+            ))
+            .await
+            .unwrap();
+            let r = app
+                .exec_drop("CALL leaderd_fence('e', ?, NULL)", (given,))
+                .await;
+            assert_eq!(state(&r), expected, "token {given}: {r:?}");
+            assert!(!in_transaction(&mut app).await, "token {given}: left open");
+            renewals_go_on(&mut leader, token, Duration::from_millis(1500)).await;
+        }
+        // A refusal after the bound was set puts the session's back.
+        let before: Option<(f64, i64)> = app
+            .query_first("SELECT @@max_statement_time, @@idle_transaction_timeout")
+            .await
+            .unwrap();
+        app.query_drop("START TRANSACTION").await.unwrap();
+        let r = app
+            .exec_drop("CALL leaderd_fence('e', ?, 5000)", (token + 1,))
+            .await;
+        assert_eq!(state(&r), "LF001");
+        let after: Option<(f64, i64)> = app
+            .query_first("SELECT @@max_statement_time, @@idle_transaction_timeout")
+            .await
+            .unwrap();
+        assert_eq!(before, after, "a refused call left its bound");
+    }
+
+    /// Temporary tables named as leaderd's shadow the real ones inside the
+    /// SQL SECURITY DEFINER procedure; made by the app's role with a
+    /// made-up token, they are refused (and dropped).
+    #[tokio::test]
+    async fn temporary_tables_named_as_leaderds_do_not_fake_the_fence() {
+        let (db, _leader, token) = led().await;
+        let user = AppUser::new(&db);
+        let mut app = Conn::from_url(user.url.as_str()).await.unwrap();
+        for shadowed in ["service_leader_fence", "service_leader_lock", "both"] {
+            if shadowed != "service_leader_lock" {
+                app.query_drop(
+                    "CREATE TEMPORARY TABLE service_leader_fence \
+                     (name VARBINARY(400) PRIMARY KEY, token BIGINT NOT NULL); \
+                     INSERT INTO service_leader_fence VALUES ('e', 42)",
+                )
+                .await
+                .unwrap();
+            }
+            if shadowed != "service_leader_fence" {
+                app.query_drop(
+                    "CREATE TEMPORARY TABLE service_leader_lock (name VARCHAR(100), \
+                     holder VARCHAR(100), instance VARCHAR(64), token BIGINT, \
+                     acquired_at DATETIME(6), renewed_at DATETIME(6), expires_at DATETIME(6)); \
+                     INSERT INTO service_leader_lock VALUES ('e', 'x', 'x', 42, UTC_TIMESTAMP(6), \
+                     UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL 1 HOUR)",
+                )
+                .await
+                .unwrap();
+            }
+            app.query_drop("START TRANSACTION").await.unwrap();
+            let r = app.query_drop("CALL leaderd_fence('e', 42, NULL)").await;
+            assert_eq!(state(&r), "LF005", "{shadowed}: {r:?}");
+            app.query_drop("START TRANSACTION").await.unwrap();
+            let r = app
+                .exec_drop("CALL leaderd_fence('e', ?, NULL)", (token,))
+                .await;
+            assert_eq!(state(&r), "ok", "{shadowed}: the real token: {r:?}");
+            app.query_drop("ROLLBACK").await.unwrap();
+        }
+    }
+
+    /// With autocommit off (the Python DB-API's default) the CALL itself
+    /// begins the transaction: accepted without START TRANSACTION, and it
+    /// holds a takeover off until COMMIT. With autocommit on and no
+    /// transaction it is refused.
+    #[tokio::test]
+    async fn autocommit_off_fences_without_start_transaction() {
+        let (db, _leader, token) = led().await;
+        let user = AppUser::new(&db);
+        db.exec(&["CREATE TABLE app_log (token BIGINT NOT NULL)"]);
+        let mut app = Conn::from_url(user.url.as_str()).await.unwrap();
+        let r = app
+            .exec_drop("CALL leaderd_fence('e', ?, NULL)", (token,))
+            .await;
+        assert_eq!(state(&r), "LF004", "autocommit on: {r:?}");
+        app.query_drop("SET autocommit = 0").await.unwrap();
+        app.exec_drop("CALL leaderd_fence('e', ?, 10000)", (token,))
+            .await
+            .expect("autocommit off, no START TRANSACTION");
+        app.exec_drop("INSERT INTO app_log VALUES (?)", (token,))
+            .await
+            .unwrap();
+        // The lease expires; the takeover waits for the COMMIT.
+        let mut b = connect(&db.url).await;
+        let until = Instant::now() + Duration::from_secs(4);
+        while Instant::now() < until {
+            let r = b.acquire_or_renew(&req("e", "b")).await.unwrap();
+            assert!(
+                !matches!(r, Attempt::Granted { .. }),
+                "a takeover while fenced"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        app.query_drop("COMMIT").await.unwrap();
+        let taken = acquire(&mut b, &req("e", "b"), Duration::from_secs(3)).await;
+        assert!(taken > token);
+    }
+
+    /// Anyone may hold `GET_LOCK('leaderd_migrate')`: the migration tries
+    /// it without waiting, and is postponed within its bound.
+    #[tokio::test]
+    async fn a_held_migration_lock_postpones_the_migration_within_its_bound() {
+        use leaderd_tests::mariadbserver::MariaDbServer;
+        let server = MariaDbServer::start();
+        let mut holder = Conn::from_url(server.url()).await.unwrap();
+        let got: Option<i64> = holder
+            .query_first("SELECT GET_LOCK('leaderd_migrate', 0)")
+            .await
+            .unwrap();
+        assert_eq!(got, Some(1));
+        let started = Instant::now();
+        let r = connect(&server.url()).await.migrate().await;
+        assert!(matches!(r, Err(StoreError::MigrationBusy(_))), "{r:?}");
+        assert!(started.elapsed() < Duration::from_secs(8));
+        let waiting: Option<i64> = holder
+            .query_first(
+                "SELECT COUNT(*) FROM information_schema.processlist \
+                 WHERE state LIKE '%lock%' AND id <> CONNECTION_ID()",
+            )
+            .await
+            .unwrap();
+        assert_eq!(waiting, Some(0), "a session left waiting on the server");
+        holder.query_drop("DO RELEASE_LOCK('leaderd_migrate')").await.unwrap();
+        connect(&server.url()).await.migrate().await.unwrap();
+    }
+}

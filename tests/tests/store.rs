@@ -1267,38 +1267,6 @@ mod mysql_only {
             assert_eq!(t2, token + 1);
         }
     }
-
-    /// `GET_LOCK` answers 0 when its wait (30 s) runs out, without an
-    /// error: a migration must then stop, busy, not run beside the one that
-    /// holds the lock. On a private server: the lock's name is server-wide,
-    /// and the other tests migrate meanwhile.
-    #[tokio::test]
-    async fn a_migration_lock_never_granted_stops_the_migration() {
-        use leaderd_tests::mariadbserver::MariaDbServer;
-        use mysql_async::prelude::Queryable;
-        let server = MariaDbServer::start();
-        let mut holder = mysql_async::Conn::from_url(server.url()).await.unwrap();
-        let got: Option<i64> = holder
-            .query_first("SELECT GET_LOCK('leaderd_migrate', 0)")
-            .await
-            .unwrap();
-        assert_eq!(got, Some(1));
-        let started = Instant::now();
-        let r = connect(&server.url()).await.migrate().await;
-        assert!(
-            matches!(r, Err(leaderd_store::StoreError::MigrationBusy(_))),
-            "{r:?} after {:?}",
-            started.elapsed()
-        );
-        let tables: Option<i64> = holder
-            .query_first(
-                "SELECT COUNT(*) FROM information_schema.tables \
-                 WHERE table_schema = 'test' AND table_name LIKE 'service_leader%'",
-            )
-            .await
-            .unwrap();
-        assert_eq!(tables, Some(0), "the steps ran without the lock");
-    }
 }
 
 /// SQLite: many processes opening a brand-new file at once (each switching

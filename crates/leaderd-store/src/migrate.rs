@@ -69,7 +69,7 @@ macro_rules! mysql_fence_current {
         "SELECT EXISTS (SELECT 1 FROM information_schema.routines \
         WHERE routine_schema = DATABASE() AND routine_name = 'leaderd_fence' \
         AND routine_comment REGEXP '^leaderd fence [0-9]+$' \
-        AND CAST(SUBSTRING_INDEX(routine_comment, ' ', -1) AS UNSIGNED) >= 2) \
+        AND CAST(SUBSTRING_INDEX(routine_comment, ' ', -1) AS UNSIGNED) >= 3) \
         AND EXISTS (SELECT 1 FROM information_schema.tables \
         WHERE table_schema = DATABASE() AND table_name = 'service_leader_fence') \
         AND (SELECT COUNT(*) FROM information_schema.triggers \

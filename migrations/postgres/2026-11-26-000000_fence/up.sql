@@ -16,10 +16,13 @@
 -- the server ends the transaction and its writes are lost, never late.
 --
 -- Called outside a transaction block (autocommit) its lock would end with
--- its own statement and protect nothing: it refuses (LF004) when its
--- statement is the one that began the transaction. That is also the case
--- of a BEGIN sent in the same message as the call ("BEGIN; SELECT
--- leaderd_fence(...)" as one query string): send BEGIN on its own.
+-- its own statement and protect nothing. PostgreSQL does not tell a
+-- function whether it runs in a transaction block; the one case it can
+-- tell for sure is refused (LF004): the call alone in a simple-protocol
+-- query that began its transaction (psql's `-c "SELECT leaderd_fence(…)"`,
+-- a script without BEGIN, a driver in autocommit that sends queries as
+-- text). Through the extended protocol in autocommit it cannot be told:
+-- the README says so beside every example.
 -- Call it at the top level of the transaction, in a statement of its own,
 -- first: a savepoint rolled back after it (an ORM's nested block, psql's
 -- ON_ERROR_ROLLBACK) gives its lock and bound back, and the statement that
@@ -54,8 +57,12 @@ DECLARE
     setting TEXT;
     current_ms BIGINT;
 BEGIN
-    IF statement_timestamp() = transaction_timestamp() THEN
-        RAISE EXCEPTION 'leaderd_fence: not in a transaction block: send BEGIN first, on its own (the fence would end with this statement)'
+    -- Alone in a query of its own that began the transaction: autocommit.
+    -- (A query that holds more, or one sent with the extended protocol,
+    -- whose statement time is its Execute's, cannot be told: README.)
+    IF statement_timestamp() = transaction_timestamp()
+       AND current_query() ~* '^\s*select\s+(\*\s+from\s+)?([a-z0-9_"]+\.)?leaderd_fence\s*\([^;]*\)\s*;?\s*$' THEN
+        RAISE EXCEPTION 'leaderd_fence: not in a transaction block (autocommit): its lock would end with this statement; BEGIN first'
             USING ERRCODE = 'LF004';
     END IF;
     SELECT CASE WHEN l.instance IS NULL THEN NULL ELSE l.token END,
