@@ -389,6 +389,75 @@ mod postgres {
             .expect("the live token");
     }
 
+    /// The same, with real processes: while another session keeps the key
+    /// for longer than anyone waits, `leaderd migrate` exits 1 (postponed)
+    /// well within 15 s, three daemons on a table that wants an upgrade
+    /// elect meanwhile, and no leaderd session ever waits on the server
+    /// (a daemon that gave up its connect used to leave its wait behind,
+    /// about 12 a minute). Once the key is free the migration completes.
+    #[test]
+    fn while_the_migration_key_is_held_daemons_elect_and_nothing_waits() {
+        use leaderd_tests::{run_cli_within, serial, wait_single_leader, Daemon, Scratch};
+        let _s = serial();
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let db = TempDb::postgres();
+        rt.block_on(async { drop(migrated(&db.url).await) });
+        // An upgrade wanted: the fence is gone.
+        db.exec(&["DROP FUNCTION leaderd_fence(VARCHAR, BIGINT, INTERVAL)"]);
+        let holder = rt.block_on(session(&db.url));
+        rt.block_on(holder.batch_execute("SELECT pg_advisory_lock(30510766455353956)"))
+            .unwrap();
+        let started = Instant::now();
+        let (code, _, err) = run_cli_within(
+            &["migrate", "--database-url", &db.url],
+            Duration::from_secs(15),
+        );
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains("postponed"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(15));
+        let dir = Scratch::new();
+        let daemons: Vec<Daemon> = ["a", "b", "c"]
+            .iter()
+            .map(|id| Daemon::start(&db.url, id, &dir, &[]))
+            .collect();
+        let refs: Vec<&Daemon> = daemons.iter().collect();
+        wait_single_leader(&refs, Duration::from_secs(20));
+        let waiting = || -> i64 {
+            rt.block_on(holder.query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'leaderd' \
+                 AND wait_event_type = 'Lock'",
+                &[],
+            ))
+            .unwrap()
+            .get(0)
+        };
+        let until = Instant::now() + Duration::from_secs(6);
+        while Instant::now() < until {
+            assert_eq!(waiting(), 0, "a leaderd session waits on the server");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        wait_single_leader(&refs, Duration::from_secs(5));
+        assert!(
+            daemons.iter().any(|d| d.log_text().contains("postponed")),
+            "no daemon tried to migrate"
+        );
+        rt.block_on(holder.batch_execute("SELECT pg_advisory_unlock(30510766455353956)"))
+            .unwrap();
+        let (code, _, err) = run_cli_within(
+            &["migrate", "--database-url", &db.url],
+            Duration::from_secs(15),
+        );
+        assert_eq!(code, 0, "{err}");
+        let installed: bool = rt
+            .block_on(holder.query_one(
+                "SELECT to_regprocedure('leaderd_fence(varchar, bigint, interval)') IS NOT NULL",
+                &[],
+            ))
+            .unwrap()
+            .get(0);
+        assert!(installed);
+    }
+
     /// Anyone who may connect can take the migration's advisory lock and
     /// keep it. The migration tries it without waiting (so no session of
     /// its own is left waiting on the server) and is postponed within its
