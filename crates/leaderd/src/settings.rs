@@ -880,7 +880,16 @@ mod tests {
         let (_dir, file) = config_file("p.toml", "priority = 3\n");
         let s = load(&["--config", file.to_str().unwrap()], &env(&[])).unwrap();
         assert_eq!(s.priority, 3);
-        for bad in ["high", "1.5", "1000001", ""] {
+        // White space around a number is dropped, as around a duration
+        // (an environment variable written `" 5"`); inside one it is not.
+        for (spaced, n) in [(" 5", 5), ("4 ", 4), ("\t9\n", 9)] {
+            assert_eq!(load(&["--priority", spaced], &env(&[])).unwrap().priority, n);
+            let s = load(&[], &env(&[("LEADERD_APP_HEALTH_FAILURES", spaced)]));
+            assert_eq!(s.map(|s| s.app_health_failures).ok(), u32::try_from(n).ok());
+        }
+        let s = load(&["--heartbeat", " 250ms "], &env(&[])).unwrap();
+        assert_eq!(s.timing.heartbeat(), Duration::from_millis(250));
+        for bad in ["high", "1.5", "1000001", "", "1 000", "+ 5"] {
             let msg = problems(&["--priority", bad], &env(&[]));
             assert!(
                 msg.contains("`priority`") && msg.contains("-1000000"),
