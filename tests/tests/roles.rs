@@ -1,0 +1,308 @@
+//! The least-privilege roles of `deploy/sql/`, used as a user would: the
+//! administrator runs `1-roles.sql`, `leaderd migrate` runs as the
+//! migrating role, `2-grants.sql` follows, three daemons run as the
+//! daemon's role (with `--no-migrate`) and the app writes, fenced, as the
+//! app's role. Each has exactly what the scripts give it: the election,
+//! a handover, the fence and `leaderd status` work, and what the scripts
+//! do not grant is refused.
+
+use std::time::Duration;
+
+use leaderd_tests::{
+    block_on, run_cli, serial, wait_single_leader, Daemon, Scratch, TempDb, Value,
+};
+
+const PG_ROLES: &str = include_str!("../../deploy/sql/postgres/1-roles.sql");
+const PG_GRANTS: &str = include_str!("../../deploy/sql/postgres/2-grants.sql");
+const MY_ROLES: &str = include_str!("../../deploy/sql/mysql/1-roles.sql");
+const MY_GRANTS: &str = include_str!("../../deploy/sql/mysql/2-grants.sql");
+
+/// The scripts' role names, made unique to this run (roles are the
+/// server's, not the database's, and tests run side by side).
+struct Names {
+    migrator: String,
+    daemon: String,
+    app: String,
+}
+
+impl Names {
+    fn new() -> Names {
+        let tag = &uuid::Uuid::new_v4().simple().to_string()[..10];
+        Names {
+            migrator: format!("lm_{tag}"),
+            daemon: format!("ld_{tag}"),
+            app: format!("la_{tag}"),
+        }
+    }
+
+    fn apply(&self, script: &str) -> String {
+        script
+            .replace("leaderd_migrator", &self.migrator)
+            .replace("leaderd_daemon", &self.daemon)
+            .replace("leaderd_app", &self.app)
+    }
+
+    fn all(&self) -> [&str; 3] {
+        [&self.migrator, &self.daemon, &self.app]
+    }
+}
+
+/// `url` logging in as `user` (with `password`, if any).
+fn url_as(url: &str, user: &str, password: Option<&str>) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let host = rest.split_once('@').map_or(rest, |(_, h)| h);
+    match password {
+        Some(p) => format!("{scheme}://{user}:{p}@{host}"),
+        None => format!("{scheme}://{user}@{host}"),
+    }
+}
+
+/// Three daemons as the daemon's role: one leads; the leader's SIGTERM
+/// hands over; the daemons never logged a refused right. Returns the
+/// daemons and the token the final leader holds.
+fn elect_and_hand_over(url: &str) -> (Vec<Daemon>, Scratch, i64, i64) {
+    let dir = Scratch::new();
+    let mut daemons: Vec<Daemon> = ["a", "b", "c"]
+        .iter()
+        .map(|id| Daemon::start(url, id, &dir, &["--no-migrate"]))
+        .collect();
+    let refs: Vec<&Daemon> = daemons.iter().collect();
+    let first = wait_single_leader(&refs, Duration::from_secs(20));
+    let old = daemons[first].token_held("").expect("the leader's token");
+    let mut leader = daemons.remove(first);
+    leader.sigterm();
+    assert_eq!(
+        leader.wait_exit(Duration::from_secs(5)).and_then(|s| s.code()),
+        Some(0)
+    );
+    let refs: Vec<&Daemon> = daemons.iter().collect();
+    let next = wait_single_leader(&refs, Duration::from_secs(10));
+    let new = daemons[next].token_held("").expect("the new leader's token");
+    assert!(new > old);
+    for d in daemons.iter().chain([&leader]) {
+        let log = d.log_text().to_lowercase();
+        for refused in ["permission denied", "denied", "command denied"] {
+            assert!(!log.contains(refused), "{}: {log}", d.id);
+        }
+    }
+    daemons.push(leader);
+    (daemons, dir, old, new)
+}
+
+fn status_as(url: &str) -> Vec<Value> {
+    let (code, out, err) = run_cli(&["status", "--json", "--database-url", url], &[]);
+    assert_eq!(code, 0, "{err}");
+    serde_json::from_str(&out).unwrap()
+}
+
+mod postgres {
+    use super::*;
+    use tokio_postgres::{Client, NoTls};
+
+    async fn session(url: &str) -> Client {
+        let (client, conn) = tokio_postgres::connect(url, NoTls)
+            .await
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+        tokio::spawn(conn);
+        client
+    }
+
+    fn state(r: &Result<impl Sized, tokio_postgres::Error>) -> String {
+        match r {
+            Ok(_) => "ok".to_owned(),
+            Err(e) => e.code().map_or_else(|| e.to_string(), |c| c.code().to_owned()),
+        }
+    }
+
+    #[test]
+    fn the_scripts_roles_run_leaderd_and_the_fence_with_nothing_more() {
+        let _s = serial();
+        let db = TempDb::postgres();
+        let names = Names::new();
+        let cleanup = Cleanup(db.url.clone(), names.all().map(str::to_owned));
+        let migrator = url_as(&db.url, &names.migrator, None);
+        let daemon = url_as(&db.url, &names.daemon, None);
+        let app = url_as(&db.url, &names.app, None);
+        block_on({
+            let (url, sql, app_role) = (db.url.clone(), names.apply(PG_ROLES), names.app.clone());
+            async move {
+                let admin = session(&url).await;
+                admin.batch_execute(&sql).await.unwrap();
+                // The app's own table, the app's business.
+                admin
+                    .batch_execute(&format!(
+                        "CREATE TABLE public.app_log (token BIGINT NOT NULL); \
+                         GRANT SELECT, INSERT ON public.app_log TO {app_role}"
+                    ))
+                    .await
+                    .unwrap();
+            }
+        });
+        let (code, _, err) = run_cli(&["migrate", "--database-url", &migrator], &[]);
+        assert_eq!(code, 0, "{err}");
+        assert!(!err.contains("WARN"), "{err}");
+        block_on({
+            let (url, sql) = (migrator.clone(), names.apply(PG_GRANTS));
+            async move { session(&url).await.batch_execute(&sql).await.unwrap() }
+        });
+        let (_daemons, _dir, old, new) = elect_and_hand_over(&daemon);
+        let rows = status_as(&daemon);
+        assert_eq!(rows[0]["token"].as_i64(), Some(new), "{rows:?}");
+        block_on(async move {
+            let app = session(&app).await;
+            app.batch_execute("BEGIN").await.unwrap();
+            let r = app
+                .query_one("SELECT leaderd.leaderd_fence('default', $1)", &[&old])
+                .await;
+            assert_eq!(state(&r), "LF001");
+            app.batch_execute("ROLLBACK; BEGIN").await.unwrap();
+            app.query_one("SELECT leaderd.leaderd_fence('default', $1)", &[&new])
+                .await
+                .expect("the live token, as the app's role");
+            app.execute("INSERT INTO public.app_log VALUES ($1)", &[&new])
+                .await
+                .unwrap();
+            app.batch_execute("COMMIT").await.unwrap();
+            // Nothing more: the app may not touch the lock table.
+            let r = app
+                .query("SELECT * FROM leaderd.service_leader_lock", &[])
+                .await;
+            assert_eq!(state(&r), "42501", "the app read the lock table");
+            let daemon = session(&daemon).await;
+            for sql in [
+                "DELETE FROM service_leader_lock",
+                "TRUNCATE service_leader_lock",
+                "SELECT * FROM service_leader_token",
+                "CREATE TABLE leaderd.x (a INT)",
+                "BEGIN; SELECT leaderd_fence('default', 1)",
+            ] {
+                let r = daemon.batch_execute(sql).await;
+                assert_eq!(state(&r), "42501", "the daemon's role may: {sql}");
+                let _ = daemon.batch_execute("ROLLBACK").await;
+            }
+        });
+        drop(cleanup);
+    }
+
+    /// Drops the test's database objects and roles at the end.
+    struct Cleanup(String, [String; 3]);
+
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let (url, roles) = (self.0.clone(), self.1.clone());
+            let _ = std::panic::catch_unwind(move || {
+                let owned: Vec<String> = roles.iter().map(|r| format!("DROP OWNED BY {r}")).collect();
+                let owned: Vec<&str> = owned.iter().map(String::as_str).collect();
+                leaderd_tests::pg_exec(&url, &owned);
+                let drop: Vec<String> = roles.iter().map(|r| format!("DROP ROLE IF EXISTS {r}")).collect();
+                let drop: Vec<&str> = drop.iter().map(String::as_str).collect();
+                leaderd_tests::pg_exec(&leaderd_tests::postgres_admin_url(), &drop);
+            });
+        }
+    }
+}
+
+mod mariadb {
+    use super::*;
+    use mysql_async::prelude::Queryable;
+    use mysql_async::Conn;
+
+    fn state<T>(r: &Result<T, mysql_async::Error>) -> String {
+        match r {
+            Ok(_) => "ok".to_owned(),
+            Err(mysql_async::Error::Server(e)) => format!("{}", e.code),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn the_scripts_users_run_leaderd_and_the_fence_with_nothing_more() {
+        let _s = serial();
+        let db = TempDb::mysql();
+        let names = Names::new();
+        let _cleanup = Cleanup(names.all().map(str::to_owned));
+        let pass = Some("change-me");
+        let migrator = url_as(&db.url, &names.migrator, pass);
+        let daemon = url_as(&db.url, &names.daemon, pass);
+        let app = url_as(&db.url, &names.app, pass);
+        let schema = db.url.rsplit('/').next().unwrap().to_owned();
+        block_on({
+            let (url, sql, app_user) = (db.url.clone(), names.apply(MY_ROLES), names.app.clone());
+            let schema = schema.clone();
+            async move {
+                let mut admin = Conn::from_url(url.as_str()).await.unwrap();
+                admin.query_drop(sql).await.unwrap();
+                admin
+                    .query_drop(format!(
+                        "CREATE TABLE app_log (token BIGINT NOT NULL); \
+                         GRANT SELECT, INSERT ON {schema}.app_log TO '{app_user}'@'%'"
+                    ))
+                    .await
+                    .unwrap();
+            }
+        });
+        let (code, _, err) = run_cli(&["migrate", "--database-url", &migrator], &[]);
+        assert_eq!(code, 0, "{err}");
+        assert!(!err.contains("WARN"), "{err}");
+        block_on({
+            let (url, sql) = (db.url.clone(), names.apply(MY_GRANTS));
+            async move {
+                let mut admin = Conn::from_url(url.as_str()).await.unwrap();
+                admin.query_drop(sql).await.unwrap();
+            }
+        });
+        let (_daemons, _dir, old, new) = elect_and_hand_over(&daemon);
+        let rows = status_as(&daemon);
+        assert_eq!(rows[0]["token"].as_i64(), Some(new), "{rows:?}");
+        block_on(async move {
+            let mut app = Conn::from_url(app.as_str()).await.unwrap();
+            app.query_drop("START TRANSACTION").await.unwrap();
+            let r = app
+                .exec_drop("CALL leaderd_fence('default', ?, NULL)", (old,))
+                .await;
+            assert_eq!(state(&r), "1644", "{r:?}");
+            app.query_drop("START TRANSACTION").await.unwrap();
+            app.exec_drop("CALL leaderd_fence('default', ?, NULL)", (new,))
+                .await
+                .expect("the live token, as the app's user");
+            app.exec_drop("INSERT INTO app_log VALUES (?)", (new,))
+                .await
+                .unwrap();
+            app.query_drop("COMMIT").await.unwrap();
+            let r = app
+                .query_drop("SELECT * FROM service_leader_lock")
+                .await;
+            assert_eq!(state(&r), "1142", "the app read the lock table");
+            let mut daemon = Conn::from_url(daemon.as_str()).await.unwrap();
+            for sql in [
+                "DELETE FROM service_leader_lock",
+                "UPDATE service_leader_fence SET token = 0",
+                "DROP TRIGGER service_leader_fence_take",
+            ] {
+                let r = daemon.query_drop(sql).await;
+                assert!(
+                    ["1142", "1143", "1227", "1370"].contains(&state(&r).as_str()),
+                    "the daemon's user may: {sql}: {r:?}"
+                );
+            }
+            let r = daemon
+                .query_drop("CALL leaderd_fence('default', 1, NULL)")
+                .await;
+            assert_eq!(state(&r), "1370", "the daemon's user may call the fence");
+        });
+    }
+
+    /// Drops the test's users at the end.
+    struct Cleanup([String; 3]);
+
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let users = self.0.clone();
+            let _ = std::panic::catch_unwind(move || {
+                for u in users {
+                    leaderd_tests::mysql_exec(&format!("DROP USER IF EXISTS '{u}'@'%'"));
+                }
+            });
+        }
+    }
+}
