@@ -95,10 +95,11 @@ pub(crate) const MYSQL_FENCE: BestEffort = BestEffort {
 };
 
 /// What the log says, once per process, when the server refuses the fence.
-const FENCE_REFUSED: &str = "fenced writes are not installed (leaderd_fence): this database user \
-    may not create them (MySQL/MariaDB with binary logging: SUPER or \
-    log_bin_trust_function_creators); leader election works, and an app's call to leaderd_fence \
-    fails. Run `leaderd migrate` once as a user who may";
+const FENCE_REFUSED: &str = "fenced writes are not installed or not current (leaderd_fence and \
+    the lock table's triggers): this database user may not create or replace them (MySQL/MariaDB \
+    with binary logging: SUPER or log_bin_trust_function_creators); leader election works, and \
+    an app's call to leaderd_fence fails or runs an older version. Run `leaderd migrate` once as \
+    the user who owns them (docs/security.md)";
 static FENCE_SAID: AtomicBool = AtomicBool::new(false);
 
 /// [`MYSQL_KEPT_TOKENS`]'s check, as a literal (see [`postgres_fence_current`]).
