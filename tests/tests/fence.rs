@@ -522,6 +522,16 @@ async fn leaderd_status_says_whether_the_fence_is_installed() {
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("fenced writes"), "{err}");
     assert!(err.contains("installed"), "{err}");
+    // The leader here is leaderd's statements alone, as an older release
+    // would hold: no presence row, so it is named as one to upgrade before
+    // apps fence.
+    assert!(
+        err.contains("holders without a presence row") && err.ends_with(": a\n"),
+        "{err}"
+    );
+    let (_, out, _) = run_cli(&["status", "--json", "--database-url", &db.url], &[]);
+    let list: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+    assert_eq!(list[0]["holder_predates_presence"], true, "{out}");
     pg_exec(&db.url, &["DROP FUNCTION leaderd_fence"]);
     assert_eq!(fence_of(&db.url), "not_installed");
     let sqlite = TempDb::sqlite();

@@ -148,6 +148,7 @@ mod postgres {
         let (_daemons, _dir, old, new) = elect_and_hand_over(&daemon);
         let rows = status_as(&daemon);
         assert_eq!(rows[0]["token"].as_i64(), Some(new), "{rows:?}");
+        assert_eq!(rows[0]["holder_predates_presence"], false, "{rows:?}");
         block_on(async move {
             let app = session(&app).await;
             app.batch_execute("BEGIN").await.unwrap();
@@ -254,6 +255,7 @@ mod mariadb {
         let (_daemons, _dir, old, new) = elect_and_hand_over(&daemon);
         let rows = status_as(&daemon);
         assert_eq!(rows[0]["token"].as_i64(), Some(new), "{rows:?}");
+        assert_eq!(rows[0]["holder_predates_presence"], false, "{rows:?}");
         block_on(async move {
             let mut app = Conn::from_url(app.as_str()).await.unwrap();
             app.query_drop("START TRANSACTION").await.unwrap();

@@ -14,6 +14,7 @@ mod outputs;
 mod runtime;
 mod settings;
 mod signals;
+mod status;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -91,7 +92,10 @@ fn main() -> ExitCode {
         match cli.command.unwrap_or(Command::Run) {
             Command::Run | Command::Exec { .. } => run(settings, commands).await,
             Command::Migrate => migrate(settings).await.map(|()| 0),
-            Command::Status { json } => status(settings, json).await.map(|()| 0),
+            Command::Status { json } => {
+                let conn = connect(&settings).await?;
+                status::run(conn, json).await.map(|()| 0)
+            }
             Command::Release { .. } => unreachable!("handled before the runtime starts"),
         }
     });
@@ -266,52 +270,3 @@ async fn migrate(settings: Settings) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn status(settings: Settings, json: bool) -> anyhow::Result<()> {
-    let mut conn = connect(&settings).await?;
-    let mut rows = conn
-        .elections("")
-        .await
-        .context("cannot read service_leader_lock")?;
-    // The spread's presence rows are not elections.
-    rows.retain(|r| !r.name.starts_with(leaderd_core::spread::PRESENCE_PREFIX));
-    let fence = conn
-        .fence_status()
-        .await
-        .context("cannot tell whether leaderd_fence is installed")?
-        .as_str();
-    if json {
-        let list: Vec<_> = rows
-            .iter()
-            .map(|r| {
-                let holder = r.live_holder();
-                serde_json::json!({
-                    "election": r.name,
-                    "holder": holder,
-                    "token": r.token,
-                    "lease_remaining_ms": if holder.is_some() { r.remaining_us / 1000 } else { 0 },
-                    "fence": fence,
-                })
-            })
-            .collect();
-        println!("{}", serde_json::to_string_pretty(&list)?);
-    } else {
-        println!(
-            "{:<30} {:<30} {:>20} {:>12}",
-            "ELECTION", "HOLDER", "TOKEN", "REMAINING"
-        );
-        for r in &rows {
-            let (holder, remaining) = match (r.live_holder(), &r.holder) {
-                (Some(h), _) => (h, format!("{}ms", r.remaining_us / 1000)),
-                (None, Some(_)) => ("(expired)", "-".to_owned()),
-                (None, None) => ("(free)", "-".to_owned()),
-            };
-            println!(
-                "{:<30} {:<30} {:>20} {:>12}",
-                r.name, holder, r.token, remaining
-            );
-        }
-        // Beside the table, not in it: stdout stays one line per election.
-        eprintln!("fenced writes (README, \"Fenced writes\"): {fence}");
-    }
-    Ok(())
-}

@@ -1,0 +1,124 @@
+//! `leaderd status`: every election in the table, one line each (or JSON),
+//! and beside it what an operator must know before apps fence: whether the
+//! fence is installed, and which holders run a leaderd too old to tell.
+//!
+//! A holder that keeps no presence row runs a release from before named
+//! successors (every daemon since keeps one while it holds anything); such
+//! a release may also predate fenced writes, whose renewals a fenced
+//! transaction blocks: that leader loses its lease while apps fence. So
+//! those holders are named, and apps should not fence until none is left.
+
+use anyhow::Context;
+use leaderd_core::spread::PRESENCE_PREFIX;
+use leaderd_store::{Connection, ElectionRow};
+
+/// Prints the table (or JSON) on stdout and the notes on stderr.
+pub async fn run(mut conn: Connection, json: bool) -> anyhow::Result<()> {
+    let mut rows = conn
+        .elections("")
+        .await
+        .context("cannot read service_leader_lock")?;
+    let old: Vec<String> = without_presence(&rows)
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    // The spread's presence rows are not elections.
+    rows.retain(|r| !r.name.starts_with(PRESENCE_PREFIX));
+    let fence = conn
+        .fence_status()
+        .await
+        .context("cannot tell whether leaderd_fence is installed")?
+        .as_str();
+    if json {
+        let list: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                let holder = r.live_holder();
+                serde_json::json!({
+                    "election": r.name,
+                    "holder": holder,
+                    "token": r.token,
+                    "lease_remaining_ms": if holder.is_some() { r.remaining_us / 1000 } else { 0 },
+                    "fence": fence,
+                    "holder_predates_presence": holder.is_some_and(|h| old.iter().any(|o| o == h)),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&list)?);
+    } else {
+        println!(
+            "{:<30} {:<30} {:>20} {:>12}",
+            "ELECTION", "HOLDER", "TOKEN", "REMAINING"
+        );
+        for r in &rows {
+            let (holder, remaining) = match (r.live_holder(), &r.holder) {
+                (Some(h), _) => (h, format!("{}ms", r.remaining_us / 1000)),
+                (None, Some(_)) => ("(expired)", "-".to_owned()),
+                (None, None) => ("(free)", "-".to_owned()),
+            };
+            println!(
+                "{:<30} {:<30} {:>20} {:>12}",
+                r.name, holder, r.token, remaining
+            );
+        }
+        // Beside the table, not in it: stdout stays one line per election.
+        eprintln!("fenced writes (README, \"Fenced writes\"): {fence}");
+    }
+    if !old.is_empty() {
+        eprintln!(
+            "holders without a presence row (a leaderd older than named successors, perhaps \
+             older than fenced writes: upgrade them before apps fence, docs/security.md): {}",
+            old.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// The live holders of elections that hold no live presence row, by id,
+/// sorted and once each.
+fn without_presence(rows: &[ElectionRow]) -> Vec<&str> {
+    let present: Vec<&str> = rows
+        .iter()
+        .filter(|r| r.name.starts_with(PRESENCE_PREFIX))
+        .filter_map(ElectionRow::live_holder)
+        .collect();
+    let mut old: Vec<&str> = rows
+        .iter()
+        .filter(|r| !r.name.starts_with(PRESENCE_PREFIX))
+        .filter_map(ElectionRow::live_holder)
+        .filter(|h| !present.contains(h))
+        .collect();
+    old.sort_unstable();
+    old.dedup();
+    old
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(name: &str, holder: Option<&str>, remaining_us: i64) -> ElectionRow {
+        ElectionRow {
+            name: name.to_owned(),
+            holder: holder.map(str::to_owned),
+            token: 1,
+            remaining_us,
+            instance: holder.map(|h| format!("0/{h}")),
+            held_us: 0,
+        }
+    }
+
+    #[test]
+    fn holders_without_a_live_presence_row_are_named_once() {
+        let rows = [
+            row("jobs", Some("old"), 500),
+            row("mail", Some("old"), 500),
+            row("reports", Some("new"), 500),
+            row("spent", Some("gone"), -5),
+            row("free", None, 0),
+            row("leaderd-presence/g/slot-0", Some("new"), 500),
+            row("leaderd-presence/g/slot-1", Some("old"), -1),
+        ];
+        assert_eq!(without_presence(&rows), ["old"]);
+    }
+}
