@@ -67,6 +67,39 @@ pub fn mysql_exec(sql: &str) {
     exec(Kind::Mysql, &mysql_admin_url(), &[sql]);
 }
 
+/// Drops PostgreSQL roles a test made, and what they own in the database
+/// of `url`; best effort (a test's end must not panic twice).
+pub fn drop_pg_roles(url: &str, roles: &[String]) {
+    let (url, roles) = (url.to_owned(), roles.to_vec());
+    let _ = std::panic::catch_unwind(move || {
+        for r in &roles {
+            let _ = std::panic::catch_unwind(|| {
+                pg_exec(
+                    &url,
+                    &[
+                        &format!("ALTER ROLE {r} NOSUPERUSER"),
+                        &format!("DROP OWNED BY {r}"),
+                    ],
+                )
+            });
+            pg_exec(
+                &postgres_admin_url(),
+                &[&format!("DROP ROLE IF EXISTS {r}")],
+            );
+        }
+    });
+}
+
+/// Drops MySQL/MariaDB users a test made; best effort.
+pub fn drop_mysql_users(users: &[String]) {
+    let users = users.to_vec();
+    let _ = std::panic::catch_unwind(move || {
+        for u in users {
+            mysql_exec(&format!("DROP USER IF EXISTS '{u}'@'%'"));
+        }
+    });
+}
+
 /// Runs SQL statements on `url`, panicking on failure.
 fn exec(kind: Kind, url: &str, statements: &[&str]) {
     let url = url.to_owned();

@@ -45,7 +45,10 @@ mod postgres {
 
     impl Role {
         fn new(db: &TempDb, what: &str) -> Role {
-            let name = format!("leaderd_{what}_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+            let name = format!(
+                "leaderd_{what}_{}",
+                &uuid::Uuid::new_v4().simple().to_string()[..12]
+            );
             db.exec(&[&format!("CREATE ROLE {name} LOGIN")]);
             Role {
                 name,
@@ -56,21 +59,7 @@ mod postgres {
 
     impl Drop for Role {
         fn drop(&mut self) {
-            let name = self.name.clone();
-            let admin = self.admin.clone();
-            let _ = std::panic::catch_unwind(move || {
-                leaderd_tests::pg_exec(
-                    &admin,
-                    &[
-                        &format!("ALTER ROLE {name} NOSUPERUSER"),
-                        &format!("DROP OWNED BY {name}"),
-                    ],
-                );
-                leaderd_tests::pg_exec(
-                    &leaderd_tests::postgres_admin_url(),
-                    &[&format!("DROP ROLE IF EXISTS {name}")],
-                );
-            });
+            leaderd_tests::drop_pg_roles(&self.admin, &[self.name.clone()]);
         }
     }
 
@@ -118,8 +107,20 @@ mod postgres {
             ("+", "add", "BIGINT", "INTEGER", "a + b::bigint"),
             ("=", "beq", "BIGINT", "BIGINT", "a::numeric = b::numeric"),
             ("=", "oideq", "OID", "REGCLASS", "a = b::oid"),
-            ("<=", "tle", "TIMESTAMPTZ", "TIMESTAMPTZ", "a::timestamp <= b::timestamp"),
-            ("-", "tsub", "TIMESTAMPTZ", "TIMESTAMPTZ", "a::timestamp - b::timestamp"),
+            (
+                "<=",
+                "tle",
+                "TIMESTAMPTZ",
+                "TIMESTAMPTZ",
+                "a::timestamp <= b::timestamp",
+            ),
+            (
+                "-",
+                "tsub",
+                "TIMESTAMPTZ",
+                "TIMESTAMPTZ",
+                "a::timestamp - b::timestamp",
+            ),
         ] {
             let ret = match op {
                 "*" => "NUMERIC",
@@ -138,11 +139,31 @@ mod postgres {
             ));
         }
         for (f, args, ret, body) in [
-            ("clock_timestamp", "", "TIMESTAMPTZ", "pg_catalog.clock_timestamp()"),
-            ("statement_timestamp", "", "TIMESTAMPTZ", "pg_catalog.statement_timestamp()"),
-            ("transaction_timestamp", "", "TIMESTAMPTZ", "pg_catalog.transaction_timestamp()"),
+            (
+                "clock_timestamp",
+                "",
+                "TIMESTAMPTZ",
+                "pg_catalog.clock_timestamp()",
+            ),
+            (
+                "statement_timestamp",
+                "",
+                "TIMESTAMPTZ",
+                "pg_catalog.statement_timestamp()",
+            ),
+            (
+                "transaction_timestamp",
+                "",
+                "TIMESTAMPTZ",
+                "pg_catalog.transaction_timestamp()",
+            ),
             ("ceil", "x NUMERIC", "NUMERIC", "pg_catalog.ceil(x)"),
-            ("ceil", "x DOUBLE PRECISION", "DOUBLE PRECISION", "pg_catalog.ceil(x)"),
+            (
+                "ceil",
+                "x DOUBLE PRECISION",
+                "DOUBLE PRECISION",
+                "pg_catalog.ceil(x)",
+            ),
             (
                 "set_config",
                 "a TEXT, b TEXT, c BOOLEAN",
@@ -155,7 +176,12 @@ mod postgres {
                 "TEXT",
                 "pg_catalog.current_setting(a, b)",
             ),
-            ("coalesce", "a BIGINT, b BIGINT", "BIGINT", "pg_catalog.int8larger(a, b)"),
+            (
+                "coalesce",
+                "a BIGINT, b BIGINT",
+                "BIGINT",
+                "pg_catalog.int8larger(a, b)",
+            ),
         ] {
             sql.push(format!(
                 "CREATE FUNCTION public.{f}({args}) RETURNS {ret} LANGUAGE plpgsql AS $$ \
@@ -532,10 +558,7 @@ mod mariadb {
 
     impl Drop for AppUser {
         fn drop(&mut self) {
-            let name = self.name.clone();
-            let _ = std::panic::catch_unwind(move || {
-                leaderd_tests::mysql_exec(&format!("DROP USER IF EXISTS '{name}'@'%'"))
-            });
+            leaderd_tests::drop_mysql_users(&[self.name.clone()]);
         }
     }
 
@@ -725,7 +748,10 @@ mod mariadb {
             .await
             .unwrap();
         assert_eq!(waiting, Some(0), "a session left waiting on the server");
-        holder.query_drop("DO RELEASE_LOCK('leaderd_migrate')").await.unwrap();
+        holder
+            .query_drop("DO RELEASE_LOCK('leaderd_migrate')")
+            .await
+            .unwrap();
         connect(&server.url()).await.migrate().await.unwrap();
     }
 }

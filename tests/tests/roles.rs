@@ -72,12 +72,16 @@ fn elect_and_hand_over(url: &str) -> (Vec<Daemon>, Scratch, i64, i64) {
     let mut leader = daemons.remove(first);
     leader.sigterm();
     assert_eq!(
-        leader.wait_exit(Duration::from_secs(5)).and_then(|s| s.code()),
+        leader
+            .wait_exit(Duration::from_secs(5))
+            .and_then(|s| s.code()),
         Some(0)
     );
     let refs: Vec<&Daemon> = daemons.iter().collect();
     let next = wait_single_leader(&refs, Duration::from_secs(10));
-    let new = daemons[next].token_held("").expect("the new leader's token");
+    let new = daemons[next]
+        .token_held("")
+        .expect("the new leader's token");
     assert!(new > old);
     for d in daemons.iter().chain([&leader]) {
         let log = d.log_text().to_lowercase();
@@ -89,10 +93,26 @@ fn elect_and_hand_over(url: &str) -> (Vec<Daemon>, Scratch, i64, i64) {
     (daemons, dir, old, new)
 }
 
-fn status_as(url: &str) -> Vec<Value> {
-    let (code, out, err) = run_cli(&["status", "--json", "--database-url", url], &[]);
+/// `leaderd migrate` as the migrating user (nothing logged above INFO),
+/// then `grant`, then the daemons' election and handover, and `leaderd
+/// status` as the daemon's user: the daemons, their directory, and the
+/// tokens before and after the handover.
+fn migrate_grant_and_elect(
+    migrator: &str,
+    grant: impl FnOnce(),
+    daemon: &str,
+) -> (Vec<Daemon>, Scratch, i64, i64) {
+    let (code, _, err) = run_cli(&["migrate", "--database-url", migrator], &[]);
     assert_eq!(code, 0, "{err}");
-    serde_json::from_str(&out).unwrap()
+    assert!(!err.contains("WARN"), "{err}");
+    grant();
+    let elected = elect_and_hand_over(daemon);
+    let (code, out, err) = run_cli(&["status", "--json", "--database-url", daemon], &[]);
+    assert_eq!(code, 0, "{err}");
+    let rows: Vec<Value> = serde_json::from_str(&out).unwrap();
+    assert_eq!(rows[0]["token"].as_i64(), Some(elected.3), "{rows:?}");
+    assert_eq!(rows[0]["holder_predates_presence"], false, "{rows:?}");
+    elected
 }
 
 mod postgres {
@@ -110,7 +130,9 @@ mod postgres {
     fn state(r: &Result<impl Sized, tokio_postgres::Error>) -> String {
         match r {
             Ok(_) => "ok".to_owned(),
-            Err(e) => e.code().map_or_else(|| e.to_string(), |c| c.code().to_owned()),
+            Err(e) => e
+                .code()
+                .map_or_else(|| e.to_string(), |c| c.code().to_owned()),
         }
     }
 
@@ -138,17 +160,11 @@ mod postgres {
                     .unwrap();
             }
         });
-        let (code, _, err) = run_cli(&["migrate", "--database-url", &migrator], &[]);
-        assert_eq!(code, 0, "{err}");
-        assert!(!err.contains("WARN"), "{err}");
-        block_on({
+        let grants = || {
             let (url, sql) = (migrator.clone(), names.apply(PG_GRANTS));
-            async move { session(&url).await.batch_execute(&sql).await.unwrap() }
-        });
-        let (_daemons, _dir, old, new) = elect_and_hand_over(&daemon);
-        let rows = status_as(&daemon);
-        assert_eq!(rows[0]["token"].as_i64(), Some(new), "{rows:?}");
-        assert_eq!(rows[0]["holder_predates_presence"], false, "{rows:?}");
+            block_on(async move { session(&url).await.batch_execute(&sql).await.unwrap() })
+        };
+        let (_daemons, _dir, old, new) = migrate_grant_and_elect(&migrator, grants, &daemon);
         block_on(async move {
             let app = session(&app).await;
             app.batch_execute("BEGIN").await.unwrap();
@@ -185,20 +201,12 @@ mod postgres {
         drop(cleanup);
     }
 
-    /// Drops the test's database objects and roles at the end.
+    /// Drops the test's roles and what they own at the end.
     struct Cleanup(String, [String; 3]);
 
     impl Drop for Cleanup {
         fn drop(&mut self) {
-            let (url, roles) = (self.0.clone(), self.1.clone());
-            let _ = std::panic::catch_unwind(move || {
-                let owned: Vec<String> = roles.iter().map(|r| format!("DROP OWNED BY {r}")).collect();
-                let owned: Vec<&str> = owned.iter().map(String::as_str).collect();
-                leaderd_tests::pg_exec(&url, &owned);
-                let drop: Vec<String> = roles.iter().map(|r| format!("DROP ROLE IF EXISTS {r}")).collect();
-                let drop: Vec<&str> = drop.iter().map(String::as_str).collect();
-                leaderd_tests::pg_exec(&leaderd_tests::postgres_admin_url(), &drop);
-            });
+            leaderd_tests::drop_pg_roles(&self.0, &self.1);
         }
     }
 }
@@ -242,20 +250,14 @@ mod mariadb {
                     .unwrap();
             }
         });
-        let (code, _, err) = run_cli(&["migrate", "--database-url", &migrator], &[]);
-        assert_eq!(code, 0, "{err}");
-        assert!(!err.contains("WARN"), "{err}");
-        block_on({
+        let grants = || {
             let (url, sql) = (db.url.clone(), names.apply(MY_GRANTS));
-            async move {
+            block_on(async move {
                 let mut admin = Conn::from_url(url.as_str()).await.unwrap();
                 admin.query_drop(sql).await.unwrap();
-            }
-        });
-        let (_daemons, _dir, old, new) = elect_and_hand_over(&daemon);
-        let rows = status_as(&daemon);
-        assert_eq!(rows[0]["token"].as_i64(), Some(new), "{rows:?}");
-        assert_eq!(rows[0]["holder_predates_presence"], false, "{rows:?}");
+            })
+        };
+        let (_daemons, _dir, old, new) = migrate_grant_and_elect(&migrator, grants, &daemon);
         block_on(async move {
             let mut app = Conn::from_url(app.as_str()).await.unwrap();
             app.query_drop("START TRANSACTION").await.unwrap();
@@ -271,9 +273,7 @@ mod mariadb {
                 .await
                 .unwrap();
             app.query_drop("COMMIT").await.unwrap();
-            let r = app
-                .query_drop("SELECT * FROM service_leader_lock")
-                .await;
+            let r = app.query_drop("SELECT * FROM service_leader_lock").await;
             assert_eq!(state(&r), "1142", "the app read the lock table");
             let mut daemon = Conn::from_url(daemon.as_str()).await.unwrap();
             for sql in [
@@ -299,12 +299,7 @@ mod mariadb {
 
     impl Drop for Cleanup {
         fn drop(&mut self) {
-            let users = self.0.clone();
-            let _ = std::panic::catch_unwind(move || {
-                for u in users {
-                    leaderd_tests::mysql_exec(&format!("DROP USER IF EXISTS '{u}'@'%'"));
-                }
-            });
+            leaderd_tests::drop_mysql_users(&self.0);
         }
     }
 }

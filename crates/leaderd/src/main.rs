@@ -269,4 +269,3 @@ async fn migrate(settings: Settings) -> anyhow::Result<()> {
     info!(result = ?result, "service_leader_lock is ready");
     Ok(())
 }
-

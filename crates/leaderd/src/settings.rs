@@ -883,7 +883,10 @@ mod tests {
         // White space around a number is dropped, as around a duration
         // (an environment variable written `" 5"`); inside one it is not.
         for (spaced, n) in [(" 5", 5), ("4 ", 4), ("\t9\n", 9)] {
-            assert_eq!(load(&["--priority", spaced], &env(&[])).unwrap().priority, n);
+            assert_eq!(
+                load(&["--priority", spaced], &env(&[])).unwrap().priority,
+                n
+            );
             let s = load(&[], &env(&[("LEADERD_APP_HEALTH_FAILURES", spaced)]));
             assert_eq!(s.map(|s| s.app_health_failures).ok(), u32::try_from(n).ok());
         }

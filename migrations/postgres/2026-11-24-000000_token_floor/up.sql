@@ -20,6 +20,7 @@ CREATE TABLE IF NOT EXISTS service_leader_token (
 DO $migrate$
 DECLARE
     s TEXT := pg_catalog.quote_ident(pg_catalog.current_schema());
+    trigger TEXT;
 BEGIN
     IF s IS NULL THEN
         RAISE EXCEPTION 'leaderd: no current schema to install into (search_path)';
@@ -57,16 +58,14 @@ $fn$$sql$, '{schema}', s);
     EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s.service_leader_token_floor(VARCHAR) FROM PUBLIC', s);
     -- Made only when missing: a trigger dropped and made again would leave
     -- a gap, and the table's lock for nothing.
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
-                    WHERE t.tgname OPERATOR(pg_catalog.=) 'service_leader_keep_token'
-                      AND t.tgrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(pg_catalog.format('%s.service_leader_lock', s))) THEN
-        EXECUTE pg_catalog.format('CREATE TRIGGER service_leader_keep_token AFTER DELETE ON %1$s.service_leader_lock '
-            'FOR EACH ROW EXECUTE FUNCTION %1$s.service_leader_keep_token()', s);
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
-                    WHERE t.tgname OPERATOR(pg_catalog.=) 'service_leader_seed_token'
-                      AND t.tgrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(pg_catalog.format('%s.service_leader_lock', s))) THEN
-        EXECUTE pg_catalog.format('CREATE TRIGGER service_leader_seed_token BEFORE INSERT ON %1$s.service_leader_lock '
-            'FOR EACH ROW EXECUTE FUNCTION %1$s.service_leader_seed_token()', s);
-    END IF;
+    FOREACH trigger IN ARRAY ARRAY['service_leader_keep_token AFTER DELETE',
+                                   'service_leader_seed_token BEFORE INSERT'] LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
+                        WHERE t.tgname OPERATOR(pg_catalog.=) pg_catalog.split_part(trigger, ' ', 1)
+                          AND t.tgrelid OPERATOR(pg_catalog.=)
+                              pg_catalog.to_regclass(pg_catalog.format('%s.service_leader_lock', s))) THEN
+            EXECUTE pg_catalog.format('CREATE TRIGGER %2$s ON %1$s.service_leader_lock '
+                'FOR EACH ROW EXECUTE FUNCTION %1$s.%3$s()', s, trigger, pg_catalog.split_part(trigger, ' ', 1));
+        END IF;
+    END LOOP;
 END $migrate$;
