@@ -248,6 +248,11 @@ impl TempDb {
         }
     }
 
+    /// The database's name on its server (empty for SQLite).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// Runs SQL statements on this database.
     pub fn exec(&self, statements: &[&str]) {
         exec(self.kind, &self.plain, statements);

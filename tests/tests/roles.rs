@@ -227,54 +227,65 @@ mod mariadb {
     #[test]
     fn the_scripts_users_run_leaderd_and_the_fence_with_nothing_more() {
         let _s = serial();
+        // leaderd's database (the scripts' `leaderd`) and the app's own.
         let db = TempDb::mysql();
+        let app_db = TempDb::mysql();
         let names = Names::new();
         let _cleanup = Cleanup(names.all().map(str::to_owned));
+        let ours = format!("`{}`", db.name());
+        let script = |sql: &str| names.apply(sql).replace("`leaderd`", &ours);
         let pass = Some("change-me");
         let migrator = url_as(&db.url, &names.migrator, pass);
         let daemon = url_as(&db.url, &names.daemon, pass);
-        let app = url_as(&db.url, &names.app, pass);
-        let schema = db.url.rsplit('/').next().unwrap().to_owned();
+        let app = url_as(&app_db.url, &names.app, pass);
         block_on({
-            let (url, sql, app_user) = (db.url.clone(), names.apply(MY_ROLES), names.app.clone());
-            let schema = schema.clone();
+            let (url, sql, app_user) = (db.url.clone(), script(MY_ROLES), names.app.clone());
+            let app_schema = app_db.name().to_owned();
             async move {
                 let mut admin = Conn::from_url(url.as_str()).await.unwrap();
                 admin.query_drop(sql).await.unwrap();
                 admin
                     .query_drop(format!(
-                        "CREATE TABLE app_log (token BIGINT NOT NULL); \
-                         GRANT SELECT, INSERT ON {schema}.app_log TO '{app_user}'@'%'"
+                        "CREATE TABLE {app_schema}.app_log (token BIGINT NOT NULL); \
+                         GRANT SELECT, INSERT ON {app_schema}.app_log TO '{app_user}'@'%'"
                     ))
                     .await
                     .unwrap();
             }
         });
         let grants = || {
-            let (url, sql) = (db.url.clone(), names.apply(MY_GRANTS));
+            let (url, sql) = (db.url.clone(), script(MY_GRANTS));
             block_on(async move {
                 let mut admin = Conn::from_url(url.as_str()).await.unwrap();
                 admin.query_drop(sql).await.unwrap();
             })
         };
         let (_daemons, _dir, old, new) = migrate_grant_and_elect(&migrator, grants, &daemon);
+        let fence = format!("CALL {ours}.leaderd_fence('default', ?, NULL)");
         block_on(async move {
             let mut app = Conn::from_url(app.as_str()).await.unwrap();
             app.query_drop("START TRANSACTION").await.unwrap();
-            let r = app
-                .exec_drop("CALL leaderd_fence('default', ?, NULL)", (old,))
-                .await;
+            let r = app.exec_drop(fence.as_str(), (old,)).await;
             assert_eq!(state(&r), "1644", "{r:?}");
             app.query_drop("START TRANSACTION").await.unwrap();
-            app.exec_drop("CALL leaderd_fence('default', ?, NULL)", (new,))
+            app.exec_drop(fence.as_str(), (new,))
                 .await
                 .expect("the live token, as the app's user");
             app.exec_drop("INSERT INTO app_log VALUES (?)", (new,))
                 .await
                 .unwrap();
             app.query_drop("COMMIT").await.unwrap();
-            let r = app.query_drop("SELECT * FROM service_leader_lock").await;
-            assert_eq!(state(&r), "1142", "the app read the lock table");
+            for sql in [
+                format!("SELECT * FROM {ours}.service_leader_lock"),
+                format!("RENAME TABLE {ours}.service_leader_fence TO {ours}.x"),
+                format!("CREATE VIEW {ours}.v AS SELECT 1"),
+            ] {
+                let r = app.query_drop(sql.as_str()).await;
+                assert!(
+                    ["1142", "1044"].contains(&state(&r).as_str()),
+                    "the app's user may: {sql}: {r:?}"
+                );
+            }
             let mut daemon = Conn::from_url(daemon.as_str()).await.unwrap();
             for sql in [
                 "DELETE FROM service_leader_lock",

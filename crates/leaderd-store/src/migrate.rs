@@ -79,16 +79,32 @@ macro_rules! mysql_fence_current {
 }
 pub(crate) use mysql_fence_current;
 
-/// MySQL/MariaDB's fenced writes (`CALL leaderd_fence`): the fence table, its
+/// MySQL 8's fenced writes (`CALL leaderd_fence`): the fence table, its
 /// triggers and the procedure, all three checked (a table or trigger lost,
-/// e.g. with the lock table dropped and made again, is installed again). DDL commits at once there: no savepoint; the
-/// statements stop at the first refused, and the procedure installed first
-/// says "not installed" until the last one replaces it.
+/// e.g. with the lock table dropped and made again, is installed again).
+/// DDL commits at once there: no savepoint; the statements stop at the
+/// first refused, and the procedure installed first says "not installed"
+/// until the last one replaces it.
 pub(crate) const MYSQL_FENCE: BestEffort = BestEffort {
+    install: concat!(
+        include_str!("../../../migrations/mysql/2026-11-26-000000_fence/up.sql"),
+        "CREATE ",
+        include_str!("../../../migrations/mysql/2026-11-26-000000_fence/procedure.sql")
+    ),
+    ..MARIADB_FENCE
+};
+
+/// MariaDB's: the same, each part replaced in place (`CREATE OR REPLACE`),
+/// so that no moment lacks the triggers and the procedure keeps its grants.
+pub(crate) const MARIADB_FENCE: BestEffort = BestEffort {
     refused: FENCE_REFUSED,
     said: &FENCE_SAID,
     current: mysql_fence_current!(),
-    install: include_str!("../../../migrations/mysql/2026-11-26-000000_fence/up.sql"),
+    install: concat!(
+        include_str!("../../../migrations/mysql/2026-11-26-000000_fence/mariadb.sql"),
+        "CREATE OR REPLACE ",
+        include_str!("../../../migrations/mysql/2026-11-26-000000_fence/procedure.sql")
+    ),
     begin: "DO 0",
     undo: "DO 0",
     end: "DO 0",
@@ -397,12 +413,18 @@ pub(crate) async fn run<M: Migrator>(conn: &mut M, plan: &Plan) -> Result<Migrat
         }
     }
     if conn.flag(plan.legacy).await? {
+        // With the steps' bounds on every lock it needs: another session
+        // reading the table would otherwise hold the DROP for as long as
+        // it likes (and the DROP, queued, every reader after it).
+        conn.batch(plan.lock).await?;
         if let Err(e) = forget_legacy(conn, plan.retry_busy).await {
             tracing::warn!(
                 error = %e,
-                "could not remove leaderd's old entry from __diesel_schema_migrations"
+                "could not remove leaderd's old entry from __diesel_schema_migrations; \
+                 trying again at the next migration"
             );
         }
+        conn.batch(plan.unlock).await?;
     }
     Ok(result)
 }
@@ -417,7 +439,7 @@ fn refusal(e: StoreError) -> StoreError {
             StoreError::Migration(e.to_string())
         }
         StoreError::Postgres(e) if e.as_db_error().is_some() => {
-            StoreError::Migration(e.to_string())
+            StoreError::Migration(crate::pg::describe(&e))
         }
         other => other,
     }

@@ -246,18 +246,27 @@ const MIGRATION: migrate::Plan = migrate::Plan {
     // for the migration only): a request queued behind a long transaction
     // queues every renewal behind it. MariaDB: 0, no wait at all, and the
     // steps are tried again for 100 ms (`retry_busy`); MySQL's least is 1 s.
-    lock: "SET SESSION lock_wait_timeout = IF(VERSION() LIKE '%MariaDB%', 0, 1)",
+    lock: "SET SESSION lock_wait_timeout = IF(VERSION() LIKE '%MariaDB%', 0, 1), \
+        innodb_lock_wait_timeout = 1",
     // Tried, never waited for on the server: anyone may hold the name.
     try_lock: "SELECT COALESCE(GET_LOCK('leaderd_migrate', 0), 0) = 1",
     unlock: "DO RELEASE_LOCK('leaderd_migrate')",
     steps: migrate::MYSQL,
     columns: &[migrate::MYSQL_SUCCESSOR],
     tune: None,
+    // A base table only: a view could call a function as this user.
     legacy: "SELECT EXISTS (SELECT 1 FROM information_schema.tables \
-        WHERE table_schema = DATABASE() AND table_name = '__diesel_schema_migrations')",
+        WHERE table_schema = DATABASE() AND table_name = '__diesel_schema_migrations' \
+        AND table_type = 'BASE TABLE')",
     retry_busy: true,
     fence: Some(migrate::MYSQL_FENCE),
     extra: Some(migrate::MYSQL_KEPT_TOKENS),
+};
+
+/// MariaDB's plan: the same steps, its own way of installing the fence.
+const MIGRATION_MARIADB: migrate::Plan = migrate::Plan {
+    fence: Some(migrate::MARIADB_FENCE),
+    ..MIGRATION
 };
 
 migrate::diesel_migrator!(AsyncMysqlConnection);
@@ -474,11 +483,21 @@ impl MysqlStore {
     }
 
     pub(crate) async fn migrate(mut self) -> Result<Migrated, StoreError> {
-        migrate::run(&mut self.conn, &MIGRATION).await
+        let plan = self.plan();
+        migrate::run(&mut self.conn, plan).await
     }
 
     pub(crate) async fn fence_status(&mut self) -> Result<FenceStatus, StoreError> {
-        migrate::fence_status(&mut self.conn, &MIGRATION).await
+        let plan = self.plan();
+        migrate::fence_status(&mut self.conn, plan).await
+    }
+
+    fn plan(&self) -> &'static migrate::Plan {
+        if self.mariadb {
+            &MIGRATION_MARIADB
+        } else {
+            &MIGRATION
+        }
     }
 }
 
@@ -1041,6 +1060,7 @@ mod tests {
     #[test]
     fn the_migration_check_asks_every_part() {
         MIGRATION.assert_current_asks_every_check();
+        MIGRATION_MARIADB.assert_current_asks_every_check();
     }
 
     async fn scratch() -> (String, AsyncMysqlConnection) {

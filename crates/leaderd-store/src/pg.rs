@@ -79,7 +79,15 @@ const MIGRATION: migrate::Plan = migrate::Plan {
     steps: migrate::POSTGRES,
     columns: &[migrate::POSTGRES_SUCCESSOR],
     tune: Some(migrate::POSTGRES_FILLFACTOR),
-    legacy: "SELECT to_regclass('__diesel_schema_migrations') IS NOT NULL",
+    // Touched only when it is a plain table of this user's (or a
+    // superuser's): the cleanup runs with this user's rights, and a trigger
+    // or policy another role put on it would run with them.
+    legacy: "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class c \
+        JOIN pg_catalog.pg_roles o ON o.oid OPERATOR(pg_catalog.=) c.relowner \
+        WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(pg_catalog.format('%I.__diesel_schema_migrations', \
+        pg_catalog.current_schema()))::oid \
+        AND c.relkind OPERATOR(pg_catalog.=) 'r' AND NOT c.relrowsecurity \
+        AND (o.rolname OPERATOR(pg_catalog.=) CURRENT_USER OR o.rolsuper))",
     retry_busy: false,
     fence: Some(migrate::POSTGRES_FENCE),
     extra: None,

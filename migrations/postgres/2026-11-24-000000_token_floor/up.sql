@@ -25,6 +25,40 @@ BEGIN
     IF s IS NULL THEN
         RAISE EXCEPTION 'leaderd: no current schema to install into (search_path)';
     END IF;
+    -- Naming tables with their schema helps only while nobody else can
+    -- replace them: the schema's owner may drop and re-create anything in
+    -- it, and the owner of a table may add a policy or a trigger that runs
+    -- inside these functions. So the schema must be this user's (or a
+    -- superuser's, or the database's when this user owns the database), and
+    -- leaderd's tables plain tables of this user's (or a superuser's),
+    -- without row security: else nothing is installed.
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_catalog.pg_namespace n
+          JOIN pg_catalog.pg_roles o ON o.oid OPERATOR(pg_catalog.=) n.nspowner
+         WHERE n.nspname OPERATOR(pg_catalog.=) pg_catalog.current_schema()
+           AND (o.rolname OPERATOR(pg_catalog.=) CURRENT_USER OR o.rolsuper
+                OR (o.rolname OPERATOR(pg_catalog.=) 'pg_database_owner'
+                    AND EXISTS (SELECT 1 FROM pg_catalog.pg_database d
+                                  JOIN pg_catalog.pg_roles dr ON dr.oid OPERATOR(pg_catalog.=) d.datdba
+                                 WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()
+                                   AND (dr.rolname OPERATOR(pg_catalog.=) CURRENT_USER OR dr.rolsuper))))) THEN
+        RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = pg_catalog.format(
+            'leaderd: schema %s is not owned by %s, and its owner could replace leaderd''s tables '
+            'and so run code with %s''s rights: install leaderd in a schema %s owns (docs/security.md)',
+            s, CURRENT_USER, CURRENT_USER, CURRENT_USER);
+    END IF;
+    IF EXISTS (
+        SELECT 1 FROM pg_catalog.pg_class c
+          JOIN pg_catalog.pg_roles o ON o.oid OPERATOR(pg_catalog.=) c.relowner
+         WHERE c.relnamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(s)
+           AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['service_leader_lock', 'service_leader_token']::pg_catalog.name[])
+           AND (c.relkind OPERATOR(pg_catalog.<>) 'r' OR c.relrowsecurity
+                OR NOT (o.rolname OPERATOR(pg_catalog.=) CURRENT_USER OR o.rolsuper))) THEN
+        RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = pg_catalog.format(
+            'leaderd: %s.service_leader_lock or service_leader_token is not a plain table of %s''s '
+            '(another role made it, or it is a view, or has row security): its owner could run code '
+            'with %s''s rights; nothing installed (docs/security.md)', s, CURRENT_USER, CURRENT_USER);
+    END IF;
     -- A lease row deleted: its token is kept.
     EXECUTE pg_catalog.replace($sql$
 CREATE OR REPLACE FUNCTION {schema}.service_leader_keep_token() RETURNS trigger

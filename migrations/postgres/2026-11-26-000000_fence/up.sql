@@ -75,12 +75,10 @@ BEGIN
         RAISE EXCEPTION 'leaderd_fence: election "%" has no lease (token %)', election, token
             USING ERRCODE = 'LF001';
     END IF;
-    IF held IS DISTINCT FROM token THEN
+    -- One message for a wrong token and an expired one: the error tells a
+    -- caller nothing about the live token.
+    IF held IS DISTINCT FROM token OR expires <= clock_timestamp() THEN
         RAISE EXCEPTION 'leaderd_fence: election "%": token % is not the live lease', election, token
-            USING ERRCODE = 'LF001';
-    END IF;
-    IF expires <= clock_timestamp() THEN
-        RAISE EXCEPTION 'leaderd_fence: election "%": the lease of token % has expired', election, token
             USING ERRCODE = 'LF001';
     END IF;
     ms := ceil(EXTRACT(EPOCH FROM COALESCE(bound, lease)) * 1000);
