@@ -25,6 +25,11 @@ BEGIN
     IF s IS NULL THEN
         RAISE EXCEPTION 'leaderd: no current schema to install into (search_path)';
     END IF;
+    -- The name is written into dollar-quoted function bodies (here and in
+    -- the fence's file, which runs after this one).
+    IF pg_catalog.strpos(s, '$') OPERATOR(pg_catalog.>) 0 THEN
+        RAISE EXCEPTION 'leaderd: the schema''s name % holds a $: choose another', s;
+    END IF;
     -- Naming tables with their schema helps only while nobody else can
     -- replace them: the schema's owner may drop and re-create anything in
     -- it, and the owner of a table may add a policy or a trigger that runs
