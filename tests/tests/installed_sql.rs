@@ -464,8 +464,90 @@ mod postgres {
             "(SELECT count(*) FROM pg_proc WHERE proname LIKE 'service_leader%' OR proname = 'leaderd_fence')",
         );
         assert_eq!(functions, "0");
+        // A function of the app's where one of leaderd's goes: CREATE OR
+        // REPLACE would keep the app as its owner, free to rewrite it.
+        let third = TempDb::postgres();
+        third.exec(&[&format!("GRANT CREATE ON SCHEMA public TO {}", app.name)]);
+        leaderd_tests::block_on({
+            let url = third.url_as(&app.name);
+            async move {
+                session(&url)
+                    .await
+                    .batch_execute(
+                        "CREATE FUNCTION public.service_leader_seed_token() RETURNS trigger \
+                         LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$",
+                    )
+                    .await
+                    .unwrap();
+            }
+        });
+        let (code, _, err) = run_cli(&["migrate", "--database-url", &third.url], &[]);
+        assert_eq!(code, 1, "{err}");
+        assert!(
+            err.contains("belongs to a role other than postgres"),
+            "{err}"
+        );
+        drop(third);
         // The databases first: the role owns one.
         drop((db, owned, app));
+    }
+
+    /// The app's role, owning the database, makes what looks like a current
+    /// installation (the table, a trigger and a fence of the right names and
+    /// version) with a trap in its trigger. A superuser's leaderd does not
+    /// take it for installed: `leaderd migrate` refuses, and a daemon never
+    /// writes there (it would run the app's trigger as the superuser).
+    #[test]
+    fn a_fake_installation_is_not_taken_for_current_by_a_superuser() {
+        use leaderd_tests::{run_cli, wait_for, Daemon, Scratch};
+        let db = TempDb::postgres();
+        let app = Role::new(&db, "faker");
+        db.exec(&[&format!(
+            "ALTER DATABASE {} OWNER TO {}",
+            db.name(),
+            app.name
+        )]);
+        leaderd_tests::block_on({
+            let (url, name) = (db.url_as(&app.name), app.name.clone());
+            async move {
+                session(&url)
+                    .await
+                    .batch_execute(&format!(
+                        "CREATE TABLE public.service_leader_lock (id BIGSERIAL PRIMARY KEY, \
+                         name VARCHAR(100) NOT NULL UNIQUE, holder VARCHAR(100), instance VARCHAR(64), \
+                         token BIGINT NOT NULL, acquired_at TIMESTAMPTZ, renewed_at TIMESTAMPTZ, \
+                         expires_at TIMESTAMPTZ NOT NULL, successor VARCHAR(64)); \
+                         CREATE FUNCTION public.trap() RETURNS trigger LANGUAGE plpgsql AS $$ \
+                         BEGIN EXECUTE 'ALTER ROLE {name} SUPERUSER'; RETURN NEW; END $$; \
+                         CREATE TRIGGER service_leader_keep_token BEFORE INSERT OR UPDATE OR DELETE \
+                         ON public.service_leader_lock FOR EACH ROW EXECUTE FUNCTION public.trap(); \
+                         CREATE FUNCTION public.leaderd_fence(VARCHAR, BIGINT, INTERVAL) RETURNS BIGINT \
+                         LANGUAGE sql AS $$ SELECT 1::bigint $$; \
+                         COMMENT ON FUNCTION public.leaderd_fence(VARCHAR, BIGINT, INTERVAL) IS 'leaderd fence 3'"
+                    ))
+                    .await
+                    .unwrap();
+            }
+        });
+        let (code, _, err) = run_cli(&["migrate", "--database-url", &db.url], &[]);
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains("unsafe database"), "{err}");
+        let dir = Scratch::new();
+        let daemon = Daemon::start(&db.url, "a", &dir, &[]);
+        wait_for(Duration::from_secs(10), "the daemon to refuse", || {
+            daemon
+                .log_text()
+                .contains("refusing to use this database")
+                .then_some(())
+        });
+        assert!(!daemon.is_leader());
+        drop(daemon);
+        let superuser = db.scalar(&format!(
+            "(SELECT rolsuper FROM pg_roles WHERE rolname = '{}')",
+            app.name
+        ));
+        assert_eq!(superuser, "false", "the app's trap ran as the superuser");
+        drop((db, app));
     }
 
     /// leaderd's old bookkeeping table, read by another session that keeps
@@ -857,14 +939,17 @@ mod mariadb {
         let (db, _leader, token) = led().await;
         let user = AppUser::new(&db);
         let mut app = Conn::from_url(user.url.as_str()).await.unwrap();
-        app.query_drop("XA START 'leaderd-test'").await.unwrap();
-        let r = app
-            .exec_drop("CALL leaderd_fence('e', ?, NULL)", (token,))
-            .await;
-        assert_eq!(state(&r), "LF006", "{r:?}");
-        app.query_drop("XA END 'leaderd-test'; XA ROLLBACK 'leaderd-test'")
-            .await
-            .unwrap();
+        // Any branch name, the probe's own kind too.
+        for xid in ["leaderd-test", "leaderd-fence-probe"] {
+            app.query_drop(format!("XA START '{xid}'")).await.unwrap();
+            let r = app
+                .exec_drop("CALL leaderd_fence('e', ?, NULL)", (token,))
+                .await;
+            assert_eq!(state(&r), "LF006", "{xid}: {r:?}");
+            app.query_drop(format!("XA END '{xid}'; XA ROLLBACK '{xid}'"))
+                .await
+                .unwrap();
+        }
         app.query_drop("START TRANSACTION").await.unwrap();
         app.exec_drop("CALL leaderd_fence('e', ?, NULL)", (token,))
             .await

@@ -85,6 +85,12 @@ pub enum StoreError {
     /// Creating or upgrading the table failed.
     #[error("migration failed: {0}")]
     Migration(String),
+    /// The database is not safe to use: leaderd's schema, tables or
+    /// functions belong to a role that could run code with this user's
+    /// rights through them (the migration's guard said so, naming which).
+    /// Nothing was installed, and no lease is attempted there.
+    #[error("unsafe database: {0}")]
+    Unsafe(String),
     /// A lock the migration needs is held by another transaction, and was
     /// not waited for (waiting would queue every renewal behind it):
     /// nothing was changed; try again later.
@@ -105,6 +111,7 @@ impl StoreError {
             StoreError::Query(diesel::result::Error::DatabaseError(..)) => true,
             StoreError::Query(_) => false,
             StoreError::Migration(_)
+            | StoreError::Unsafe(_)
             | StoreError::Busy
             | StoreError::Unsupported(_)
             | StoreError::UnsafeFile(_) => true,

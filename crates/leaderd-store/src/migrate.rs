@@ -435,6 +435,7 @@ pub(crate) async fn run<M: Migrator>(conn: &mut M, plan: &Plan) -> Result<Migrat
 fn refusal(e: StoreError) -> StoreError {
     match e {
         e if lock_wait_cut(&e) => StoreError::MigrationBusy(e.to_string()),
+        StoreError::Postgres(e) if guard_refused(&e) => StoreError::Unsafe(crate::pg::describe(&e)),
         StoreError::Query(e @ diesel::result::Error::DatabaseError(..)) => {
             StoreError::Migration(e.to_string())
         }
@@ -443,6 +444,13 @@ fn refusal(e: StoreError) -> StoreError {
         }
         other => other,
     }
+}
+
+/// Whether the installed SQL's guard refused the database (SQLSTATE
+/// LF010): another role could run code as this user through what leaderd
+/// would use there.
+fn guard_refused(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error().is_some_and(|d| d.code().code() == "LF010")
 }
 
 /// Whether the plan's fence is in place, by the check the migration makes
@@ -523,6 +531,10 @@ async fn install<M: Migrator>(
         installed = conn.batch(part.install).await;
     }
     match installed {
+        Err(StoreError::Postgres(e)) if guard_refused(&e) => {
+            conn.batch(part.undo).await?;
+            Err(StoreError::Unsafe(crate::pg::describe(&e)))
+        }
         Err(e) if lock_wait_cut(&e) => {
             conn.batch(part.undo).await?;
             Err(StoreError::MigrationBusy(e.to_string()))

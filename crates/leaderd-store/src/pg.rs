@@ -54,20 +54,66 @@ macro_rules! schema_current {
     };
 }
 
+/// A superuser uses leaderd's tables and functions only while they, and
+/// the schema, belong to a superuser: a trigger or policy that another
+/// role put on them, or a table that role put in their place, would run
+/// with the superuser's rights. When they do not, the migration runs, and
+/// its guard refuses (LF010): leaderd then uses the database no further.
+/// Other users are held to the guard only when they install.
+macro_rules! trusted_by_a_superuser {
+    () => {
+        "SELECT NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r \
+        WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER) \
+        OR (NOT EXISTS (SELECT 1 FROM pg_catalog.pg_class c \
+        JOIN pg_catalog.pg_roles o ON o.oid OPERATOR(pg_catalog.=) c.relowner \
+        WHERE c.relnamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(pg_catalog.quote_ident(pg_catalog.current_schema())) \
+        AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['service_leader_lock', 'service_leader_token']::pg_catalog.name[]) \
+        AND NOT o.rolsuper) \
+        AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_proc p \
+        JOIN pg_catalog.pg_roles o ON o.oid OPERATOR(pg_catalog.=) p.proowner \
+        WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(pg_catalog.quote_ident(pg_catalog.current_schema())) \
+        AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['service_leader_keep_token', 'service_leader_seed_token', \
+        'service_leader_token_floor', 'leaderd_fence']::pg_catalog.name[]) \
+        AND NOT o.rolsuper) \
+        AND EXISTS (SELECT 1 FROM pg_catalog.pg_namespace n \
+        JOIN pg_catalog.pg_roles o ON o.oid OPERATOR(pg_catalog.=) n.nspowner \
+        WHERE n.nspname OPERATOR(pg_catalog.=) pg_catalog.current_schema() \
+        AND (o.rolsuper OR (o.rolname OPERATOR(pg_catalog.=) 'pg_database_owner' \
+        AND EXISTS (SELECT 1 FROM pg_catalog.pg_database d \
+        JOIN pg_catalog.pg_roles dr ON dr.oid OPERATOR(pg_catalog.=) d.datdba \
+        WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database() AND dr.rolsuper)))))"
+    };
+}
+
+/// The steps' work is there, and a superuser may trust it: asked again
+/// under the lock, so that an installation that only looks current (made
+/// by another role) runs the steps, whose guard then refuses it.
+macro_rules! steps_current {
+    () => {
+        concat!(
+            "SELECT (",
+            schema_current!(),
+            ") AND (",
+            trusted_by_a_superuser!(),
+            ")"
+        )
+    };
+}
+
 /// DDL is transactional here: the steps run under a transaction-level
 /// advisory lock (pooler-safe, released by COMMIT or a dropped session). The
 /// key is "leaderd" in ASCII.
 const MIGRATION: migrate::Plan = migrate::Plan {
     current: concat!(
         "SELECT (",
-        schema_current!(),
+        steps_current!(),
         ") AND (",
         migrate::postgres_successor_present!(),
         ") AND (",
         migrate::postgres_fence_current!(),
         ")"
     ),
-    steps_current: schema_current!(),
+    steps_current: steps_current!(),
     // Every lock a step needs (a trigger's DDL locks the lock table) is
     // waited for 100 ms at most, for this transaction only: a lock request
     // queued behind a long transaction queues every renewal behind it, and

@@ -36,11 +36,13 @@ BEGIN
                          ' is not the live lease');
     -- An XA branch cannot be fenced: a prepared branch whose session ends
     -- loses its share locks, and its XA COMMIT may then land after a
-    -- takeover. XA END of an unknown branch answers 1397 inside one.
+    -- takeover. XA END of an unknown branch answers 1397 inside one (the
+    -- branch named afresh, so that it cannot be the caller's).
     BEGIN
         DECLARE CONTINUE HANDLER FOR 1397 SET xa = 1;
         DECLARE CONTINUE HANDLER FOR SQLEXCEPTION BEGIN END;
-        PREPARE leaderd_fence_s FROM 'XA END ''leaderd-fence-probe''';
+        SET @leaderd_fence_q = CONCAT('XA END ''leaderd-fence-', UUID(), '''');
+        PREPARE leaderd_fence_s FROM @leaderd_fence_q;
         EXECUTE leaderd_fence_s;
         DEALLOCATE PREPARE leaderd_fence_s;
     END;

@@ -36,7 +36,8 @@ BEGIN
     -- inside these functions. So the schema must be this user's (or a
     -- superuser's, or the database's when this user owns the database), and
     -- leaderd's tables plain tables of this user's (or a superuser's),
-    -- without row security: else nothing is installed.
+    -- without row security: else nothing is installed, and leaderd (SQLSTATE
+    -- LF010) uses the database no further.
     IF NOT EXISTS (
         SELECT 1 FROM pg_catalog.pg_namespace n
           JOIN pg_catalog.pg_roles o ON o.oid OPERATOR(pg_catalog.=) n.nspowner
@@ -47,7 +48,7 @@ BEGIN
                                   JOIN pg_catalog.pg_roles dr ON dr.oid OPERATOR(pg_catalog.=) d.datdba
                                  WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()
                                    AND (dr.rolname OPERATOR(pg_catalog.=) CURRENT_USER OR dr.rolsuper))))) THEN
-        RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = pg_catalog.format(
+        RAISE EXCEPTION USING ERRCODE = 'LF010', MESSAGE = pg_catalog.format(
             'leaderd: schema %s is not owned by %s, and its owner could replace leaderd''s tables '
             'and so run code with %s''s rights: install leaderd in a schema %s owns (docs/security.md)',
             s, CURRENT_USER, CURRENT_USER, CURRENT_USER);
@@ -59,10 +60,23 @@ BEGIN
            AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['service_leader_lock', 'service_leader_token']::pg_catalog.name[])
            AND (c.relkind OPERATOR(pg_catalog.<>) 'r' OR c.relrowsecurity
                 OR NOT (o.rolname OPERATOR(pg_catalog.=) CURRENT_USER OR o.rolsuper))) THEN
-        RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = pg_catalog.format(
+        RAISE EXCEPTION USING ERRCODE = 'LF010', MESSAGE = pg_catalog.format(
             'leaderd: %s.service_leader_lock or service_leader_token is not a plain table of %s''s '
             '(another role made it, or it is a view, or has row security): its owner could run code '
             'with %s''s rights; nothing installed (docs/security.md)', s, CURRENT_USER, CURRENT_USER);
+    END IF;
+    -- Nor may another role's function stand where these go: CREATE OR
+    -- REPLACE keeps a function's owner, who could then rewrite its body.
+    IF EXISTS (
+        SELECT 1 FROM pg_catalog.pg_proc p
+          JOIN pg_catalog.pg_roles o ON o.oid OPERATOR(pg_catalog.=) p.proowner
+         WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(s)
+           AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['service_leader_keep_token', 'service_leader_seed_token',
+                                                           'service_leader_token_floor', 'leaderd_fence']::pg_catalog.name[])
+           AND NOT (o.rolname OPERATOR(pg_catalog.=) CURRENT_USER OR o.rolsuper)) THEN
+        RAISE EXCEPTION USING ERRCODE = 'LF010', MESSAGE = pg_catalog.format(
+            'leaderd: a function named as one of leaderd''s in schema %s belongs to a role other than %s, '
+            'which could rewrite it to run with others'' rights; nothing installed (docs/security.md)', s, CURRENT_USER);
     END IF;
     -- A lease row deleted: its token is kept.
     EXECUTE pg_catalog.replace($sql$

@@ -160,6 +160,19 @@ async fn open(
                 }
                 *state = Migration::Done;
             }
+            // Never elect there: another role could run code as this
+            // user through leaderd's tables. Asked again at every connect,
+            // so that a fixed database is used at once.
+            Err(e @ leaderd_store::StoreError::Unsafe(_)) => {
+                let e = e.to_string();
+                if let Migration::Pending(last) = &mut *state {
+                    if last.as_deref() != Some(e.as_str()) {
+                        error!(error = %e, "refusing to use this database (docs/security.md)");
+                        *last = Some(e.clone());
+                    }
+                }
+                return Err(e);
+            }
             // Keep electing: the table may exist and this user may lack
             // DDL rights; a real absence shows in the attempts.
             Err(e) if e.answered() => {
