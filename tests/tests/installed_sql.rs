@@ -59,7 +59,7 @@ mod postgres {
 
     impl Drop for Role {
         fn drop(&mut self) {
-            leaderd_tests::drop_pg_roles(&self.admin, &[self.name.clone()]);
+            leaderd_tests::drop_pg_roles(&self.admin, std::slice::from_ref(&self.name));
         }
     }
 
@@ -761,7 +761,7 @@ mod mariadb {
 
     impl Drop for AppUser {
         fn drop(&mut self) {
-            leaderd_tests::drop_mysql_users(&[self.name.clone()]);
+            leaderd_tests::drop_mysql_users(std::slice::from_ref(&self.name));
         }
     }
 
