@@ -67,6 +67,16 @@ pub fn mysql_exec(sql: &str) {
     exec(Kind::Mysql, &mysql_admin_url(), &[sql]);
 }
 
+/// A plain PostgreSQL session on `url` (an app's, a role's), its
+/// connection driven in the background; panics naming why it cannot connect.
+pub async fn pg_session(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"));
+    tokio::spawn(conn);
+    client
+}
+
 /// Drops PostgreSQL roles a test made, and what they own in the database
 /// of `url`; best effort (a test's end must not panic twice).
 pub fn drop_pg_roles(url: &str, roles: &[String]) {

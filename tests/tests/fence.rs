@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use leaderd_store::{Attempt, Connection, FenceStatus, LeaseRequest, Release, Successor};
 use leaderd_tests::store::{acquire, connect, migrated};
 use leaderd_tests::{pg_exec, TempDb};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 /// Long enough that a loaded machine renews in time; the hung-transaction
 /// bound defaults to it.
@@ -33,11 +33,7 @@ fn req<'a>(instance: &'a str, held_token: Option<i64>) -> LeaseRequest<'a> {
 
 /// An app's session (autocommit until it says `BEGIN`).
 async fn app(url: &str) -> Client {
-    let (client, conn) = tokio_postgres::connect(url, NoTls)
-        .await
-        .unwrap_or_else(|e| panic!("app cannot connect: {e}"));
-    tokio::spawn(conn);
-    client
+    leaderd_tests::pg_session(url).await
 }
 
 /// A migrated database with the app's table, its leader `a` holding `e`:

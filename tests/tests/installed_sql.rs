@@ -23,19 +23,12 @@ fn req<'a>(election: &'a str, instance: &'a str) -> LeaseRequest<'a> {
 
 mod postgres {
     use super::*;
-    use tokio_postgres::{Client, NoTls};
+    use leaderd_tests::pg_session as session;
+    use tokio_postgres::Client;
 
     /// What leaderd's previous release installed: SECURITY DEFINER
     /// functions whose search_path was the schema, then pg_temp.
     const PREVIOUS_RELEASE: &str = include_str!("../fixtures/postgres-previous-release.sql");
-
-    async fn session(url: &str) -> Client {
-        let (client, conn) = tokio_postgres::connect(url, NoTls)
-            .await
-            .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"));
-        tokio::spawn(conn);
-        client
-    }
 
     /// A role of its own for one test, dropped with what it owns.
     struct Role {

@@ -117,15 +117,7 @@ fn migrate_grant_and_elect(
 
 mod postgres {
     use super::*;
-    use tokio_postgres::{Client, NoTls};
-
-    async fn session(url: &str) -> Client {
-        let (client, conn) = tokio_postgres::connect(url, NoTls)
-            .await
-            .unwrap_or_else(|e| panic!("{url}: {e}"));
-        tokio::spawn(conn);
-        client
-    }
+    use leaderd_tests::pg_session as session;
 
     fn state(r: &Result<impl Sized, tokio_postgres::Error>) -> String {
         match r {

@@ -14,16 +14,14 @@ use leaderd_store::{Connection, ElectionRow};
 
 /// Prints the table (or JSON) on stdout and the notes on stderr.
 pub async fn run(mut conn: Connection, json: bool) -> anyhow::Result<()> {
-    let mut rows = conn
+    // The spread's presence rows are not elections.
+    let (presence, rows): (Vec<_>, Vec<_>) = conn
         .elections("")
         .await
-        .context("cannot read service_leader_lock")?;
-    let old: Vec<String> = without_presence(&rows)
+        .context("cannot read service_leader_lock")?
         .into_iter()
-        .map(str::to_owned)
-        .collect();
-    // The spread's presence rows are not elections.
-    rows.retain(|r| !r.name.starts_with(PRESENCE_PREFIX));
+        .partition(|r| r.name.starts_with(PRESENCE_PREFIX));
+    let old = without_presence(&presence, &rows);
     let fence = conn
         .fence_status()
         .await
@@ -40,7 +38,7 @@ pub async fn run(mut conn: Connection, json: bool) -> anyhow::Result<()> {
                     "token": r.token,
                     "lease_remaining_ms": if holder.is_some() { r.remaining_us / 1000 } else { 0 },
                     "fence": fence,
-                    "holder_predates_presence": holder.is_some_and(|h| old.iter().any(|o| o == h)),
+                    "holder_predates_presence": holder.is_some_and(|h| old.contains(&h)),
                 })
             })
             .collect();
@@ -74,17 +72,15 @@ pub async fn run(mut conn: Connection, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The live holders of elections that hold no live presence row, by id,
-/// sorted and once each.
-fn without_presence(rows: &[ElectionRow]) -> Vec<&str> {
-    let present: Vec<&str> = rows
+/// The live holders of `elections` that hold no live row of `presence`,
+/// by id, sorted and once each.
+fn without_presence<'a>(presence: &[ElectionRow], elections: &'a [ElectionRow]) -> Vec<&'a str> {
+    let present: Vec<&str> = presence
         .iter()
-        .filter(|r| r.name.starts_with(PRESENCE_PREFIX))
         .filter_map(ElectionRow::live_holder)
         .collect();
-    let mut old: Vec<&str> = rows
+    let mut old: Vec<&str> = elections
         .iter()
-        .filter(|r| !r.name.starts_with(PRESENCE_PREFIX))
         .filter_map(ElectionRow::live_holder)
         .filter(|h| !present.contains(h))
         .collect();
@@ -110,15 +106,17 @@ mod tests {
 
     #[test]
     fn holders_without_a_live_presence_row_are_named_once() {
-        let rows = [
+        let elections = [
             row("jobs", Some("old"), 500),
             row("mail", Some("old"), 500),
             row("reports", Some("new"), 500),
             row("spent", Some("gone"), -5),
             row("free", None, 0),
+        ];
+        let presence = [
             row("leaderd-presence/g/slot-0", Some("new"), 500),
             row("leaderd-presence/g/slot-1", Some("old"), -1),
         ];
-        assert_eq!(without_presence(&rows), ["old"]);
+        assert_eq!(without_presence(&presence, &elections), ["old"]);
     }
 }
