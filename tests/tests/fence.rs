@@ -237,9 +237,10 @@ async fn a_named_successor_waits_for_a_fenced_transaction_opened_before_the_rele
 #[tokio::test]
 async fn a_takeover_in_flight_makes_the_fence_wait_then_fail() {
     let (db, _leader, token) = led().await;
-    let watcher = app(&db.url).await;
-    wait_expired(&watcher).await;
-    // A takeover that has locked the row and not committed yet.
+    // A takeover that has locked the row and not committed yet, of a lease
+    // still live (forced, as an operator's UPDATE would: an expired one is
+    // refused at the fence's first look, before any wait), so that the
+    // fence's first look passes and its lock waits for the takeover's key.
     let takeover = app(&db.url).await;
     takeover.batch_execute("BEGIN").await.unwrap();
     takeover

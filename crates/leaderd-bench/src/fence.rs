@@ -1,7 +1,9 @@
 //! What fenced writes cost (README, "Fenced writes"): the same write
-//! workload with and without `leaderd_fence` first in each transaction, and
-//! the leader's renewal latency beside it, on PostgreSQL and on MariaDB
-//! (SQLite's fence is the app's own recipe).
+//! workload with `leaderd_fence` first in each transaction, without it, and
+//! with a bare `SELECT 1` in its place (the floor: the fence is a statement
+//! of its own, so it costs at least one round trip), and the leader's renewal
+//! latency beside each, on PostgreSQL and on MariaDB, the variants
+//! alternated (SQLite's fence is the app's own recipe).
 
 use std::time::{Duration, Instant};
 
@@ -21,10 +23,31 @@ const TTL: Duration = Duration::from_secs(10);
 /// daemon's 400 ms, for a denser sample).
 const RENEW_EVERY: Duration = Duration::from_millis(50);
 
+/// What each transaction sends before its writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    /// Nothing.
+    Unfenced,
+    /// `SELECT 1`: the round trip alone.
+    Floor,
+    /// `leaderd_fence`.
+    Fenced,
+}
+
+impl Variant {
+    fn label(self) -> &'static str {
+        match self {
+            Variant::Unfenced => "unfenced",
+            Variant::Floor => "`SELECT 1`",
+            Variant::Fenced => "fenced",
+        }
+    }
+}
+
 /// One run of the workload.
 #[derive(Debug)]
 struct Run {
-    fenced: bool,
+    variant: Variant,
     per_s: f64,
     took: Summary,
     renewals: Summary,
@@ -42,13 +65,13 @@ fn request(token: Option<i64>) -> LeaseRequest<'static> {
     }
 }
 
-/// What one worker does: its counter row, the token, whether it fences,
+/// What one worker does: its counter row, the token, what it sends first,
 /// until when.
 #[derive(Debug, Clone, Copy)]
 struct Job {
     id: i64,
     token: i64,
-    fenced: bool,
+    variant: Variant,
     until: Instant,
 }
 
@@ -58,6 +81,7 @@ async fn pg_worker(url: String, job: Job) -> Result<Vec<Duration>> {
     let (c, conn) = tokio_postgres::connect(&url, NoTls).await?;
     tokio::spawn(conn);
     let fence = c.prepare("SELECT leaderd_fence('e', $1)").await?;
+    let floor = c.prepare("SELECT 1").await?;
     let update = c
         .prepare("UPDATE counters SET n = n + 1 WHERE id = $1")
         .await?;
@@ -68,8 +92,10 @@ async fn pg_worker(url: String, job: Job) -> Result<Vec<Duration>> {
     while Instant::now() < job.until {
         let started = Instant::now();
         c.batch_execute("BEGIN").await?;
-        if job.fenced {
-            c.query_one(&fence, &[&token]).await?;
+        match job.variant {
+            Variant::Fenced => drop(c.query_one(&fence, &[&token]).await?),
+            Variant::Floor => drop(c.query_one(&floor, &[]).await?),
+            Variant::Unfenced => {}
         }
         c.execute(&update, &[&id]).await?;
         c.execute(&insert, &[&token, &id]).await?;
@@ -88,9 +114,13 @@ async fn mysql_worker(url: String, job: Job) -> Result<Vec<Duration>> {
     while Instant::now() < job.until {
         let started = Instant::now();
         c.query_drop("START TRANSACTION").await?;
-        if job.fenced {
-            c.exec_drop("CALL leaderd_fence('e', ?, NULL)", (token,))
-                .await?;
+        match job.variant {
+            Variant::Fenced => {
+                c.exec_drop("CALL leaderd_fence('e', ?, NULL)", (token,))
+                    .await?;
+            }
+            Variant::Floor => c.exec_drop("SELECT 1", ()).await?,
+            Variant::Unfenced => {}
         }
         c.exec_drop("UPDATE counters SET n = n + 1 WHERE id = ?", (id,))
             .await?;
@@ -106,9 +136,15 @@ async fn mysql_worker(url: String, job: Job) -> Result<Vec<Duration>> {
 }
 
 /// `workers` sessions each committing small transactions (one row
-/// updated, one inserted) for `for_`, fenced or not, while the leader
-/// renews.
-async fn run(db: &TempDb, token: i64, fenced: bool, workers: usize, for_: Duration) -> Result<Run> {
+/// updated, one inserted) for `for_`, with `variant` first, while the
+/// leader renews.
+async fn run(
+    db: &TempDb,
+    token: i64,
+    variant: Variant,
+    workers: usize,
+    for_: Duration,
+) -> Result<Run> {
     let until = Instant::now() + for_;
     let url = db.url.as_str();
     let mut tasks = Vec::new();
@@ -116,7 +152,7 @@ async fn run(db: &TempDb, token: i64, fenced: bool, workers: usize, for_: Durati
         let job = Job {
             id: i64::try_from(w).unwrap_or(0),
             token,
-            fenced,
+            variant,
             until,
         };
         tasks.push(match db.kind {
@@ -141,7 +177,7 @@ async fn run(db: &TempDb, token: i64, fenced: bool, workers: usize, for_: Durati
         took.extend(t.await?.context("a worker failed")?);
     }
     Ok(Run {
-        fenced,
+        variant,
         per_s: took.len() as f64 / for_.as_secs_f64(),
         took: Summary::of(took),
         renewals: Summary::of(renewals),
@@ -176,7 +212,7 @@ fn tables(db: &TempDb) {
     ]);
 }
 
-/// One backend's four runs and its table.
+/// One backend's rounds (each runs every variant) and its table.
 async fn backend(db: &TempDb, size: Size) -> Result<()> {
     let url = DatabaseUrl::parse(&db.url)?;
     Connection::connect(&url).await?.migrate().await?;
@@ -191,15 +227,22 @@ async fn backend(db: &TempDb, size: Size) -> Result<()> {
             }
         }
     };
-    let for_ = size.pick(Duration::from_secs(15), Duration::from_secs(1));
+    let for_ = size.pick(Duration::from_secs(10), Duration::from_secs(1));
+    let rounds = size.pick(3, 1);
     let mut runs = Vec::new();
-    for fenced in [false, true, false, true] {
-        let r = run(db, token, fenced, workers, for_).await?;
-        eprintln!("fence: {r:?}");
-        if r.not_granted > 0 {
-            bail!("{} renewals not granted beside the workload", r.not_granted);
+    for round in 0..rounds {
+        // Each round in another order, so that no variant always runs on
+        // the tables' state after the same one.
+        let mut order = [Variant::Unfenced, Variant::Floor, Variant::Fenced];
+        order.rotate_left(round % 3);
+        for variant in order {
+            let r = run(db, token, variant, workers, for_).await?;
+            eprintln!("fence: {r:?}");
+            if r.not_granted > 0 {
+                bail!("{} renewals not granted beside the workload", r.not_granted);
+            }
+            runs.push(r);
         }
-        runs.push(r);
     }
     let (name, call) = match db.kind {
         Kind::Mysql => ("MariaDB", "CALL leaderd_fence('e', token, NULL)"),
@@ -208,20 +251,20 @@ async fn backend(db: &TempDb, size: Size) -> Result<()> {
     println!("## Fenced writes: what the fence costs ({name})\n");
     println!(
         "{workers} sessions committing small transactions back to back (one row updated \
-         among 64, one inserted), with and without `{call}` \
-         first (prepared), {} s per run, runs alternated; the leader renews every {} ms \
-         beside them.\n",
+         among 64, one inserted), with `{call}` first, without it, and with `SELECT 1` in \
+         its place (prepared), {} s per run, {rounds} rounds of the three, alternated; the \
+         leader renews every {} ms beside them.\n",
         for_.as_secs(),
         RENEW_EVERY.as_millis(),
     );
     println!(
-        "| fence | transactions/s | transaction p50 / p99 ms | renewal p50 / p99 / max ms | renewals not granted |"
+        "| first statement | transactions/s | transaction p50 / p99 ms | renewal p50 / p99 / max ms | renewals not granted |"
     );
     println!("|---|---:|---|---|---:|");
     for r in &runs {
         println!(
             "| {} | {:.0} | {} / {} | {} / {} / {} | {} |",
-            if r.fenced { "fenced" } else { "unfenced" },
+            r.variant.label(),
             r.per_s,
             ms(r.took.p50),
             ms(r.took.p99),
@@ -231,6 +274,25 @@ async fn backend(db: &TempDb, size: Size) -> Result<()> {
             r.not_granted
         );
     }
-    println!();
+    let median = |v: Variant, of: &dyn Fn(&Run) -> f64| {
+        let mut xs: Vec<f64> = runs.iter().filter(|r| r.variant == v).map(of).collect();
+        xs.sort_by(f64::total_cmp);
+        xs.get(xs.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    let per_s = |r: &Run| r.per_s;
+    let p99 = |r: &Run| r.renewals.p99.as_secs_f64();
+    let fenced = median(Variant::Fenced, &per_s);
+    println!(
+        "\nMedians: fenced {:.0} tx/s, {:.0} % of unfenced ({:.0}) and {:.0} % of `SELECT 1` \
+         ({:.0}); renewal p99 fenced {:.2} ms against unfenced {:.2} ms ({:.2}×).\n",
+        fenced,
+        100.0 * fenced / median(Variant::Unfenced, &per_s),
+        median(Variant::Unfenced, &per_s),
+        100.0 * fenced / median(Variant::Floor, &per_s),
+        median(Variant::Floor, &per_s),
+        1000.0 * median(Variant::Fenced, &p99),
+        1000.0 * median(Variant::Unfenced, &p99),
+        median(Variant::Fenced, &p99) / median(Variant::Unfenced, &p99),
+    );
     Ok(())
 }

@@ -34,14 +34,18 @@ pub(crate) const POSTGRES: &[&str] = &[
 /// [`POSTGRES_FENCE`]'s check, as a literal: the plan asks it together with
 /// the schema's, in the one query every connect sends. Its version is the
 /// function's comment: this one or a newer one (a newer daemon's) counts as
-/// installed.
+/// installed, with both takeover triggers on the lock table (a table made
+/// again has none, and the fence would hold nothing off without them).
 macro_rules! postgres_fence_current {
     () => {
         "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_proc p \
         WHERE p.proname = 'leaderd_fence' \
         AND p.pronamespace = (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = current_schema()) \
         AND obj_description(p.oid, 'pg_proc') ~ '^leaderd fence [0-9]+$' \
-        AND split_part(obj_description(p.oid, 'pg_proc'), ' ', 3)::int >= 3)"
+        AND split_part(obj_description(p.oid, 'pg_proc'), ' ', 3)::int >= 4) \
+        AND (SELECT count(*) FROM pg_catalog.pg_trigger t \
+        WHERE t.tgrelid = pg_catalog.to_regclass(pg_catalog.format('%I.service_leader_lock', current_schema())) \
+        AND t.tgname IN ('service_leader_take', 'service_leader_take_new')) = 2"
     };
 }
 pub(crate) use postgres_fence_current;

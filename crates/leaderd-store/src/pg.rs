@@ -146,9 +146,9 @@ const MIGRATION: migrate::Plan = migrate::Plan {
 /// with `SKIP LOCKED` before it is written, so a statement never waits on a
 /// row lock someone else holds (a waiting backend outlives the client's
 /// timeout and would pile up connections). A renewal locks `FOR NO KEY
-/// UPDATE`, which an app's fenced transaction (`leaderd_fence`, `FOR KEY
-/// SHARE`) does not block: renewals go on while fenced writes run, and only
-/// takeovers (`FOR UPDATE`, [`ACQUIRE_MANY`]) wait for them to end. Binds:
+/// UPDATE` and changes no token, so nothing of an app's fenced transaction
+/// (`leaderd_fence`) holds it up: renewals go on while fenced writes run,
+/// and only takeovers ([`ACQUIRE_MANY`]) wait for them to end. Binds:
 /// election, instance, token, ttl in microseconds.
 ///
 /// Kept beside [`RENEW_MANY`] because the numbers say so (BENCHMARKS.md,
@@ -200,11 +200,19 @@ const RENEW_MANY_TYPES: &[Type] = &[
 /// refusal is answered from that first read (the statement's one snapshot):
 /// a third off a follower's cost per election in a batch (7.6 → 4.9 ms for
 /// 2,000 refusals among 30,000 rows). A renewal (`k`) locks `FOR NO KEY
-/// UPDATE`; a takeover (`t`: an expired row, ours or not) `FOR UPDATE`,
-/// which conflicts with the `FOR KEY SHARE` of an app's open fenced
-/// transaction: the takeover skips the row (a refusal) until that ends. The
-/// `UPDATE` alone would lock `FOR NO KEY UPDATE` (it changes no key), and
-/// the fence would then protect nothing. The rows to write carry what is written (`c`), so the
+/// UPDATE`; a takeover (`t`: an expired row, ours or not) `FOR UPDATE`.
+/// An app's open fenced transaction holds the takeover off: the table's
+/// trigger (`service_leader_take`, installed with `leaderd_fence`) needs the
+/// election's advisory key, which the fence holds shared, and skips the row
+/// (a refusal) until that ends; `FOR UPDATE` is kept for the fence's
+/// fallback under REPEATABLE READ and for a previous version's fence (`FOR
+/// KEY SHARE`), which `FOR NO KEY UPDATE` would not wait for. Each row taken
+/// holds one advisory lock until the statement commits, in a lock table the
+/// server shares with every session (64 × max_connections entries by
+/// default; 20,000 at once ran it out of memory here, failing other
+/// sessions' statements too), so at most 512 rows are taken at once: the
+/// rest read as refusals of expired rows, tried again within a heartbeat.
+/// The rows to write carry what is written (`c`), so the
 /// `UPDATE` joins nothing else: prepared and planned generically (about
 /// ten rows guessed per array), a join there became a nested loop over the
 /// batch for each row taken, and 5,000 expired elections taken at once
@@ -234,6 +242,7 @@ t AS (
    WHERE r.open AND (l.expires_at <= now()
                      OR (l.instance IS NULL AND l.successor = r.want_daemon))
    FOR UPDATE OF l SKIP LOCKED
+   LIMIT 512
 ),
 c AS (SELECT * FROM k UNION ALL SELECT * FROM t),
 u AS (

@@ -1,19 +1,44 @@
 -- Fenced writes: called first in the app's own transaction,
--- leaderd_fence(election, token [, bound]) locks the election's lease row
--- FOR KEY SHARE, which every takeover needs (leaderd takes the row FOR
--- UPDATE) and no renewal does (FOR NO KEY UPDATE), then checks that `token`
--- is the live lease by the database's clock (clock_timestamp(): now() is
--- the transaction's start). Until the transaction ends no successor can
--- take the row, so a fenced write that commits was serialised before any
--- takeover. Otherwise it raises SQLSTATE LF001 naming the election and
--- token (the transaction is then aborted and its locks freed).
+-- leaderd_fence(election, token [, bound]) holds every takeover of the
+-- election off until that transaction ends, after checking that `token` is
+-- the live lease by the database's clock (clock_timestamp(): now() is the
+-- transaction's start). A fenced write that commits was therefore
+-- serialised before any takeover. Otherwise it raises SQLSTATE LF001 naming
+-- the election and token (the transaction is then aborted, and its lock
+-- freed when it ends).
+--
+-- How it holds takeovers off, at the price of one round trip: it takes a
+-- transaction-level advisory lock keyed by the election, shared, so fenced
+-- transactions never wait for each other; the trigger below takes the same
+-- key exclusively in every takeover, never waiting, and a takeover that
+-- cannot get it changes nothing (the daemon reads it as a refusal and tries
+-- again). Renewals and releases take nothing. The lock needs no
+-- transaction id, no row lock and no WAL, where the row lock of earlier
+-- versions (FOR KEY SHARE) made a multixact per fenced transaction. The
+-- trigger is the database's, so a daemon of any version, and any other
+-- writer, is held off the same way.
+--
+-- The row is then read again in a statement of its own, after the lock:
+-- under READ COMMITTED that statement's snapshot shows every takeover that
+-- committed before the lock was granted (a takeover frees the key only once
+-- it is visible). Under REPEATABLE READ and SERIALIZABLE the snapshot is the
+-- transaction's and may predate the lock: a row version that a later one
+-- superseded (xmax set) is then locked FOR KEY SHARE, which raises a
+-- serialization failure (40001) when a takeover committed since the
+-- snapshot; a version nobody superseded is the row as it is, and stays so.
+--
+-- The key is a 64-bit hash of the election's name (hashtextextended, with
+-- leaderd's seed): two elections share one with a chance of 2^-64 a pair,
+-- and if they did, one's fenced transactions would hold the other's
+-- takeovers off too (a delay, never a second leader).
 --
 -- The bound (default: the lease's ttl as the row shows it, expires_at -
 -- renewed_at) keeps a hung transaction from holding takeovers off: it is set
--- transaction-locally as idle_in_transaction_session_timeout (idle) and
--- statement_timeout (each later statement), and transaction_timeout on
--- PostgreSQL 17 and later, never above a shorter one the app set. Past it
--- the server ends the transaction and its writes are lost, never late.
+-- transaction-locally as idle_in_transaction_session_timeout (idle),
+-- statement_timeout (each later statement), lock_timeout (the wait for the
+-- key, and later lock waits), and transaction_timeout on PostgreSQL 17 and
+-- later, never above a shorter one the app set. Past it the server ends the
+-- transaction and its writes are lost, never late.
 --
 -- Called outside a transaction block (autocommit) its lock would end with
 -- its own statement and protect nothing. PostgreSQL does not tell a
@@ -25,8 +50,7 @@
 -- the README says so beside every example.
 -- Call it at the top level of the transaction, in a statement of its own,
 -- first: a savepoint rolled back after it (an ORM's nested block, psql's
--- ON_ERROR_ROLLBACK) gives its lock and bound back, and the statement that
--- calls it is not bounded (its timeout was set before it started).
+-- ON_ERROR_ROLLBACK) gives its lock and bound back.
 --
 -- SECURITY DEFINER: it runs with the migrating user's rights, so the app's
 -- role needs no right on service_leader_lock, only EXECUTE, which nobody
@@ -41,10 +65,41 @@
 DO $migrate$
 DECLARE
     s TEXT := pg_catalog.quote_ident(pg_catalog.current_schema());
+    trigger TEXT;
 BEGIN
     IF s IS NULL THEN
         RAISE EXCEPTION 'leaderd: no current schema to install into (search_path)';
     END IF;
+    -- Every takeover (the token changes, or a process takes a row) and
+    -- every row made already held takes the election's key exclusively, or
+    -- is skipped: RETURN NULL leaves the row as it was, and the statement
+    -- goes on with the other rows it writes.
+    EXECUTE pg_catalog.replace($sql$
+CREATE OR REPLACE FUNCTION {schema}.service_leader_take() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+    IF pg_try_advisory_xact_lock(hashtextextended(NEW.name, 30510766455353956)) THEN
+        RETURN NEW;
+    END IF;
+    RETURN NULL;
+END $fn$$sql$, '{schema}', s);
+    EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s.service_leader_take() FROM PUBLIC', s);
+    -- The WHEN clauses spare renewals and releases the call. Made only when
+    -- missing (see 2026-11-24); the fence checks that both are there.
+    FOREACH trigger IN ARRAY ARRAY[
+        'service_leader_take BEFORE UPDATE|NOT (OLD.token OPERATOR(pg_catalog.=) NEW.token) '
+            'OR (NEW.instance IS NOT NULL AND (OLD.instance IS NULL '
+            'OR OLD.instance OPERATOR(pg_catalog.<>) NEW.instance))',
+        'service_leader_take_new BEFORE INSERT|NEW.instance IS NOT NULL'] LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
+                        WHERE t.tgname OPERATOR(pg_catalog.=) pg_catalog.split_part(trigger, ' ', 1)
+                          AND t.tgrelid OPERATOR(pg_catalog.=)
+                              pg_catalog.to_regclass(pg_catalog.format('%s.service_leader_lock', s))) THEN
+            EXECUTE pg_catalog.format('CREATE TRIGGER %2$s ON %1$s.service_leader_lock '
+                'FOR EACH ROW WHEN (%3$s) EXECUTE FUNCTION %1$s.service_leader_take()',
+                s, pg_catalog.split_part(trigger, '|', 1), pg_catalog.split_part(trigger, '|', 2));
+        END IF;
+    END LOOP;
     EXECUTE pg_catalog.replace($sql$
 CREATE OR REPLACE FUNCTION {schema}.leaderd_fence(election VARCHAR, token BIGINT, bound INTERVAL DEFAULT NULL)
 RETURNS BIGINT
@@ -53,6 +108,7 @@ DECLARE
     held BIGINT;
     expires TIMESTAMPTZ;
     lease INTERVAL;
+    superseded BOOLEAN;
     ms BIGINT;
     setting TEXT;
     current_ms BIGINT;
@@ -65,19 +121,25 @@ BEGIN
         RAISE EXCEPTION 'leaderd_fence: not in a transaction block (autocommit): its lock would end with this statement; BEGIN first'
             USING ERRCODE = 'LF004';
     END IF;
+    -- Without its trigger (a table made again, a trigger disabled) the
+    -- lock below would hold nothing off.
+    IF (SELECT count(*) FROM pg_trigger t
+         WHERE t.tgrelid = '{schema}.service_leader_lock'::regclass
+           AND t.tgname IN ('service_leader_take', 'service_leader_take_new')
+           AND t.tgenabled <> 'D') <> 2 THEN
+        RAISE EXCEPTION 'leaderd_fence: not installed (the takeover trigger on service_leader_lock is missing or disabled): run leaderd migrate'
+            USING ERRCODE = 'LF007';
+    END IF;
+    -- A first look, before any lock: a stale token is refused holding
+    -- nothing, and the lease's ttl gives the default bound.
     SELECT CASE WHEN l.instance IS NULL THEN NULL ELSE l.token END,
            l.expires_at, l.expires_at - COALESCE(l.renewed_at, l.acquired_at)
       INTO held, expires, lease
       FROM {schema}.service_leader_lock l
-     WHERE l.name = election
-       FOR KEY SHARE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'leaderd_fence: election "%" has no lease (token %)', election, token
-            USING ERRCODE = 'LF001';
-    END IF;
+     WHERE l.name = election;
     -- One message for a wrong token and an expired one: the error tells a
     -- caller nothing about the live token.
-    IF held IS DISTINCT FROM token OR expires <= clock_timestamp() THEN
+    IF NOT FOUND OR held IS DISTINCT FROM token OR expires <= clock_timestamp() THEN
         RAISE EXCEPTION 'leaderd_fence: election "%": token % is not the live lease', election, token
             USING ERRCODE = 'LF001';
     END IF;
@@ -89,14 +151,34 @@ BEGIN
     -- Never above a shorter timeout the app set itself. current_setting(),
     -- not the pg_settings view (which builds a row for every setting: 0.4 ms
     -- a call); transaction_timeout exists from PostgreSQL 17 on.
-    FOREACH setting IN ARRAY ARRAY['idle_in_transaction_session_timeout', 'statement_timeout', 'transaction_timeout'] LOOP
+    FOREACH setting IN ARRAY ARRAY['idle_in_transaction_session_timeout', 'statement_timeout',
+                                   'lock_timeout', 'transaction_timeout'] LOOP
         current_ms := ceil(EXTRACT(EPOCH FROM current_setting(setting, true)::interval) * 1000);
         IF current_ms IS NOT NULL THEN
             PERFORM set_config(setting, LEAST(ms, NULLIF(current_ms, 0))::text, true);
         END IF;
     END LOOP;
+    -- The key every takeover of the election needs; a takeover holding it
+    -- now is waited for (a single statement), within the bound.
+    PERFORM pg_advisory_xact_lock_shared(hashtextextended(election, 30510766455353956));
+    SELECT CASE WHEN l.instance IS NULL THEN NULL ELSE l.token END,
+           l.expires_at, l.xmax <> '0'::xid
+      INTO held, expires, superseded
+      FROM {schema}.service_leader_lock l
+     WHERE l.name = election;
+    IF superseded AND current_setting('transaction_isolation') <> 'read committed' THEN
+        SELECT CASE WHEN l.instance IS NULL THEN NULL ELSE l.token END, l.expires_at
+          INTO held, expires
+          FROM {schema}.service_leader_lock l
+         WHERE l.name = election
+           FOR KEY SHARE;
+    END IF;
+    IF NOT FOUND OR held IS DISTINCT FROM token OR expires <= clock_timestamp() THEN
+        RAISE EXCEPTION 'leaderd_fence: election "%": token % is not the live lease', election, token
+            USING ERRCODE = 'LF001';
+    END IF;
     RETURN held;
 END $fn$$sql$, '{schema}', s);
     EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s.leaderd_fence(VARCHAR, BIGINT, INTERVAL) FROM PUBLIC', s);
-    EXECUTE pg_catalog.format('COMMENT ON FUNCTION %s.leaderd_fence(VARCHAR, BIGINT, INTERVAL) IS %L', s, 'leaderd fence 3');
+    EXECUTE pg_catalog.format('COMMENT ON FUNCTION %s.leaderd_fence(VARCHAR, BIGINT, INTERVAL) IS %L', s, 'leaderd fence 4');
 END $migrate$;
