@@ -78,6 +78,24 @@ BEGIN
             'leaderd: a function named as one of leaderd''s in schema %s belongs to a role other than %s, '
             'which could rewrite it to run with others'' rights; nothing installed (docs/security.md)', s, CURRENT_USER);
     END IF;
+    -- leaderd_fence from version 4 on holds takeovers off through the
+    -- takeover triggers (2026-11-26). A lock table made again has none,
+    -- and such a fence would pass holding nothing off: it is dropped here
+    -- (its grants with it, as the table's), and the fence's installation
+    -- puts it back with its triggers.
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
+                WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(s)
+                  AND p.proname OPERATOR(pg_catalog.=) 'leaderd_fence'
+                  AND pg_catalog.obj_description(p.oid, 'pg_proc')
+                      OPERATOR(pg_catalog.~) '^leaderd fence ([4-9]|[1-9][0-9]+)$')
+       AND (SELECT pg_catalog.count(*) FROM pg_catalog.pg_trigger t
+             WHERE t.tgrelid OPERATOR(pg_catalog.=)
+                   pg_catalog.to_regclass(pg_catalog.format('%s.service_leader_lock', s))
+               AND t.tgname OPERATOR(pg_catalog.=) ANY (ARRAY['service_leader_take',
+                                                              'service_leader_take_new']::pg_catalog.name[]))
+           OPERATOR(pg_catalog.<>) 2 THEN
+        EXECUTE pg_catalog.format('DROP FUNCTION %s.leaderd_fence(VARCHAR, BIGINT, INTERVAL)', s);
+    END IF;
     -- A lease row deleted: its token is kept.
     EXECUTE pg_catalog.replace($sql$
 CREATE OR REPLACE FUNCTION {schema}.service_leader_keep_token() RETURNS trigger

@@ -18,10 +18,10 @@
 -- trigger is the database's, so a daemon of any version, and any other
 -- writer, is held off the same way.
 --
--- The row is then read again in a statement of its own, after the lock:
--- under READ COMMITTED that statement's snapshot shows every takeover that
--- committed before the lock was granted (a takeover frees the key only once
--- it is visible). Under REPEATABLE READ and SERIALIZABLE the snapshot is the
+-- The row is read after the lock, in a statement of its own: under READ
+-- COMMITTED that statement's snapshot shows every takeover that committed
+-- before the lock was granted (a takeover frees the key only once it is
+-- visible). Under REPEATABLE READ and SERIALIZABLE the snapshot is the
 -- transaction's and may predate the lock: a row version that a later one
 -- superseded (xmax set) is then locked FOR KEY SHARE, which raises a
 -- serialization failure (40001) when a takeover committed since the
@@ -34,11 +34,10 @@
 --
 -- The bound (default: the lease's ttl as the row shows it, expires_at -
 -- renewed_at) keeps a hung transaction from holding takeovers off: it is set
--- transaction-locally as idle_in_transaction_session_timeout (idle),
--- statement_timeout (each later statement), lock_timeout (the wait for the
--- key, and later lock waits), and transaction_timeout on PostgreSQL 17 and
--- later, never above a shorter one the app set. Past it the server ends the
--- transaction and its writes are lost, never late.
+-- transaction-locally as idle_in_transaction_session_timeout (idle) and
+-- statement_timeout (each later statement), and transaction_timeout on
+-- PostgreSQL 17 and later, never above a shorter one the app set. Past it
+-- the server ends the transaction and its writes are lost, never late.
 --
 -- Called outside a transaction block (autocommit) its lock would end with
 -- its own statement and protect nothing. PostgreSQL does not tell a
@@ -50,7 +49,8 @@
 -- the README says so beside every example.
 -- Call it at the top level of the transaction, in a statement of its own,
 -- first: a savepoint rolled back after it (an ORM's nested block, psql's
--- ON_ERROR_ROLLBACK) gives its lock and bound back.
+-- ON_ERROR_ROLLBACK) gives its lock and bound back, and the statement that
+-- calls it is not bounded (its timeout was set before it started).
 --
 -- SECURITY DEFINER: it runs with the migrating user's rights, so the app's
 -- role needs no right on service_leader_lock, only EXECUTE, which nobody
@@ -85,7 +85,11 @@ BEGIN
 END $fn$$sql$, '{schema}', s);
     EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s.service_leader_take() FROM PUBLIC', s);
     -- The WHEN clauses spare renewals and releases the call. Made only when
-    -- missing (see 2026-11-24); the fence checks that both are there.
+    -- missing (see 2026-11-24). The migration's check counts both; a lock
+    -- table made again has neither, and the steps then drop the fence
+    -- (2026-11-24) until this file installs it with them. Disabling them
+    -- (ALTER TABLE ... DISABLE TRIGGER, which only the table's owner may)
+    -- voids the fence.
     FOREACH trigger IN ARRAY ARRAY[
         'service_leader_take BEFORE UPDATE|NOT (OLD.token OPERATOR(pg_catalog.=) NEW.token) '
             'OR (NEW.instance IS NOT NULL AND (OLD.instance IS NULL '
@@ -121,22 +125,24 @@ BEGIN
         RAISE EXCEPTION 'leaderd_fence: not in a transaction block (autocommit): its lock would end with this statement; BEGIN first'
             USING ERRCODE = 'LF004';
     END IF;
-    -- Without its trigger (a table made again, a trigger disabled) the
-    -- lock below would hold nothing off.
-    IF (SELECT count(*) FROM pg_trigger t
-         WHERE t.tgrelid = '{schema}.service_leader_lock'::regclass
-           AND t.tgname IN ('service_leader_take', 'service_leader_take_new')
-           AND t.tgenabled <> 'D') <> 2 THEN
-        RAISE EXCEPTION 'leaderd_fence: not installed (the takeover trigger on service_leader_lock is missing or disabled): run leaderd migrate'
-            USING ERRCODE = 'LF007';
-    END IF;
-    -- A first look, before any lock: a stale token is refused holding
-    -- nothing, and the lease's ttl gives the default bound.
+    -- The key every takeover of the election needs; a takeover holding it
+    -- now is waited for (one statement of leaderd's; this wait is not
+    -- bounded: the bound applies from the next statement on).
+    PERFORM pg_advisory_xact_lock_shared(hashtextextended(election, 30510766455353956));
+    -- One read, a statement of its own: under READ COMMITTED its snapshot
+    -- is taken after the lock.
     SELECT CASE WHEN l.instance IS NULL THEN NULL ELSE l.token END,
-           l.expires_at, l.expires_at - COALESCE(l.renewed_at, l.acquired_at)
-      INTO held, expires, lease
+           l.expires_at, l.expires_at - COALESCE(l.renewed_at, l.acquired_at), l.xmax <> '0'::xid
+      INTO held, expires, lease, superseded
       FROM {schema}.service_leader_lock l
      WHERE l.name = election;
+    IF superseded AND current_setting('transaction_isolation') <> 'read committed' THEN
+        SELECT CASE WHEN l.instance IS NULL THEN NULL ELSE l.token END, l.expires_at
+          INTO held, expires
+          FROM {schema}.service_leader_lock l
+         WHERE l.name = election
+           FOR KEY SHARE;
+    END IF;
     -- One message for a wrong token and an expired one: the error tells a
     -- caller nothing about the live token.
     IF NOT FOUND OR held IS DISTINCT FROM token OR expires <= clock_timestamp() THEN
@@ -152,31 +158,12 @@ BEGIN
     -- not the pg_settings view (which builds a row for every setting: 0.4 ms
     -- a call); transaction_timeout exists from PostgreSQL 17 on.
     FOREACH setting IN ARRAY ARRAY['idle_in_transaction_session_timeout', 'statement_timeout',
-                                   'lock_timeout', 'transaction_timeout'] LOOP
+                                   'transaction_timeout'] LOOP
         current_ms := ceil(EXTRACT(EPOCH FROM current_setting(setting, true)::interval) * 1000);
         IF current_ms IS NOT NULL THEN
             PERFORM set_config(setting, LEAST(ms, NULLIF(current_ms, 0))::text, true);
         END IF;
     END LOOP;
-    -- The key every takeover of the election needs; a takeover holding it
-    -- now is waited for (a single statement), within the bound.
-    PERFORM pg_advisory_xact_lock_shared(hashtextextended(election, 30510766455353956));
-    SELECT CASE WHEN l.instance IS NULL THEN NULL ELSE l.token END,
-           l.expires_at, l.xmax <> '0'::xid
-      INTO held, expires, superseded
-      FROM {schema}.service_leader_lock l
-     WHERE l.name = election;
-    IF superseded AND current_setting('transaction_isolation') <> 'read committed' THEN
-        SELECT CASE WHEN l.instance IS NULL THEN NULL ELSE l.token END, l.expires_at
-          INTO held, expires
-          FROM {schema}.service_leader_lock l
-         WHERE l.name = election
-           FOR KEY SHARE;
-    END IF;
-    IF NOT FOUND OR held IS DISTINCT FROM token OR expires <= clock_timestamp() THEN
-        RAISE EXCEPTION 'leaderd_fence: election "%": token % is not the live lease', election, token
-            USING ERRCODE = 'LF001';
-    END IF;
     RETURN held;
 END $fn$$sql$, '{schema}', s);
     EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s.leaderd_fence(VARCHAR, BIGINT, INTERVAL) FROM PUBLIC', s);

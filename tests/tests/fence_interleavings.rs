@@ -1,0 +1,408 @@
+//! The fence's interleavings on PostgreSQL, each at every isolation level,
+//! with real sessions: leaderd's own statements (`leaderd_store`) for the
+//! leader and the followers, plain clients for the app and for a takeover
+//! forced by hand. Each case also runs once against a deliberately
+//! weakened copy of the installed SQL and asserts that the weakness shows
+//! (a late write, a takeover while fenced, a false refusal): a case that
+//! cannot fail proves nothing.
+//!
+//! The fence (README, "Fenced writes") takes the election's advisory key
+//! shared and reads the row again; every takeover needs the key
+//! exclusively (a trigger), and under REPEATABLE READ and SERIALIZABLE a
+//! row version superseded since the snapshot is locked `FOR KEY SHARE`.
+
+use std::time::{Duration, Instant};
+
+use leaderd_store::{Attempt, Connection, LeaseRequest, Release, Successor};
+use leaderd_tests::store::{acquire, connect, migrated};
+use leaderd_tests::{pg_exec, TempDb};
+use tokio_postgres::Client;
+
+const TTL: Duration = Duration::from_millis(800);
+const LEVELS: [&str; 3] = ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"];
+const FENCE_10S: &str = "SELECT leaderd_fence('e', $1, interval '10 seconds')";
+const HEIR: &str = "0/heir";
+
+/// A copy of the installed SQL with one safeguard taken out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Weak {
+    /// The takeover trigger grants without the key.
+    NoKey,
+    /// No `FOR KEY SHARE` fallback for a superseded version.
+    NoFallback,
+    /// The fallback locks `FOR SHARE` (conflicts with a renewal).
+    ShareFallback,
+    /// No timeouts set: a hung transaction holds takeovers off.
+    NoBound,
+}
+
+fn req(instance: &str) -> LeaseRequest<'_> {
+    LeaseRequest {
+        election: "e",
+        holder: instance,
+        instance,
+        ttl: TTL,
+        held_token: None,
+        daemon: None,
+    }
+}
+
+fn heir_req() -> LeaseRequest<'static> {
+    LeaseRequest {
+        daemon: Some(HEIR),
+        ..req("heir")
+    }
+}
+
+async fn session(url: &str) -> Client {
+    leaderd_tests::pg_session(url).await
+}
+
+/// A migrated database (weakened as asked) with the app's table; `a` leads
+/// `e`: its connection and token.
+async fn led(weak: Option<Weak>) -> (TempDb, Connection, i64) {
+    let db = TempDb::postgres();
+    let mut a = migrated(&db.url).await;
+    pg_exec(
+        &db.url,
+        &[
+            "CREATE TABLE app_log (seq BIGSERIAL PRIMARY KEY, token BIGINT NOT NULL, \
+           at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())",
+        ],
+    );
+    if let Some(w) = weak {
+        weaken(&db, w).await;
+    }
+    let token = acquire(&mut a, &req("a"), Duration::from_secs(3)).await;
+    (db, a, token)
+}
+
+/// Replaces the installed function named by `w` with a copy missing the
+/// safeguard (its text edited; the edit must apply).
+async fn weaken(db: &TempDb, w: Weak) {
+    let admin = session(&db.url).await;
+    let (function, from, to) = match w {
+        Weak::NoKey => (
+            "service_leader_take()",
+            "IF pg_try_advisory_xact_lock",
+            "IF TRUE OR pg_try_advisory_xact_lock",
+        ),
+        Weak::NoFallback => (
+            "leaderd_fence(varchar, bigint, interval)",
+            "IF superseded AND",
+            "IF FALSE AND",
+        ),
+        Weak::ShareFallback => (
+            "leaderd_fence(varchar, bigint, interval)",
+            "FOR KEY SHARE",
+            "FOR SHARE",
+        ),
+        Weak::NoBound => (
+            "leaderd_fence(varchar, bigint, interval)",
+            "IF current_ms IS NOT NULL THEN",
+            "IF FALSE THEN",
+        ),
+    };
+    let def: String = admin
+        .query_one(
+            &format!("SELECT pg_get_functiondef('{function}'::regprocedure)"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(def.contains(from), "{w:?}: no {from:?} in {def}");
+    admin.batch_execute(&def.replace(from, to)).await.unwrap();
+}
+
+/// The SQLSTATE of a result, or "ok".
+fn code<T>(r: &Result<T, tokio_postgres::Error>) -> String {
+    match r {
+        Ok(_) => "ok".to_owned(),
+        Err(e) => e
+            .code()
+            .map_or_else(|| format!("no code: {e}"), |c| c.code().to_owned()),
+    }
+}
+
+async fn begin(app: &Client, level: &str) {
+    app.batch_execute(&format!("BEGIN ISOLATION LEVEL {level}"))
+        .await
+        .unwrap();
+}
+
+/// The fence then one row written, in the open transaction: "ok" or the
+/// SQLSTATE that stopped it.
+async fn fence_and_log(app: &Client, fence: &str, token: i64) -> String {
+    let r = app.query_one(fence, &[&token]).await;
+    if r.is_err() {
+        return code(&r);
+    }
+    code(
+        &app.execute("INSERT INTO app_log (token) VALUES ($1)", &[&token])
+            .await,
+    )
+}
+
+async fn wait_expired(watcher: &Client) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let row = watcher
+            .query_one(
+                "SELECT expires_at <= clock_timestamp() FROM service_leader_lock WHERE name = 'e'",
+                &[],
+            )
+            .await
+            .unwrap();
+        if row.get::<_, bool>(0) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the lease never expired");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Attempts with `r` for `for_`: the token of one granted, if any.
+async fn granted_within(c: &mut Connection, r: &LeaseRequest<'_>, for_: Duration) -> Option<i64> {
+    let until = Instant::now() + for_;
+    while Instant::now() < until {
+        if let Attempt::Granted { token } = c.acquire_or_renew(r).await.unwrap() {
+            return Some(token);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
+/// Whether every write the app committed came before the lease's current
+/// term began (commit order: no write after a takeover).
+async fn writes_before_term(watcher: &Client) -> bool {
+    watcher
+        .query_one(
+            "SELECT coalesce((SELECT max(at) FROM app_log) < acquired_at, TRUE) \
+             FROM service_leader_lock WHERE name = 'e'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+async fn logged(watcher: &Client) -> i64 {
+    watcher
+        .query_one("SELECT count(*) FROM app_log", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Fence first; a renewal passes beside it; the lease then expires inside
+/// the transaction, and the follower's takeover is refused until the app
+/// commits. Held: no grant while open, the write first in commit order.
+async fn fence_first(level: &str, weak: Option<Weak>) -> bool {
+    let (db, mut leader, token) = led(weak).await;
+    let app = session(&db.url).await;
+    begin(&app, level).await;
+    assert_eq!(fence_and_log(&app, FENCE_10S, token).await, "ok");
+    let renewed = leader
+        .acquire_or_renew(&LeaseRequest {
+            held_token: Some(token),
+            ..req("a")
+        })
+        .await
+        .unwrap();
+    assert_eq!(renewed, Attempt::Granted { token }, "{level}");
+    let watcher = session(&db.url).await;
+    wait_expired(&watcher).await;
+    let mut b = connect(&db.url).await;
+    let early = granted_within(&mut b, &req("b"), Duration::from_millis(400)).await;
+    let commit = app.batch_execute("COMMIT").await;
+    if early.is_none() {
+        assert!(commit.is_ok(), "{level}: {commit:?}");
+        let taken = acquire(&mut b, &req("b"), Duration::from_secs(3)).await;
+        assert!(taken > token);
+    }
+    early.is_none() && writes_before_term(&watcher).await
+}
+
+/// The takeover committed first: the fence refuses the old token.
+async fn takeover_first(level: &str) -> bool {
+    let (db, _leader, token) = led(None).await;
+    let watcher = session(&db.url).await;
+    wait_expired(&watcher).await;
+    let mut b = connect(&db.url).await;
+    acquire(&mut b, &req("b"), Duration::from_secs(3)).await;
+    let app = session(&db.url).await;
+    begin(&app, level).await;
+    let outcome = fence_and_log(&app, FENCE_10S, token).await;
+    let _ = app.batch_execute("ROLLBACK").await;
+    outcome == "LF001"
+}
+
+/// A takeover in flight (the row updated, not committed; forced by hand on
+/// a live lease, so that the fence's first look passes) while the fence is
+/// called: the fence waits for it, then refuses (40001 where the snapshot
+/// predates the takeover). Held: it waited, and nothing committed after the
+/// takeover.
+async fn takeover_in_flight(level: &str, weak: Option<Weak>) -> bool {
+    let (db, _leader, token) = led(weak).await;
+    let takeover = session(&db.url).await;
+    takeover
+        .batch_execute(
+            "BEGIN; SELECT 1 FROM service_leader_lock WHERE name = 'e' FOR UPDATE; \
+             UPDATE service_leader_lock SET token = token + 1, holder = 'b', instance = 'b', \
+             acquired_at = clock_timestamp(), renewed_at = now(), expires_at = now() + interval '10 s' \
+             WHERE name = 'e'",
+        )
+        .await
+        .unwrap();
+    let (url, level_) = (db.url.clone(), level.to_owned());
+    let fenced = tokio::spawn(async move {
+        let app = session(&url).await;
+        begin(&app, &level_).await;
+        let outcome = fence_and_log(&app, FENCE_10S, token).await;
+        let commit = if outcome == "ok" {
+            code(&app.batch_execute("COMMIT").await)
+        } else {
+            let _ = app.batch_execute("ROLLBACK").await;
+            outcome.clone()
+        };
+        (outcome, commit)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let waited = !fenced.is_finished();
+    takeover.batch_execute("COMMIT").await.unwrap();
+    let (outcome, commit) = fenced.await.unwrap();
+    let watcher = session(&db.url).await;
+    let refused = matches!(outcome.as_str(), "LF001" | "40001");
+    waited && refused && commit != "ok" && writes_before_term(&watcher).await
+}
+
+/// The app's snapshot is taken (a first statement); the leader releases to
+/// a named successor, whose take commits; then the fence. Held: refused
+/// (LF001, or 40001 where the snapshot shows the old row), nothing written.
+async fn snapshot_then_handover(level: &str, weak: Option<Weak>) -> bool {
+    let (db, mut leader, token) = led(weak).await;
+    let app = session(&db.url).await;
+    begin(&app, level).await;
+    app.query_one("SELECT count(*) FROM app_log", &[])
+        .await
+        .unwrap();
+    let release = Release {
+        election: "e",
+        instance: "a",
+        successor: Some(Successor {
+            daemon: HEIR,
+            window: Duration::from_secs(5),
+        }),
+    };
+    assert!(leader.release_one(&release).await.unwrap());
+    let mut heir = connect(&db.url).await;
+    let taken = acquire(&mut heir, &heir_req(), Duration::from_secs(3)).await;
+    assert!(taken > token);
+    let outcome = fence_and_log(&app, FENCE_10S, token).await;
+    let commit = if outcome == "ok" {
+        code(&app.batch_execute("COMMIT").await)
+    } else {
+        let _ = app.batch_execute("ROLLBACK").await;
+        outcome.clone()
+    };
+    let watcher = session(&db.url).await;
+    matches!(outcome.as_str(), "LF001" | "40001") && commit != "ok" && logged(&watcher).await == 0
+}
+
+/// A fenced transaction left idle with the default bound (the lease's
+/// ttl): the takeover is granted after the bound, the app's session is
+/// ended, its write never lands.
+async fn idle_past_the_bound(level: &str, weak: Option<Weak>) -> bool {
+    let (db, _leader, token) = led(weak).await;
+    let app = session(&db.url).await;
+    begin(&app, level).await;
+    assert_eq!(
+        fence_and_log(&app, "SELECT leaderd_fence('e', $1)", token).await,
+        "ok"
+    );
+    let idle_since = Instant::now();
+    let mut b = connect(&db.url).await;
+    let taken = granted_within(&mut b, &req("b"), TTL + Duration::from_secs(2)).await;
+    let waited = idle_since.elapsed();
+    let commit = app.batch_execute("COMMIT").await;
+    let watcher = session(&db.url).await;
+    taken.is_some() && waited >= TTL && commit.is_err() && logged(&watcher).await == 0
+}
+
+/// The app's snapshot is taken, the leader renews (a new row version),
+/// then the fence: it passes and the write commits (no false refusal).
+async fn renewal_then_fence(level: &str, weak: Option<Weak>) -> bool {
+    let (db, mut leader, token) = led(weak).await;
+    let app = session(&db.url).await;
+    begin(&app, level).await;
+    app.query_one("SELECT count(*) FROM app_log", &[])
+        .await
+        .unwrap();
+    let renewed = leader
+        .acquire_or_renew(&LeaseRequest {
+            held_token: Some(token),
+            ..req("a")
+        })
+        .await
+        .unwrap();
+    assert_eq!(renewed, Attempt::Granted { token });
+    let outcome = fence_and_log(&app, FENCE_10S, token).await;
+    let commit = code(&app.batch_execute("COMMIT").await);
+    outcome == "ok" && commit == "ok"
+}
+
+#[tokio::test]
+async fn fence_first_holds_the_takeover_off_until_commit() {
+    for level in LEVELS {
+        assert!(fence_first(level, None).await, "{level}");
+    }
+    assert!(!fence_first("READ COMMITTED", Some(Weak::NoKey)).await);
+}
+
+#[tokio::test]
+async fn a_takeover_committed_first_is_refused() {
+    for level in LEVELS {
+        assert!(takeover_first(level).await, "{level}");
+    }
+}
+
+#[tokio::test]
+async fn a_takeover_in_flight_is_waited_for_then_refused() {
+    for level in LEVELS {
+        assert!(takeover_in_flight(level, None).await, "{level}");
+    }
+    assert!(!takeover_in_flight("READ COMMITTED", Some(Weak::NoKey)).await);
+}
+
+#[tokio::test]
+async fn a_handover_after_the_snapshot_is_refused() {
+    for level in LEVELS {
+        assert!(snapshot_then_handover(level, None).await, "{level}");
+    }
+    // Without the fallback, a snapshot older than the lock lets the write
+    // commit after the successor's take.
+    for level in ["REPEATABLE READ", "SERIALIZABLE"] {
+        assert!(
+            !snapshot_then_handover(level, Some(Weak::NoFallback)).await,
+            "{level}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_idle_fenced_transaction_ends_at_its_bound() {
+    for level in LEVELS {
+        assert!(idle_past_the_bound(level, None).await, "{level}");
+    }
+    assert!(!idle_past_the_bound("READ COMMITTED", Some(Weak::NoBound)).await);
+}
+
+#[tokio::test]
+async fn a_renewal_after_the_snapshot_is_no_refusal() {
+    for level in LEVELS {
+        assert!(renewal_then_fence(level, None).await, "{level}");
+    }
+    assert!(!renewal_then_fence("REPEATABLE READ", Some(Weak::ShareFallback)).await);
+}
