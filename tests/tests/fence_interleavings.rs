@@ -406,3 +406,92 @@ async fn a_renewal_after_the_snapshot_is_no_refusal() {
     }
     assert!(!renewal_then_fence("REPEATABLE READ", Some(Weak::ShareFallback)).await);
 }
+
+/// A takeover written as earlier releases wrote it (the row locked `FOR
+/// UPDATE`, the token bumped; no advisory key of its own), against a
+/// transaction fenced by this version: the table's trigger holds it off
+/// all the same. Weakened (a trigger that does not need the key), it
+/// takes the row under the open transaction.
+async fn old_takeover_against_new_fence(weak: Option<Weak>) -> bool {
+    const OLD_TAKEOVER: &str = "WITH t AS (SELECT id FROM service_leader_lock \
+         WHERE name = 'e' AND expires_at <= now() FOR UPDATE SKIP LOCKED) \
+       UPDATE service_leader_lock l SET token = l.token + 1, holder = 'old', instance = 'old', \
+         acquired_at = now(), renewed_at = now(), expires_at = now() + interval '10 s' \
+       FROM t WHERE l.id = t.id RETURNING l.token";
+    let (db, _leader, token) = led(weak).await;
+    let app = session(&db.url).await;
+    begin(&app, "READ COMMITTED").await;
+    assert_eq!(fence_and_log(&app, FENCE_10S, token).await, "ok");
+    let old = session(&db.url).await;
+    wait_expired(&old).await;
+    let while_open = old.query(OLD_TAKEOVER, &[]).await.unwrap().len();
+    app.batch_execute("COMMIT").await.unwrap();
+    let after = old.query(OLD_TAKEOVER, &[]).await.unwrap().len();
+    while_open == 0 && after == 1 && writes_before_term(&old).await
+}
+
+#[tokio::test]
+async fn an_earlier_releases_takeover_is_held_off_by_this_fence() {
+    assert!(old_takeover_against_new_fence(None).await);
+    assert!(!old_takeover_against_new_fence(Some(Weak::NoKey)).await);
+}
+
+/// The upgrade itself: the database has the previous version's fence
+/// (a `FOR KEY SHARE` row lock, no key, no takeover trigger), an app's
+/// transaction fenced by it is open, and a new daemon migrates (this
+/// version's fence and triggers go in beside the open transaction) and
+/// tries to take the expired lease. Its takeover locks the row `FOR
+/// UPDATE`, which the old fence's row lock holds off until the app
+/// commits. A takeover locking only `FOR NO KEY UPDATE` (a plain `UPDATE`)
+/// would have passed: the old fence took no key for the trigger to find.
+#[tokio::test]
+async fn a_transaction_fenced_by_the_previous_version_holds_across_the_upgrade() {
+    const PREVIOUS_FENCE: &str = include_str!("../fixtures/postgres-fence-3.sql");
+    let (db, _leader, token) = led(None).await;
+    pg_exec(
+        &db.url,
+        &[
+            "DROP TRIGGER service_leader_take ON service_leader_lock",
+            "DROP TRIGGER service_leader_take_new ON service_leader_lock",
+            PREVIOUS_FENCE,
+        ],
+    );
+    let app = session(&db.url).await;
+    begin(&app, "READ COMMITTED").await;
+    assert_eq!(fence_and_log(&app, FENCE_10S, token).await, "ok");
+    let watcher = session(&db.url).await;
+    wait_expired(&watcher).await;
+    // The new daemon's migration completes beside the open transaction.
+    let mut b = migrated(&db.url).await;
+    let version: String = watcher
+        .query_one(
+            "SELECT obj_description('leaderd_fence(varchar,bigint,interval)'::regprocedure, 'pg_proc')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(version, "leaderd fence 4");
+    let early = granted_within(&mut b, &req("b"), Duration::from_millis(400)).await;
+    assert_eq!(early, None, "taken over under the old fence");
+    // What a takeover without `FOR UPDATE` would have done (rolled back).
+    watcher.batch_execute("BEGIN").await.unwrap();
+    let plain = watcher
+        .query(
+            "UPDATE service_leader_lock SET token = token + 1, instance = 'x' \
+             WHERE name = 'e' RETURNING token",
+            &[],
+        )
+        .await
+        .unwrap()
+        .len();
+    watcher.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(
+        plain, 1,
+        "a plain UPDATE was held off too: the case proves nothing"
+    );
+    app.batch_execute("COMMIT").await.unwrap();
+    let taken = acquire(&mut b, &req("b"), Duration::from_secs(3)).await;
+    assert!(taken > token);
+    assert!(writes_before_term(&watcher).await);
+}
