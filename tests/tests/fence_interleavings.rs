@@ -99,8 +99,8 @@ async fn weaken(db: &TempDb, w: Weak) {
         ),
         Weak::NoBound => (
             "leaderd_fence(varchar, bigint, interval)",
-            "IF current_ms IS NOT NULL THEN",
-            "IF FALSE THEN",
+            "(SELECT count(set_config(",
+            "(SELECT count(concat(",
         ),
     };
     let def: String = admin

@@ -73,7 +73,7 @@ macro_rules! mysql_fence_current {
         "SELECT EXISTS (SELECT 1 FROM information_schema.routines \
         WHERE routine_schema = DATABASE() AND routine_name = 'leaderd_fence' \
         AND routine_comment REGEXP '^leaderd fence [0-9]+$' \
-        AND CAST(SUBSTRING_INDEX(routine_comment, ' ', -1) AS UNSIGNED) >= 3) \
+        AND CAST(SUBSTRING_INDEX(routine_comment, ' ', -1) AS UNSIGNED) >= 4) \
         AND EXISTS (SELECT 1 FROM information_schema.tables \
         WHERE table_schema = DATABASE() AND table_name = 'service_leader_fence') \
         AND (SELECT COUNT(*) FROM information_schema.triggers \
@@ -107,7 +107,7 @@ pub(crate) const MARIADB_FENCE: BestEffort = BestEffort {
     install: concat!(
         include_str!("../../../migrations/mysql/2026-11-26-000000_fence/mariadb.sql"),
         "CREATE OR REPLACE ",
-        include_str!("../../../migrations/mysql/2026-11-26-000000_fence/procedure.sql")
+        include_str!("../../../migrations/mysql/2026-11-26-000000_fence/mariadb-procedure.sql")
     ),
     begin: "DO 0",
     undo: "DO 0",

@@ -1,5 +1,5 @@
 -- MariaDB's installation of fenced writes (what the fence does: up.sql);
--- the procedure itself is procedure.sql, appended by the migration after
+-- the procedure itself is mariadb-procedure.sql, appended by the migration after
 -- "CREATE OR REPLACE ". Everything is replaced in place, nothing dropped:
 -- there is no moment without triggers behind a procedure that would pass
 -- without them (so no stub is needed), a refusal (binary logging without
