@@ -99,8 +99,8 @@ async fn weaken(db: &TempDb, w: Weak) {
         ),
         Weak::NoBound => (
             "leaderd_fence(varchar, bigint, interval)",
-            "(SELECT count(set_config(",
-            "(SELECT count(concat(",
+            "IF current_ms IS NOT NULL THEN",
+            "IF FALSE THEN",
         ),
     };
     let def: String = admin
@@ -494,4 +494,321 @@ async fn a_transaction_fenced_by_the_previous_version_holds_across_the_upgrade()
     let taken = acquire(&mut b, &req("b"), Duration::from_secs(3)).await;
     assert!(taken > token);
     assert!(writes_before_term(&watcher).await);
+}
+
+/// The same interleavings on MariaDB, at the levels its fence accepts
+/// (READ COMMITTED and REPEATABLE READ; a SERIALIZABLE session is refused).
+/// There the fence locks its own row of the election (`service_leader_fence`,
+/// `LOCK IN SHARE MODE`), which a takeover's trigger must write: a locking
+/// read sees the latest version whatever the snapshot, so no fallback is
+/// needed.
+mod mariadb {
+    use super::*;
+    use mysql_async::prelude::Queryable;
+    use mysql_async::Conn;
+
+    const LEVELS: [&str; 2] = ["READ COMMITTED", "REPEATABLE READ"];
+
+    /// The procedure with one safeguard taken out.
+    #[derive(Debug, Clone, Copy)]
+    enum Weak {
+        /// The fence row read without its share lock.
+        NoLock,
+        /// No session timeouts set.
+        NoBound,
+    }
+
+    async fn session(url: &str) -> Conn {
+        Conn::from_url(url)
+            .await
+            .unwrap_or_else(|e| panic!("cannot connect: {e}"))
+    }
+
+    fn state<T>(r: &Result<T, mysql_async::Error>) -> String {
+        match r {
+            Ok(_) => "ok".to_owned(),
+            Err(mysql_async::Error::Server(e)) => e.state.clone(),
+            Err(e) => format!("not a server error: {e}"),
+        }
+    }
+
+    async fn led(weak: Option<Weak>) -> (TempDb, Connection, i64) {
+        let db = TempDb::mysql();
+        let mut a = migrated(&db.url).await;
+        db.exec(&[
+            "CREATE TABLE app_log (seq BIGINT AUTO_INCREMENT PRIMARY KEY, \
+               token BIGINT NOT NULL, at DATETIME(6) NOT NULL DEFAULT UTC_TIMESTAMP(6))",
+        ]);
+        if let Some(w) = weak {
+            let (from, to) = match w {
+                Weak::NoLock => (
+                    "WHERE f.name = election LOCK IN SHARE MODE",
+                    "WHERE f.name = election",
+                ),
+                Weak::NoBound => (
+                    "SET SESSION\n        idle_transaction_timeout",
+                    "SET @weak_idle",
+                ),
+            };
+            let mut admin = session(&db.url).await;
+            let def: (String, String, String, String, String, String) = admin
+                .query_first("SHOW CREATE PROCEDURE leaderd_fence")
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(def.2.contains(from), "{w:?}: no {from:?}");
+            let weakened = def
+                .2
+                .replacen("CREATE ", "CREATE OR REPLACE ", 1)
+                .replace(from, to);
+            admin.query_drop(weakened).await.unwrap();
+        }
+        let token = acquire(&mut a, &req("a"), Duration::from_secs(3)).await;
+        (db, a, token)
+    }
+
+    async fn begin(app: &mut Conn, level: &str) {
+        app.query_drop(format!(
+            "SET TRANSACTION ISOLATION LEVEL {level}; START TRANSACTION"
+        ))
+        .await
+        .unwrap();
+    }
+
+    async fn fence_and_log(app: &mut Conn, token: i64, bound_ms: Option<i64>) -> String {
+        let r = app
+            .exec_drop("CALL leaderd_fence('e', ?, ?)", (token, bound_ms))
+            .await;
+        if r.is_err() {
+            return state(&r);
+        }
+        state(
+            &app.exec_drop("INSERT INTO app_log (token) VALUES (?)", (token,))
+                .await,
+        )
+    }
+
+    async fn wait_expired(c: &mut Conn) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let expired: Option<i64> = c
+                .query_first(
+                    "SELECT expires_at <= UTC_TIMESTAMP(6) FROM service_leader_lock WHERE name = 'e'",
+                )
+                .await
+                .unwrap();
+            if expired == Some(1) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the lease never expired");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn writes_before_term(url: &str) -> bool {
+        let mut c = session(url).await;
+        let first: Option<Option<i64>> = c
+            .query_first(
+                "SELECT (SELECT MAX(at) FROM app_log) < acquired_at OR (SELECT COUNT(*) FROM app_log) = 0 \
+                 FROM service_leader_lock WHERE name = 'e'",
+            )
+            .await
+            .unwrap();
+        first.flatten() == Some(1)
+    }
+
+    async fn logged(url: &str) -> i64 {
+        let mut c = session(url).await;
+        c.query_first("SELECT COUNT(*) FROM app_log")
+            .await
+            .unwrap()
+            .unwrap_or(0)
+    }
+
+    async fn fence_first(level: &str, weak: Option<Weak>) -> bool {
+        let (db, mut leader, token) = led(weak).await;
+        let mut app = session(&db.url).await;
+        begin(&mut app, level).await;
+        assert_eq!(fence_and_log(&mut app, token, Some(10_000)).await, "ok");
+        let renewed = leader
+            .acquire_or_renew(&LeaseRequest {
+                held_token: Some(token),
+                ..req("a")
+            })
+            .await
+            .unwrap();
+        assert_eq!(renewed, Attempt::Granted { token }, "{level}");
+        let mut watcher = session(&db.url).await;
+        wait_expired(&mut watcher).await;
+        let mut b = connect(&db.url).await;
+        let early = granted_within(&mut b, &req("b"), Duration::from_millis(400)).await;
+        let commit = app.query_drop("COMMIT").await;
+        if early.is_none() {
+            assert!(commit.is_ok(), "{level}: {commit:?}");
+            acquire(&mut b, &req("b"), Duration::from_secs(3)).await;
+        }
+        early.is_none() && writes_before_term(&db.url).await
+    }
+
+    async fn takeover_first(level: &str) -> bool {
+        let (db, _leader, token) = led(None).await;
+        let mut watcher = session(&db.url).await;
+        wait_expired(&mut watcher).await;
+        let mut b = connect(&db.url).await;
+        acquire(&mut b, &req("b"), Duration::from_secs(3)).await;
+        let mut app = session(&db.url).await;
+        begin(&mut app, level).await;
+        fence_and_log(&mut app, token, Some(10_000)).await == "LF001"
+    }
+
+    async fn takeover_in_flight(level: &str, weak: Option<Weak>) -> bool {
+        let (db, _leader, token) = led(weak).await;
+        let mut takeover = session(&db.url).await;
+        takeover
+            .query_drop(
+                "START TRANSACTION; UPDATE service_leader_lock SET token = token + 1, holder = 'b', \
+                 instance = 'b', acquired_at = UTC_TIMESTAMP(6), renewed_at = UTC_TIMESTAMP(6), \
+                 expires_at = UTC_TIMESTAMP(6) + INTERVAL 10 SECOND WHERE name = 'e'",
+            )
+            .await
+            .unwrap();
+        let (url, level_) = (db.url.clone(), level.to_owned());
+        let fenced = tokio::spawn(async move {
+            let mut app = session(&url).await;
+            begin(&mut app, &level_).await;
+            let outcome = fence_and_log(&mut app, token, Some(10_000)).await;
+            let commit = if outcome == "ok" {
+                state(&app.query_drop("COMMIT").await)
+            } else {
+                outcome.clone()
+            };
+            (outcome, commit)
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let waited = !fenced.is_finished();
+        takeover.query_drop("COMMIT").await.unwrap();
+        let (outcome, commit) = fenced.await.unwrap();
+        waited && outcome == "LF001" && commit != "ok" && writes_before_term(&db.url).await
+    }
+
+    async fn snapshot_then_handover(level: &str, weak: Option<Weak>) -> bool {
+        let (db, mut leader, token) = led(weak).await;
+        let mut app = session(&db.url).await;
+        begin(&mut app, level).await;
+        let _: Option<i64> = app
+            .query_first("SELECT COUNT(*) FROM service_leader_lock")
+            .await
+            .unwrap();
+        let release = Release {
+            election: "e",
+            instance: "a",
+            successor: Some(Successor {
+                daemon: HEIR,
+                window: Duration::from_secs(5),
+            }),
+        };
+        assert!(leader.release_one(&release).await.unwrap());
+        let mut heir = connect(&db.url).await;
+        acquire(&mut heir, &heir_req(), Duration::from_secs(3)).await;
+        let outcome = fence_and_log(&mut app, token, Some(10_000)).await;
+        let commit = if outcome == "ok" {
+            state(&app.query_drop("COMMIT").await)
+        } else {
+            outcome.clone()
+        };
+        outcome == "LF001" && commit != "ok" && logged(&db.url).await == 0
+    }
+
+    async fn idle_past_the_bound(level: &str, weak: Option<Weak>) -> bool {
+        let (db, _leader, token) = led(weak).await;
+        let mut app = session(&db.url).await;
+        begin(&mut app, level).await;
+        assert_eq!(fence_and_log(&mut app, token, None).await, "ok");
+        let idle_since = Instant::now();
+        let mut b = connect(&db.url).await;
+        // The bound is the lease's 800 ms, rounded up to whole seconds for
+        // idle_transaction_timeout.
+        let taken = granted_within(&mut b, &req("b"), Duration::from_secs(3)).await;
+        let waited = idle_since.elapsed();
+        let commit = app.query_drop("COMMIT").await;
+        taken.is_some() && waited >= TTL && commit.is_err() && logged(&db.url).await == 0
+    }
+
+    async fn renewal_then_fence(level: &str) -> bool {
+        let (db, mut leader, token) = led(None).await;
+        let mut app = session(&db.url).await;
+        begin(&mut app, level).await;
+        let _: Option<i64> = app
+            .query_first("SELECT COUNT(*) FROM service_leader_lock")
+            .await
+            .unwrap();
+        let renewed = leader
+            .acquire_or_renew(&LeaseRequest {
+                held_token: Some(token),
+                ..req("a")
+            })
+            .await
+            .unwrap();
+        assert_eq!(renewed, Attempt::Granted { token });
+        let outcome = fence_and_log(&mut app, token, Some(10_000)).await;
+        outcome == "ok" && app.query_drop("COMMIT").await.is_ok()
+    }
+
+    #[tokio::test]
+    async fn fence_first_holds_the_takeover_off_until_commit() {
+        for level in LEVELS {
+            assert!(fence_first(level, None).await, "{level}");
+        }
+        assert!(!fence_first("READ COMMITTED", Some(Weak::NoLock)).await);
+    }
+
+    #[tokio::test]
+    async fn a_takeover_committed_first_is_refused() {
+        for level in LEVELS {
+            assert!(takeover_first(level).await, "{level}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_takeover_in_flight_is_waited_for_then_refused() {
+        for level in LEVELS {
+            assert!(takeover_in_flight(level, None).await, "{level}");
+        }
+        assert!(!takeover_in_flight("REPEATABLE READ", Some(Weak::NoLock)).await);
+    }
+
+    #[tokio::test]
+    async fn a_handover_after_the_snapshot_is_refused() {
+        for level in LEVELS {
+            assert!(snapshot_then_handover(level, None).await, "{level}");
+        }
+        // Without the share lock, the snapshot's old row passes the fence.
+        assert!(!snapshot_then_handover("REPEATABLE READ", Some(Weak::NoLock)).await);
+    }
+
+    #[tokio::test]
+    async fn an_idle_fenced_transaction_ends_at_its_bound() {
+        for level in LEVELS {
+            assert!(idle_past_the_bound(level, None).await, "{level}");
+        }
+        assert!(!idle_past_the_bound("READ COMMITTED", Some(Weak::NoBound)).await);
+    }
+
+    #[tokio::test]
+    async fn a_renewal_after_the_snapshot_is_no_refusal() {
+        for level in LEVELS {
+            assert!(renewal_then_fence(level).await, "{level}");
+        }
+    }
+
+    /// A SERIALIZABLE session is refused before anything is read.
+    #[tokio::test]
+    async fn a_serializable_session_is_refused() {
+        let (db, _leader, token) = led(None).await;
+        let mut app = session(&db.url).await;
+        app.query_drop("SET SESSION TRANSACTION ISOLATION LEVEL SERIALIZABLE; START TRANSACTION")
+            .await
+            .unwrap();
+        assert_eq!(fence_and_log(&mut app, token, Some(10_000)).await, "LF003");
+    }
 }

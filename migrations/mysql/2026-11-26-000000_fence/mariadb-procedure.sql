@@ -7,15 +7,12 @@ BEGIN
     -- microseconds, and a fenced transaction pays for every one
     -- (BENCHMARKS.md, "Fenced writes"). It runs with its definer's rights
     -- inside the caller's transaction, so it leaves nothing behind when it
-    -- refuses: every error it ends with rolls the transaction back and puts
-    -- back the session's timeouts.
+    -- refuses: every error it ends with rolls the transaction back, and the
+    -- bound is set last, once nothing can fail.
     DECLARE fenced BIGINT DEFAULT NULL;
-    DECLARE live INT DEFAULT 0;
     DECLARE lease_ms BIGINT DEFAULT NULL;
     DECLARE impostor INT DEFAULT 0;
     DECLARE xa INT DEFAULT 0;
-    DECLARE was_idle BIGINT DEFAULT NULL;
-    DECLARE was_max DOUBLE DEFAULT NULL;
     DECLARE message VARCHAR(300);
     DECLARE CONTINUE HANDLER FOR NOT FOUND SET fenced = NULL;
     -- A refusal below, a lock wait cut short, a read-only transaction: the
@@ -26,9 +23,6 @@ BEGIN
     BEGIN
         IF NOT xa THEN
             ROLLBACK;
-        END IF;
-        IF was_idle IS NOT NULL THEN
-            SET SESSION idle_transaction_timeout = was_idle, max_statement_time = was_max;
         END IF;
         RESIGNAL;
     END;
@@ -77,8 +71,21 @@ BEGIN
         SIGNAL SQLSTATE 'LF005'
             SET MESSAGE_TEXT = 'leaderd_fence: this session had a temporary table named as leaderd''s (now dropped); the transaction was rolled back';
     END IF;
-    -- A plain read: the lease held by this token and live by the server's
-    -- clock, and its ttl (the default bound).
+    -- The lock every takeover's trigger needs, on the fence row as it is
+    -- now (a locking read sees the latest version, whatever the snapshot):
+    -- the token must still be the caller's. From here until the
+    -- transaction ends no takeover can change it.
+    SELECT f.token INTO fenced FROM service_leader_fence f WHERE f.name = election LOCK IN SHARE MODE;
+    IF fenced IS NULL OR fenced <> fence_token THEN
+        SIGNAL SQLSTATE 'LF001' SET MESSAGE_TEXT = message;
+    END IF;
+    -- Then a plain read of the lease: held by this token and live by the
+    -- server's clock now, and its ttl (the default bound). Under REPEATABLE
+    -- READ it may show the row as the transaction's snapshot had it: a
+    -- release or an expiry since then is not seen, but nobody can take the
+    -- lease over before this transaction ends, so its writes still come
+    -- before the next holder's. One read of each table: each costs about
+    -- 20 us in a transaction of its own (BENCHMARKS.md).
     SELECT MAX(TIMESTAMPDIFF(MICROSECOND, COALESCE(l.renewed_at, l.acquired_at), l.expires_at) DIV 1000)
       INTO lease_ms
       FROM service_leader_lock l
@@ -91,25 +98,11 @@ BEGIN
     IF bound_ms IS NULL OR bound_ms < 1 THEN
         SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = 'leaderd_fence: the bound must be a positive number of milliseconds';
     END IF;
-    -- The bound, set before the lock is taken, never above a shorter
-    -- timeout the app set. MariaDB has no transaction-local setting: these
-    -- stay on the session (put back if the call ends with an error).
-    SET was_idle = @@idle_transaction_timeout, was_max = @@max_statement_time;
+    -- The bound, never above a shorter timeout the app set. MariaDB has no
+    -- transaction-local setting: these stay on the session.
     SET SESSION
         idle_transaction_timeout = IF(@@idle_transaction_timeout > 0,
             LEAST(@@idle_transaction_timeout, CEIL(bound_ms / 1000)), CEIL(bound_ms / 1000)),
         max_statement_time = IF(@@max_statement_time > 0,
             LEAST(@@max_statement_time, bound_ms / 1000), bound_ms / 1000);
-    -- The lock every takeover's trigger needs, on the row as it is now (a
-    -- locking read sees the latest version), then the lease again: a
-    -- takeover between the read above and the lock changed the token, and
-    -- the lease is judged by the clock now.
-    SELECT f.token INTO fenced FROM service_leader_fence f WHERE f.name = election LOCK IN SHARE MODE;
-    SELECT COUNT(*) INTO live
-      FROM service_leader_lock l
-     WHERE l.name = election AND l.token = fence_token AND l.instance IS NOT NULL
-       AND l.expires_at > UTC_TIMESTAMP(6);
-    IF fenced IS NULL OR fenced <> fence_token OR live = 0 THEN
-        SIGNAL SQLSTATE 'LF001' SET MESSAGE_TEXT = message;
-    END IF;
 END;

@@ -72,7 +72,8 @@ BEGIN
           JOIN pg_catalog.pg_roles o ON o.oid OPERATOR(pg_catalog.=) p.proowner
          WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(s)
            AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['service_leader_keep_token', 'service_leader_seed_token',
-                                                           'service_leader_token_floor', 'leaderd_fence']::pg_catalog.name[])
+                                                           'service_leader_token_floor', 'service_leader_take',
+                                                           'leaderd_fence']::pg_catalog.name[])
            AND NOT (o.rolname OPERATOR(pg_catalog.=) CURRENT_USER OR o.rolsuper)) THEN
         RAISE EXCEPTION USING ERRCODE = 'LF010', MESSAGE = pg_catalog.format(
             'leaderd: a function named as one of leaderd''s in schema %s belongs to a role other than %s, '
