@@ -99,8 +99,8 @@ async fn weaken(db: &TempDb, w: Weak) {
         ),
         Weak::NoBound => (
             "leaderd_fence(varchar, bigint, interval)",
-            "IF current_ms IS NOT NULL THEN",
-            "IF FALSE THEN",
+            "PERFORM set_config('idle_in_transaction_session_timeout'",
+            "PERFORM 1, concat('idle_in_transaction_session_timeout'",
         ),
     };
     let def: String = admin
@@ -811,4 +811,43 @@ mod mariadb {
             .unwrap();
         assert_eq!(fence_and_log(&mut app, token, Some(10_000)).await, "LF003");
     }
+}
+
+/// The lease row deleted under an open fenced transaction and made again
+/// already held, by hand (no daemon does either): the
+/// row made is skipped while the fence holds the key. Weakened (a trigger
+/// that does not need the key), the new holder's row lands.
+async fn row_made_again(weak: Option<Weak>) -> bool {
+    let (db, _leader, token) = led(weak).await;
+    let app = session(&db.url).await;
+    begin(&app, "READ COMMITTED").await;
+    assert_eq!(fence_and_log(&app, FENCE_10S, token).await, "ok");
+    let admin = session(&db.url).await;
+    let made = admin
+        .query(
+            "WITH d AS (DELETE FROM service_leader_lock WHERE name = 'e' RETURNING name) \
+             SELECT 1",
+            &[],
+        )
+        .await
+        .and(
+            admin
+                .query(
+                    "INSERT INTO service_leader_lock (name, holder, instance, token, acquired_at, \
+                     renewed_at, expires_at) VALUES ('e', 'x', 'x', 0, now(), now(), \
+                     now() + interval '10 s') RETURNING token",
+                    &[],
+                )
+                .await,
+        )
+        .unwrap()
+        .len();
+    app.batch_execute("COMMIT").await.unwrap();
+    made == 0
+}
+
+#[tokio::test]
+async fn a_row_made_again_held_is_held_off() {
+    assert!(row_made_again(None).await);
+    assert!(!row_made_again(Some(Weak::NoKey)).await);
 }

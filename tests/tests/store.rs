@@ -1012,9 +1012,11 @@ mod postgres_only {
     }
 
     /// A leader of thousands of elections dies: a follower takes them all
-    /// in one batch, within a ttl, even on a plan made for any batch (a
+    /// in one call, within a ttl, even on a plan made for any batch (a
     /// prepared statement's generic plan guesses ten rows per array; a
-    /// join of the batch with itself became a nested loop there: 3 s).
+    /// join of the batch with itself became a nested loop there: 3 s). One
+    /// statement takes at most 512 (each holds an advisory lock until it
+    /// commits): the call sends it again for the rest.
     #[tokio::test]
     async fn thousands_of_expired_elections_are_taken_in_one_batch_within_a_ttl() {
         const N: usize = 5_000;

@@ -210,8 +210,9 @@ const RENEW_MANY_TYPES: &[Type] = &[
 /// holds one advisory lock until the statement commits, in a lock table the
 /// server shares with every session (64 × max_connections entries by
 /// default; 20,000 at once ran it out of memory here, failing other
-/// sessions' statements too), so at most 512 rows are taken at once: the
-/// rest read as refusals of expired rows, tried again within a heartbeat.
+/// sessions' statements too), so at most [`TAKE_LIMIT`] rows are taken by
+/// one statement: the rest read as refusals of expired rows, and
+/// `acquire_or_renew_many` sends the statement again for them.
 /// The rows to write carry what is written (`c`), so the
 /// `UPDATE` joins nothing else: prepared and planned generically (about
 /// ten rows guessed per array), a join there became a nested loop over the
@@ -267,6 +268,9 @@ SELECT FALSE, r.n, r.holder, r.instance, r.token,
             ELSE (EXTRACT(EPOCH FROM r.expires_at - now()) * 1000000)::bigint END
   FROM r
  WHERE NOT EXISTS (SELECT 1 FROM u WHERE u.n = r.n)";
+/// The most rows [`ACQUIRE_MANY`] takes over in one statement (its `LIMIT`).
+const TAKE_LIMIT: usize = 512;
+
 const ACQUIRE_MANY_TYPES: &[Type] = &[
     Type::VARCHAR_ARRAY,
     Type::VARCHAR_ARRAY,
@@ -787,37 +791,58 @@ impl PgStore {
         if rest.is_empty() {
             return Ok(out.into_iter().flatten().collect());
         }
-        let names: Vec<&str> = rest.iter().map(|&i| reqs[i].election).collect();
-        let insts: Vec<&str> = rest.iter().map(|&i| reqs[i].instance).collect();
-        let holders: Vec<&str> = rest.iter().map(|&i| reqs[i].holder).collect();
-        let daemons: Vec<Option<&str>> = rest.iter().map(|&i| reqs[i].daemon).collect();
-        let rows = self
-            .query(
-                ACQUIRE_MANY,
-                ACQUIRE_MANY_TYPES,
-                &[&names, &insts, &holders, &ttl_us, &daemons],
-            )
-            .await?;
-        for row in rows {
-            let i = place(&rest, row.try_get(1)?)?;
-            let req = &reqs[i];
-            let seen = observed((
-                row.try_get(2)?,
-                row.try_get(3)?,
-                row.try_get(4)?,
-                row.try_get(5)?,
-            ));
-            out[i] = Some(if row.try_get::<_, bool>(0)? {
-                if seen.instance.as_deref() == Some(req.instance) {
-                    Ok(Attempt::Granted { token: seen.token })
+        let mut sent = rest.clone();
+        loop {
+            let names: Vec<&str> = sent.iter().map(|&i| reqs[i].election).collect();
+            let insts: Vec<&str> = sent.iter().map(|&i| reqs[i].instance).collect();
+            let holders: Vec<&str> = sent.iter().map(|&i| reqs[i].holder).collect();
+            let daemons: Vec<Option<&str>> = sent.iter().map(|&i| reqs[i].daemon).collect();
+            let rows = self
+                .query(
+                    ACQUIRE_MANY,
+                    ACQUIRE_MANY_TYPES,
+                    &[&names, &insts, &holders, &ttl_us, &daemons],
+                )
+                .await?;
+            let mut taken = 0;
+            for row in rows {
+                let i = place(&sent, row.try_get(1)?)?;
+                let req = &reqs[i];
+                let seen = observed((
+                    row.try_get(2)?,
+                    row.try_get(3)?,
+                    row.try_get(4)?,
+                    row.try_get(5)?,
+                ));
+                out[i] = Some(if row.try_get::<_, bool>(0)? {
+                    if seen.instance.as_deref() == Some(req.instance) {
+                        if req.held_token != Some(seen.token) {
+                            taken += 1;
+                        }
+                        Ok(Attempt::Granted { token: seen.token })
+                    } else {
+                        Err(StoreError::Local(
+                            "a grant that does not name this instance".to_owned(),
+                        ))
+                    }
                 } else {
-                    Err(StoreError::Local(
-                        "a grant that does not name this instance".to_owned(),
-                    ))
-                }
-            } else {
-                crate::refusal(req, seen)
-            });
+                    crate::refusal(req, seen)
+                });
+            }
+            if taken < TAKE_LIMIT {
+                break;
+            }
+            // The statement took as many rows as it may at once: the rows
+            // it left (refusals of expired rows) are asked for again now.
+            sent.retain(
+                |&i| matches!(&out[i], Some(Ok(Attempt::Refused(seen))) if seen.remaining_us <= 0),
+            );
+            if sent.is_empty() {
+                break;
+            }
+            for &i in &sent {
+                out[i] = None;
+            }
         }
         let missing: Vec<usize> = rest.into_iter().filter(|&i| out[i].is_none()).collect();
         if !missing.is_empty() {
@@ -1017,6 +1042,11 @@ mod tests {
     #[test]
     fn the_migration_check_asks_every_part() {
         MIGRATION.assert_current_asks_every_check();
+    }
+
+    #[test]
+    fn the_take_limit_is_the_statements() {
+        assert!(ACQUIRE_MANY.contains(&format!("LIMIT {TAKE_LIMIT}\n")));
     }
 
     #[test]

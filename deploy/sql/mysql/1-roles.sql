@@ -29,9 +29,5 @@ CREATE USER 'leaderd_app'@'%' IDENTIFIED BY 'change-me';
 GRANT SELECT, INSERT, UPDATE, DELETE, CREATE, ALTER, INDEX, DROP, TRIGGER,
       CREATE ROUTINE, ALTER ROUTINE, EXECUTE, CREATE TEMPORARY TABLES
    ON `leaderd`.* TO 'leaderd_migrator'@'%';
--- The fence reads its own transaction's isolation level in
--- information_schema.INNODB_TRX, which needs PROCESS; without it a
--- SERIALIZABLE level set for one transaction alone is not refused.
-GRANT PROCESS ON *.* TO 'leaderd_migrator'@'%';
 -- With binary logging on, a user without SUPER may not make triggers and
 -- procedures unless the server sets log_bin_trust_function_creators = 1.

@@ -2,15 +2,15 @@ PROCEDURE leaderd_fence(IN election VARCHAR(100), IN fence_token BIGINT, IN boun
     SQL SECURITY DEFINER COMMENT 'leaderd fence 4'
 BEGIN
     -- leaderd_fence(election, token, bound_ms) on MySQL 8 (MariaDB's is
-    -- mariadb-procedure.sql): see up.sql for what it does. Version 4 is
-    -- MariaDB's faster procedure; this one is as version 3 was.
+    -- mariadb-procedure.sql, of static statements: MySQL lacks MariaDB's
+    -- variables, so the statements that read or set them are prepared at
+    -- run time here): see up.sql for what it does.
     -- It runs with its definer's rights inside the caller's transaction, so
     -- it leaves nothing behind when it refuses: every error it ends with
     -- rolls the transaction back and puts back the session's timeouts.
     DECLARE fenced BIGINT DEFAULT NULL;
     DECLARE live INT DEFAULT 0;
     DECLARE lease_ms BIGINT DEFAULT NULL;
-    DECLARE level VARCHAR(40) DEFAULT NULL;
     DECLARE impostor INT DEFAULT 0;
     DECLARE xa INT DEFAULT 0;
     DECLARE mariadb INT DEFAULT VERSION() LIKE '%MariaDB%';
@@ -85,30 +85,9 @@ BEGIN
         SIGNAL SQLSTATE 'LF005'
             SET MESSAGE_TEXT = 'leaderd_fence: this session had a temporary table named as leaderd''s (now dropped); the transaction was rolled back';
     END IF;
-    -- Plain reads: the fence row's token (the first read, which starts the
-    -- transaction in InnoDB; at worst a share lock on the fence row), then
-    -- the transaction's own isolation level, which one set for this
-    -- transaction alone (SET TRANSACTION ...) shows only there. That table
-    -- is a cache the server refreshes at most every 100 ms: its row counts
-    -- only when it shows this very statement (a nonce in its text), and is
-    -- not seen when the cache is older or the definer lacks PROCESS (then
-    -- the session's level above is all that is checked: README).
+    -- Plain reads: the fence row's token, then the lease. A level set for
+    -- one transaction only (SET TRANSACTION) does not show above: README.
     SELECT f.token INTO fenced FROM service_leader_fence f WHERE f.name = election;
-    BEGIN
-        DECLARE CONTINUE HANDLER FOR NOT FOUND, SQLEXCEPTION SET level = NULL;
-        SET @leaderd_fence_q = CONCAT(
-            'SELECT t.trx_isolation_level INTO @leaderd_fence_level FROM information_schema.INNODB_TRX t ',
-            'WHERE t.trx_mysql_thread_id = CONNECTION_ID() AND t.trx_query LIKE ''%', UUID(), '%'' LIMIT 1');
-        SET @leaderd_fence_level = NULL;
-        PREPARE leaderd_fence_s FROM @leaderd_fence_q;
-        EXECUTE leaderd_fence_s;
-        DEALLOCATE PREPARE leaderd_fence_s;
-        SET level = @leaderd_fence_level;
-    END;
-    IF level = 'SERIALIZABLE' THEN
-        SIGNAL SQLSTATE 'LF003'
-            SET MESSAGE_TEXT = 'leaderd_fence: SERIALIZABLE is not supported here (its reads lock the lease row against renewals); the transaction was rolled back: use REPEATABLE READ or READ COMMITTED';
-    END IF;
     SELECT COUNT(*), MAX(TIMESTAMPDIFF(MICROSECOND, COALESCE(l.renewed_at, l.acquired_at), l.expires_at) DIV 1000)
       INTO live, lease_ms
       FROM service_leader_lock l

@@ -73,11 +73,18 @@ BEGIN
     -- Every takeover (the token changes, or a process takes a row) and
     -- every row made already held takes the election's key exclusively, or
     -- is skipped: RETURN NULL leaves the row as it was, and the statement
-    -- goes on with the other rows it writes.
+    -- goes on with the other rows it writes. Each key is held until the
+    -- statement's transaction ends, in the server's shared lock table: a
+    -- row made for a name that never had one (no kept token: no fence can
+    -- have read it) takes none, so that loading thousands of held rows at
+    -- once does not fill that table (it did, failing other sessions too).
     EXECUTE pg_catalog.replace($sql$
 CREATE OR REPLACE FUNCTION {schema}.service_leader_take() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 BEGIN
+    IF TG_OP = 'INSERT' AND NOT EXISTS (SELECT 1 FROM {schema}.service_leader_token t WHERE t.name = NEW.name) THEN
+        RETURN NEW;
+    END IF;
     IF pg_try_advisory_xact_lock(hashtextextended(NEW.name, 30510766455353956)) THEN
         RETURN NEW;
     END IF;
@@ -114,8 +121,6 @@ DECLARE
     lease INTERVAL;
     superseded BOOLEAN;
     ms BIGINT;
-    setting TEXT;
-    current_ms BIGINT;
 BEGIN
     -- Alone in a query of its own that began the transaction: autocommit.
     -- (A query that holds more, or one sent with the extended protocol,
@@ -157,13 +162,14 @@ BEGIN
     -- Never above a shorter timeout the app set itself. current_setting(),
     -- not the pg_settings view (which builds a row for every setting: 0.4 ms
     -- a call); transaction_timeout exists from PostgreSQL 17 on.
-    FOREACH setting IN ARRAY ARRAY['idle_in_transaction_session_timeout', 'statement_timeout',
-                                   'transaction_timeout'] LOOP
-        current_ms := ceil(EXTRACT(EPOCH FROM current_setting(setting, true)::interval) * 1000);
-        IF current_ms IS NOT NULL THEN
-            PERFORM set_config(setting, LEAST(ms, NULLIF(current_ms, 0))::text, true);
-        END IF;
-    END LOOP;
+    PERFORM set_config('idle_in_transaction_session_timeout', LEAST(ms, NULLIF(ceil(EXTRACT(EPOCH FROM
+                current_setting('idle_in_transaction_session_timeout')::interval) * 1000)::bigint, 0))::text, true),
+            set_config('statement_timeout', LEAST(ms, NULLIF(ceil(EXTRACT(EPOCH FROM
+                current_setting('statement_timeout')::interval) * 1000)::bigint, 0))::text, true);
+    IF current_setting('transaction_timeout', true) IS NOT NULL THEN
+        PERFORM set_config('transaction_timeout', LEAST(ms, NULLIF(ceil(EXTRACT(EPOCH FROM
+                current_setting('transaction_timeout')::interval) * 1000)::bigint, 0))::text, true);
+    END IF;
     RETURN held;
 END $fn$$sql$, '{schema}', s);
     EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s.leaderd_fence(VARCHAR, BIGINT, INTERVAL) FROM PUBLIC', s);
