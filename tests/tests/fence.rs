@@ -1,10 +1,11 @@
 //! Fenced writes (README, "Fenced writes"): an app's own transaction, fenced
 //! by `leaderd_fence`, commits only while its token leads; a takeover waits
 //! for it (a named successor's take too), and a transaction that hangs
-//! holds takeovers off for its bound only. Each case is one of the
-//! interleavings in `shared/FENCE.md`, run with real sessions: leaderd's
-//! own statements (`leaderd_store`) for the leader and the follower, a
-//! plain client for the app.
+//! holds takeovers off for its bound only. Each case is an interleaving of
+//! an app's transaction with leaderd's statements, run with real sessions:
+//! leaderd's own statements (`leaderd_store`) for the leader and the
+//! follower, a plain client for the app (`fence_interleavings.rs` runs the
+//! main ones at every isolation level).
 
 use std::time::{Duration, Instant};
 

@@ -496,6 +496,86 @@ async fn a_transaction_fenced_by_the_previous_version_holds_across_the_upgrade()
     assert!(writes_before_term(&watcher).await);
 }
 
+/// Renames by hand while a transaction is fenced: the fenced row renamed
+/// away, and another holder's row renamed into its name after it was
+/// deleted. Each is skipped while the fence holds the key (both names'
+/// keys for a rename). Weakened (no key needed), the other holder's row
+/// takes the name under the open transaction.
+async fn renamed_under_the_fence(weak: Option<Weak>) -> bool {
+    let (db, _leader, token) = led(weak).await;
+    pg_exec(
+        &db.url,
+        &["INSERT INTO service_leader_lock (name, holder, instance, token, acquired_at, renewed_at, \
+           expires_at) VALUES ('y', 'x', 'x', 5, now(), now(), now() + interval '10 s')"],
+    );
+    let app = session(&db.url).await;
+    begin(&app, "READ COMMITTED").await;
+    assert_eq!(fence_and_log(&app, FENCE_10S, token).await, "ok");
+    let admin = session(&db.url).await;
+    let away = admin
+        .execute(
+            "UPDATE service_leader_lock SET name = 'z' WHERE name = 'e'",
+            &[],
+        )
+        .await
+        .unwrap();
+    admin
+        .execute("DELETE FROM service_leader_lock WHERE name = 'e'", &[])
+        .await
+        .unwrap();
+    let into = admin
+        .execute(
+            "UPDATE service_leader_lock SET name = 'e' WHERE name = 'y'",
+            &[],
+        )
+        .await
+        .unwrap();
+    app.batch_execute("COMMIT").await.unwrap();
+    away == 0 && into == 0
+}
+
+#[tokio::test]
+async fn renames_are_held_off_like_takeovers() {
+    assert!(renamed_under_the_fence(None).await);
+    assert!(!renamed_under_the_fence(Some(Weak::NoKey)).await);
+}
+
+/// The key's seed is the installation's secret: a role with no grant
+/// cannot read it, so cannot take an election's key and hold its
+/// takeovers off (anyone may take an advisory lock); the fence refuses a
+/// read-only transaction, and says it is not installed when its trigger is
+/// disabled (it would hold nothing off).
+#[tokio::test]
+async fn the_key_is_secret_and_the_fence_checks_what_it_needs() {
+    let (db, _leader, token) = led(None).await;
+    let role = format!("nobody_{}", std::process::id());
+    pg_exec(
+        &db.url,
+        &[
+            &format!("DROP ROLE IF EXISTS {role}"),
+            &format!("CREATE ROLE {role} LOGIN"),
+        ],
+    );
+    let nobody = session(&db.url_as(&role)).await;
+    let read = nobody
+        .query("SELECT seed FROM service_leader_fence_key", &[])
+        .await;
+    assert_eq!(code(&read), "42501", "{read:?}");
+    drop(nobody);
+    let app = session(&db.url).await;
+    app.batch_execute("BEGIN READ ONLY").await.unwrap();
+    assert_eq!(fence_and_log(&app, FENCE_10S, token).await, "25006");
+    app.batch_execute("ROLLBACK").await.unwrap();
+    pg_exec(
+        &db.url,
+        &["ALTER TABLE service_leader_lock DISABLE TRIGGER service_leader_take"],
+    );
+    begin(&app, "READ COMMITTED").await;
+    assert_eq!(fence_and_log(&app, FENCE_10S, token).await, "LF007");
+    app.batch_execute("ROLLBACK").await.unwrap();
+    pg_exec(&db.url, &[&format!("DROP ROLE {role}")]);
+}
+
 /// The same interleavings on MariaDB, at the levels its fence accepts
 /// (READ COMMITTED and REPEATABLE READ; a SERIALIZABLE session is refused).
 /// There the fence locks its own row of the election (`service_leader_fence`,
@@ -799,6 +879,41 @@ mod mariadb {
         for level in LEVELS {
             assert!(renewal_then_fence(level).await, "{level}");
         }
+    }
+
+    /// Renames by hand while a transaction is fenced: the fenced row renamed
+    /// away, and another holder's row renamed into its name after it was
+    /// deleted. A rename writes both names' fence rows, which the fenced
+    /// transaction holds: both wait for it (here cut at 1 s).
+    #[tokio::test]
+    async fn renames_are_held_off_like_takeovers() {
+        let (db, _leader, token) = led(None).await;
+        db.exec(&[
+            "INSERT INTO service_leader_lock (name, holder, instance, token, acquired_at, \
+                   renewed_at, expires_at) VALUES ('y', 'x', 'x', 5, UTC_TIMESTAMP(6), \
+                   UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL 10 SECOND)",
+        ]);
+        let mut app = session(&db.url).await;
+        begin(&mut app, "READ COMMITTED").await;
+        assert_eq!(fence_and_log(&mut app, token, Some(10_000)).await, "ok");
+        let mut admin = session(&db.url).await;
+        admin
+            .query_drop("SET SESSION innodb_lock_wait_timeout = 1")
+            .await
+            .unwrap();
+        let away = admin
+            .query_drop("UPDATE service_leader_lock SET name = 'z' WHERE name = 'e'")
+            .await;
+        assert_eq!(state(&away), "HY000", "{away:?}");
+        admin
+            .query_drop("DELETE FROM service_leader_lock WHERE name = 'e'")
+            .await
+            .unwrap();
+        let into = admin
+            .query_drop("UPDATE service_leader_lock SET name = 'e' WHERE name = 'y'")
+            .await;
+        assert_eq!(state(&into), "HY000", "{into:?}");
+        app.query_drop("COMMIT").await.unwrap();
     }
 
     /// A SERIALIZABLE session is refused before anything is read.

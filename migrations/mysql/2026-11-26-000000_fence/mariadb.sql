@@ -11,11 +11,20 @@ CREATE TABLE IF NOT EXISTS service_leader_fence (
     name  VARBINARY(400) NOT NULL PRIMARY KEY,
     token BIGINT         NOT NULL
 ) ENGINE = InnoDB;
+-- A rename writes both names' fence rows: a fenced transaction holds its
+-- election's row, so that neither its lease renamed away nor another
+-- renamed into its name can get past it.
 CREATE OR REPLACE TRIGGER service_leader_fence_take BEFORE UPDATE ON service_leader_lock FOR EACH ROW
-    IF NEW.token <> OLD.token THEN
+BEGIN
+    IF NEW.token <> OLD.token OR NEW.name <> OLD.name THEN
         INSERT INTO service_leader_fence (name, token) VALUES (NEW.name, NEW.token)
             ON DUPLICATE KEY UPDATE token = GREATEST(token, VALUES(token));
     END IF;
+    IF NEW.name <> OLD.name THEN
+        INSERT INTO service_leader_fence (name, token) VALUES (OLD.name, OLD.token)
+            ON DUPLICATE KEY UPDATE token = GREATEST(token, VALUES(token));
+    END IF;
+END;
 CREATE OR REPLACE TRIGGER service_leader_fence_new AFTER INSERT ON service_leader_lock FOR EACH ROW
     INSERT INTO service_leader_fence (name, token) VALUES (NEW.name, NEW.token)
         ON DUPLICATE KEY UPDATE token = GREATEST(token, VALUES(token));

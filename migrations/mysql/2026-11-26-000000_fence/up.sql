@@ -32,11 +32,20 @@ CREATE PROCEDURE leaderd_fence(IN election VARCHAR(100), IN fence_token BIGINT, 
     SIGNAL SQLSTATE 'LF002'
         SET MESSAGE_TEXT = 'leaderd_fence is not installed: the migration could not create its triggers (see leaderd''s log)';
 DROP TRIGGER IF EXISTS service_leader_fence_take;
+-- A rename writes both names' fence rows: a fenced transaction holds its
+-- election's row, so that neither its lease renamed away nor another
+-- renamed into its name can get past it.
 CREATE TRIGGER service_leader_fence_take BEFORE UPDATE ON service_leader_lock FOR EACH ROW
-    IF NEW.token <> OLD.token THEN
+BEGIN
+    IF NEW.token <> OLD.token OR NEW.name <> OLD.name THEN
         INSERT INTO service_leader_fence (name, token) VALUES (NEW.name, NEW.token)
             ON DUPLICATE KEY UPDATE token = GREATEST(token, VALUES(token));
     END IF;
+    IF NEW.name <> OLD.name THEN
+        INSERT INTO service_leader_fence (name, token) VALUES (OLD.name, OLD.token)
+            ON DUPLICATE KEY UPDATE token = GREATEST(token, VALUES(token));
+    END IF;
+END;
 DROP TRIGGER IF EXISTS service_leader_fence_new;
 CREATE TRIGGER service_leader_fence_new AFTER INSERT ON service_leader_lock FOR EACH ROW
     INSERT INTO service_leader_fence (name, token) VALUES (NEW.name, NEW.token)

@@ -27,10 +27,11 @@
 -- serialization failure (40001) when a takeover committed since the
 -- snapshot; a version nobody superseded is the row as it is, and stays so.
 --
--- The key is a 64-bit hash of the election's name (hashtextextended, with
--- leaderd's seed): two elections share one with a chance of 2^-64 a pair,
--- and if they did, one's fenced transactions would hold the other's
--- takeovers off too (a delay, never a second leader).
+-- The key is a 64-bit hash of the election's name (hashtextextended) with
+-- a random seed of the installation's that only its owner may read: two
+-- elections share one with a chance of 2^-64 a pair, and if they did, one's
+-- fenced transactions would hold the other's takeovers off too (a delay,
+-- never a second leader).
 --
 -- The bound (default: the lease's ttl as the row shows it, expires_at -
 -- renewed_at) keeps a hung transaction from holding takeovers off: it is set
@@ -70,22 +71,37 @@ BEGIN
     IF s IS NULL THEN
         RAISE EXCEPTION 'leaderd: no current schema to install into (search_path)';
     END IF;
-    -- Every takeover (the token changes, or a process takes a row) and
-    -- every row made already held takes the election's key exclusively, or
-    -- is skipped: RETURN NULL leaves the row as it was, and the statement
-    -- goes on with the other rows it writes. Each key is held until the
-    -- statement's transaction ends, in the server's shared lock table: a
-    -- row made for a name that never had one (no kept token: no fence can
-    -- have read it) takes none, so that loading thousands of held rows at
-    -- once does not fill that table (it did, failing other sessions too).
+    -- The key's seed: a random number of this installation's, which only
+    -- its owner may read (the functions below read it with the owner's
+    -- rights). Advisory locks are anyone's to take: a role that could work
+    -- out an election's key could hold it, and every takeover of the
+    -- election off, for as long as its session lives.
+    IF pg_catalog.to_regclass(pg_catalog.format('%s.service_leader_fence_key', s)) IS NULL THEN
+        EXECUTE pg_catalog.format('CREATE TABLE %s.service_leader_fence_key (seed BIGINT NOT NULL)', s);
+        EXECUTE pg_catalog.format('INSERT INTO %s.service_leader_fence_key VALUES ((%L OPERATOR(pg_catalog.||) '
+            'pg_catalog.substr(pg_catalog.md5(pg_catalog.random()::text OPERATOR(pg_catalog.||) '
+            'pg_catalog.clock_timestamp()::text), 1, 16))::bit(64)::bigint)', s, 'x');
+    END IF;
+    EXECUTE pg_catalog.format('REVOKE ALL ON %s.service_leader_fence_key FROM PUBLIC', s);
+    -- Every takeover (the token changes, or a process takes a row), every
+    -- row made already held, and every rename takes the election's key
+    -- exclusively (a rename: both names'), or is skipped: RETURN NULL
+    -- leaves the row as it was, and the statement goes on with the other
+    -- rows it writes. Each key is held until the statement's transaction
+    -- ends, in the server's shared lock table: loading thousands of held
+    -- rows in one statement would fill it (leaderd's own statements take
+    -- over at most 512 rows at once).
     EXECUTE pg_catalog.replace($sql$
 CREATE OR REPLACE FUNCTION {schema}.service_leader_take() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    seed BIGINT := (SELECT min(k.seed) FROM {schema}.service_leader_fence_key k);
 BEGIN
-    IF TG_OP = 'INSERT' AND NOT EXISTS (SELECT 1 FROM {schema}.service_leader_token t WHERE t.name = NEW.name) THEN
-        RETURN NEW;
+    IF TG_OP = 'UPDATE' AND OLD.name IS DISTINCT FROM NEW.name
+       AND NOT pg_try_advisory_xact_lock(hashtextextended(OLD.name, seed)) THEN
+        RETURN NULL;
     END IF;
-    IF pg_try_advisory_xact_lock(hashtextextended(NEW.name, 30510766455353956)) THEN
+    IF pg_try_advisory_xact_lock(hashtextextended(NEW.name, seed)) THEN
         RETURN NEW;
     END IF;
     RETURN NULL;
@@ -99,6 +115,7 @@ END $fn$$sql$, '{schema}', s);
     -- voids the fence.
     FOREACH trigger IN ARRAY ARRAY[
         'service_leader_take BEFORE UPDATE|NOT (OLD.token OPERATOR(pg_catalog.=) NEW.token) '
+            'OR NOT (OLD.name OPERATOR(pg_catalog.=) NEW.name) '
             'OR (NEW.instance IS NOT NULL AND (OLD.instance IS NULL '
             'OR OLD.instance OPERATOR(pg_catalog.<>) NEW.instance))',
         'service_leader_take_new BEFORE INSERT|NEW.instance IS NOT NULL'] LOOP
@@ -120,6 +137,8 @@ DECLARE
     expires TIMESTAMPTZ;
     lease INTERVAL;
     superseded BOOLEAN;
+    seed BIGINT;
+    triggers BIGINT;
     ms BIGINT;
 BEGIN
     -- Alone in a query of its own that began the transaction: autocommit.
@@ -130,10 +149,29 @@ BEGIN
         RAISE EXCEPTION 'leaderd_fence: not in a transaction block (autocommit): its lock would end with this statement; BEGIN first'
             USING ERRCODE = 'LF004';
     END IF;
+    -- A read-only transaction writes nothing that could land late, and on
+    -- a standby the row may lag: refused, as a row lock would be.
+    IF current_setting('transaction_read_only') = 'on' THEN
+        RAISE EXCEPTION 'leaderd_fence: a read-only transaction (or a standby) cannot be fenced'
+            USING ERRCODE = '25006';
+    END IF;
+    -- The seed of the key, and the takeover triggers: without them (a
+    -- table made again by hand, a trigger disabled) the lock below would
+    -- hold nothing off.
+    SELECT min(k.seed), (SELECT count(*) FROM pg_trigger t
+                          WHERE t.tgrelid = '{schema}.service_leader_lock'::regclass
+                            AND t.tgname IN ('service_leader_take', 'service_leader_take_new')
+                            AND t.tgenabled <> 'D')
+      INTO seed, triggers
+      FROM {schema}.service_leader_fence_key k;
+    IF triggers IS DISTINCT FROM 2 OR seed IS NULL THEN
+        RAISE EXCEPTION 'leaderd_fence: not installed (the takeover triggers on service_leader_lock are missing or disabled): run leaderd migrate'
+            USING ERRCODE = 'LF007';
+    END IF;
     -- The key every takeover of the election needs; a takeover holding it
     -- now is waited for (one statement of leaderd's; this wait is not
     -- bounded: the bound applies from the next statement on).
-    PERFORM pg_advisory_xact_lock_shared(hashtextextended(election, 30510766455353956));
+    PERFORM pg_advisory_xact_lock_shared(hashtextextended(election, seed));
     -- One read, a statement of its own: under READ COMMITTED its snapshot
     -- is taken after the lock.
     SELECT CASE WHEN l.instance IS NULL THEN NULL ELSE l.token END,
