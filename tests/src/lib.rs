@@ -21,6 +21,7 @@ pub mod pgbouncer;
 pub mod pgserver;
 pub mod proxy;
 pub mod replicas;
+pub mod sqlstate;
 pub mod sse;
 pub mod store;
 pub mod surroundings;

@@ -10,6 +10,9 @@
 use std::time::{Duration, Instant};
 
 use leaderd_store::{Attempt, Connection, FenceStatus, LeaseRequest, Release, Successor};
+use leaderd_tests::sqlstate::{
+    mysql as state, mysql_wait_expired, pg as code, pg_wait_expired as wait_expired,
+};
 use leaderd_tests::store::{acquire, connect, migrated};
 use leaderd_tests::{pg_exec, TempDb};
 use tokio_postgres::Client;
@@ -53,16 +56,6 @@ async fn led() -> (TempDb, Connection, i64) {
     (db, a, token)
 }
 
-/// The SQLSTATE of a failed statement, or "ok".
-fn code<T>(r: &Result<T, tokio_postgres::Error>) -> String {
-    match r {
-        Ok(_) => "ok".to_owned(),
-        Err(e) => e
-            .code()
-            .map_or_else(|| format!("no code: {e}"), |c| c.code().to_owned()),
-    }
-}
-
 fn message<T>(r: &Result<T, tokio_postgres::Error>) -> String {
     match r {
         Ok(_) => String::new(),
@@ -93,25 +86,6 @@ async fn fence_and_log(app: &Client, fence: &str, token: i64) {
     app.execute("INSERT INTO app_log (token) VALUES ($1)", &[&token])
         .await
         .unwrap();
-}
-
-/// Waits until the lease row of `e` has expired by the database's clock.
-async fn wait_expired(app: &Client) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let row = app
-            .query_one(
-                "SELECT expires_at <= clock_timestamp() FROM service_leader_lock WHERE name = 'e'",
-                &[],
-            )
-            .await
-            .unwrap();
-        if row.get::<_, bool>(0) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "the lease never expired");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// Attempts with `req` (the follower's, or the named successor's) for
@@ -701,15 +675,6 @@ mod mariadb {
             .unwrap_or_else(|e| panic!("app cannot connect: {e}"))
     }
 
-    /// The SQLSTATE of a failed statement, or "ok".
-    fn state<T>(r: &Result<T, mysql_async::Error>) -> String {
-        match r {
-            Ok(_) => "ok".to_owned(),
-            Err(mysql_async::Error::Server(e)) => e.state.clone(),
-            Err(e) => format!("not a server error: {e}"),
-        }
-    }
-
     fn said<T>(r: &Result<T, mysql_async::Error>) -> String {
         match r {
             Ok(_) => String::new(),
@@ -749,23 +714,6 @@ mod mariadb {
         app
     }
 
-    async fn wait_expired(app: &mut Conn) {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let expired: Option<i64> = app
-                .query_first(
-                    "SELECT expires_at <= UTC_TIMESTAMP(6) FROM service_leader_lock WHERE name = 'e'",
-                )
-                .await
-                .unwrap();
-            if expired == Some(1) {
-                return;
-            }
-            assert!(Instant::now() < deadline, "the lease never expired");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
     async fn count(url: &str) -> i64 {
         let mut c = app(url).await;
         c.query_first("SELECT COUNT(*) FROM app_log")
@@ -789,7 +737,7 @@ mod mariadb {
             );
         }
         let mut watcher = self::app(&db.url).await;
-        wait_expired(&mut watcher).await;
+        mysql_wait_expired(&mut watcher).await;
         let mut b = connect(&db.url).await;
         let tries = refused_throughout(&mut b, &req("b", None), Duration::from_millis(400)).await;
         assert!(tries >= 3, "only {tries} attempts");
@@ -852,7 +800,7 @@ mod mariadb {
     async fn a_takeover_in_flight_makes_the_fence_fail() {
         let (db, _leader, token) = led().await;
         let mut takeover = app(&db.url).await;
-        wait_expired(&mut takeover).await;
+        mysql_wait_expired(&mut takeover).await;
         takeover.query_drop("START TRANSACTION").await.unwrap();
         takeover
             .query_drop(
@@ -940,7 +888,7 @@ mod mariadb {
         assert_eq!(state(&r), "LF004", "{}", said(&r));
         // Both sessions stay open; a takeover and a create go through.
         let mut watcher = app(&db.url).await;
-        wait_expired(&mut watcher).await;
+        mysql_wait_expired(&mut watcher).await;
         let mut b = connect(&db.url).await;
         let taken = acquire(&mut b, &req("b", None), Duration::from_secs(2)).await;
         assert!(taken > token);
@@ -968,7 +916,7 @@ mod mariadb {
                 .query_first("SELECT token FROM service_leader_lock WHERE name = 'e'")
                 .await
                 .unwrap();
-            wait_expired(&mut app).await;
+            mysql_wait_expired(&mut app).await;
             let r = fence(&mut app, token, None).await;
             assert_eq!(state(&r), FENCED_OUT, "{level}: {}", said(&r));
         }

@@ -14,6 +14,9 @@
 use std::time::{Duration, Instant};
 
 use leaderd_store::{Attempt, Connection, LeaseRequest, Release, Successor};
+use leaderd_tests::sqlstate::{
+    mysql as state, mysql_wait_expired, pg as code, pg_wait_expired as wait_expired,
+};
 use leaderd_tests::store::{acquire, connect, migrated};
 use leaderd_tests::{pg_exec, TempDb};
 use tokio_postgres::Client;
@@ -115,16 +118,6 @@ async fn weaken(db: &TempDb, w: Weak) {
     admin.batch_execute(&def.replace(from, to)).await.unwrap();
 }
 
-/// The SQLSTATE of a result, or "ok".
-fn code<T>(r: &Result<T, tokio_postgres::Error>) -> String {
-    match r {
-        Ok(_) => "ok".to_owned(),
-        Err(e) => e
-            .code()
-            .map_or_else(|| format!("no code: {e}"), |c| c.code().to_owned()),
-    }
-}
-
 async fn begin(app: &Client, level: &str) {
     app.batch_execute(&format!("BEGIN ISOLATION LEVEL {level}"))
         .await
@@ -142,24 +135,6 @@ async fn fence_and_log(app: &Client, fence: &str, token: i64) -> String {
         &app.execute("INSERT INTO app_log (token) VALUES ($1)", &[&token])
             .await,
     )
-}
-
-async fn wait_expired(watcher: &Client) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let row = watcher
-            .query_one(
-                "SELECT expires_at <= clock_timestamp() FROM service_leader_lock WHERE name = 'e'",
-                &[],
-            )
-            .await
-            .unwrap();
-        if row.get::<_, bool>(0) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "the lease never expired");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// Attempts with `r` for `for_`: the token of one granted, if any.
@@ -604,14 +579,6 @@ mod mariadb {
             .unwrap_or_else(|e| panic!("cannot connect: {e}"))
     }
 
-    fn state<T>(r: &Result<T, mysql_async::Error>) -> String {
-        match r {
-            Ok(_) => "ok".to_owned(),
-            Err(mysql_async::Error::Server(e)) => e.state.clone(),
-            Err(e) => format!("not a server error: {e}"),
-        }
-    }
-
     async fn led(weak: Option<Weak>) -> (TempDb, Connection, i64) {
         let db = TempDb::mysql();
         let mut a = migrated(&db.url).await;
@@ -668,23 +635,6 @@ mod mariadb {
         )
     }
 
-    async fn wait_expired(c: &mut Conn) {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let expired: Option<i64> = c
-                .query_first(
-                    "SELECT expires_at <= UTC_TIMESTAMP(6) FROM service_leader_lock WHERE name = 'e'",
-                )
-                .await
-                .unwrap();
-            if expired == Some(1) {
-                return;
-            }
-            assert!(Instant::now() < deadline, "the lease never expired");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
     async fn writes_before_term(url: &str) -> bool {
         let mut c = session(url).await;
         let first: Option<Option<i64>> = c
@@ -719,7 +669,7 @@ mod mariadb {
             .unwrap();
         assert_eq!(renewed, Attempt::Granted { token }, "{level}");
         let mut watcher = session(&db.url).await;
-        wait_expired(&mut watcher).await;
+        mysql_wait_expired(&mut watcher).await;
         let mut b = connect(&db.url).await;
         let early = granted_within(&mut b, &req("b"), Duration::from_millis(400)).await;
         let commit = app.query_drop("COMMIT").await;
@@ -733,7 +683,7 @@ mod mariadb {
     async fn takeover_first(level: &str) -> bool {
         let (db, _leader, token) = led(None).await;
         let mut watcher = session(&db.url).await;
-        wait_expired(&mut watcher).await;
+        mysql_wait_expired(&mut watcher).await;
         let mut b = connect(&db.url).await;
         acquire(&mut b, &req("b"), Duration::from_secs(3)).await;
         let mut app = session(&db.url).await;

@@ -724,6 +724,7 @@ mod postgres {
 mod mariadb {
     use super::*;
     use leaderd_store::{Attempt, Connection};
+    use leaderd_tests::sqlstate::mysql as state;
     use mysql_async::prelude::Queryable;
     use mysql_async::Conn;
 
@@ -767,14 +768,6 @@ mod mariadb {
         let mut a = migrated(&db.url).await;
         let token = acquire(&mut a, &req("e", "a"), Duration::from_secs(5)).await;
         (db, a, token)
-    }
-
-    fn state<T>(r: &Result<T, mysql_async::Error>) -> String {
-        match r {
-            Ok(_) => "ok".to_owned(),
-            Err(mysql_async::Error::Server(e)) => e.state.clone(),
-            Err(e) => format!("not a server error: {e}"),
-        }
     }
 
     async fn in_transaction(c: &mut Conn) -> bool {
