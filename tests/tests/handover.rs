@@ -13,7 +13,7 @@ use leaderd_tests::{
     http_raw, http_raw_from, run_cli, serial, wait_for, wait_single_leader, Daemon, Scratch, TempDb,
 };
 
-/// What the spec promises for a graceful handover, on every backend.
+/// What README promises for a graceful handover, on every backend.
 const HANDOVER: Duration = Duration::from_millis(150);
 const ROUNDS: usize = 8;
 /// The releaser's hold in the release rounds.

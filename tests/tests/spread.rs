@@ -289,7 +289,7 @@ fn a_thousand_elections_on_postgres_are_each_renewed_once_per_interval() {
 }
 
 /// One daemon with six elections on MariaDB, leading all six, holds two
-/// connections (spec: one, two with a wake-up): the lock table's, which
+/// connections (one, two with a wake-up): the lock table's, which
 /// also holds the leader's named locks for its six, and one looking at the
 /// leaders' named locks for release wake-ups (not one waiter and one
 /// named-lock holder per election: thirteen, and a few hundred elections
@@ -482,7 +482,7 @@ fn an_idle_daemon_costs_mysql_nothing_beside_twenty_thousand_other_rows() {
         "{rows_per_second:.0} rows scanned/s"
     );
     // Measured 0.4 % when this test was written, 0.75–1.25 % in 2026-11
-    // (the bound is 1 %); CPU ticks
+    // (the bound is 1 %); CPU ticks
     // come in 10 ms steps (0.25 % of a 4 s window), so the test allows 2 %:
     // the fault it guards against cost 36 % (2.8 % with half of it fixed).
     // The rows scanned above are the exact check.

@@ -320,7 +320,7 @@ pub async fn tokens_never_decrease_across_a_deleted_row(url: &str, delete: impl 
 /// A re-created row's token is seeded from a clock (the database's; on
 /// SQLite the host's wall clock), which may have stepped back since the
 /// deleted row's token was drawn (here the row carries a token a day ahead
-/// of the clock): the new token is still above it (spec: tokens never
+/// of the clock): the new token is still above it (tokens never
 /// decrease, even across a deleted row).
 pub async fn tokens_never_decrease_when_the_seed_clock_stepped_back(db: &TempDb) {
     let mut a = migrated(&db.url).await;

@@ -8,7 +8,7 @@
 //! hand-overs and how the elections ended up over the new pods. The
 //! daemons' logs are checked for two leaders at once.
 //!
-//! What issue 35 measured by hand and sets out to improve: this part gives
+//! A rolling update as a user runs one, measured: this part gives
 //! its figures before and after. `ROLLING_RUNS=N` sets the updates per
 //! case, `ROLLING_CASES=3x1,3x6s` picks cases (replicas x elections, `s`:
 //! the spread on; `5x6/random/nowait` one subcase of a case, order
@@ -34,7 +34,7 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(5);
 /// After the last old pod has gone, how long the update is still watched
 /// (the spread hands over one batch per cool-down, ttl + heartbeat).
 const SETTLE: Duration = Duration::from_secs(8);
-/// The bound on a leaderless spell that issue 35 sets for an update.
+/// The bound on a leaderless spell during an update that the part checks.
 const LONG_SPELL: Duration = Duration::from_millis(100);
 
 /// Which old pod goes next.
@@ -362,7 +362,7 @@ pub fn run(size: Size) -> Result<Vec<Changes>> {
             );
         }
     }
-    println!("## A rolling update (issue 35)\n");
+    println!("## A rolling update\n");
     println!(
         "PostgreSQL, default timing; one new pod at a time, ready on `/readyz` (then 1.5 s \
          more where it says wait), then one old pod SIGTERMed; every pod's `/elections` \

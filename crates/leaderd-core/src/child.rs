@@ -1,5 +1,5 @@
 //! When a command run under `leaderd exec` starts and stops: "Running a
-//! command only while leading" from the spec, as a state machine fed with
+//! command only while leading" (README), as a state machine fed with
 //! the lease and the time, like [`Engine`](crate::Engine).
 //!
 //! Rules:
@@ -40,7 +40,7 @@ impl Timing {
         self.local_lease().saturating_sub(self.renew_every()) / 2
     }
 
-    /// The spec's default, `ttl / 4`, within [`Timing::max_stop_grace`]
+    /// The default, `ttl / 4`, within [`Timing::max_stop_grace`]
     /// (only very short leases need the cap).
     pub fn default_stop_grace(&self) -> Duration {
         (self.ttl() / 4).min(self.max_stop_grace())

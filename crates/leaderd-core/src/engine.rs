@@ -1,4 +1,4 @@
-//! The lease state machine: "Leadership, locally" from the spec.
+//! The lease state machine: when this process may call itself leader.
 //!
 //! Rules it enforces:
 //! - a grant makes this replica leader until `sent_at + ttl - margin`, where

@@ -4,7 +4,7 @@
 //! when (on the host's boot clock, see [`BootTime`]), and it says whether this
 //! replica leads at a given instant and when to ask the database next. It never
 //! reads a clock, sleeps, or touches a socket; the daemon and the stores are
-//! adapters around it. That keeps every timing rule of the spec testable with
+//! adapters around it. That keeps every timing rule testable with
 //! plain values.
 //!
 //! What this crate does not do: talk to a database (see `leaderd-store`), or

@@ -17,7 +17,7 @@ use std::time::Duration;
 use crate::Timing;
 
 /// How long only the named successor may take a released row: one
-/// heartbeat, as the spec says. A successor woken by the release takes it
+/// heartbeat. A successor woken by the release takes it
 /// within milliseconds; one that died costs the others this much, once.
 pub fn window(timing: Timing) -> Duration {
     timing.heartbeat()
@@ -69,7 +69,7 @@ pub struct Candidate<'a> {
 /// priority. A full replica named there would owe the election on by the
 /// share rule at once, and two full replicas of a higher priority would
 /// hand elections to each other for ever while one below its share got
-/// none (the spec's exception: priority yields to the spread's shares).
+/// none (the one exception: priority yields to the spread's shares).
 pub fn choose<'a>(
     candidates: &[Candidate<'a>],
     share: Option<usize>,
@@ -162,7 +162,7 @@ mod tests {
         // Everyone full: the order as without shares.
         let c = [cand("a", 0, 10, 2), cand("b", 0, 3, 2)];
         assert_eq!(choose(&c, Some(2), false), Some("b"));
-        // Priority before room (the spec: the highest priority first);
+        // Priority before room (the highest priority first);
         // room orders the replicas of one priority.
         let c = [
             cand("hi-full", 9, 1, 2),

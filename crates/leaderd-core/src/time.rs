@@ -56,7 +56,7 @@ pub enum TimingError {
     /// A lease this long would block the election that long after a crash.
     #[error("ttl must be at most {max:?}, got {got:?}")]
     TtlTooLong { max: Duration, got: Duration },
-    /// The spec requires `ttl > heartbeat`.
+    /// A lease must outlast a heartbeat: `ttl > heartbeat`.
     #[error("ttl ({ttl:?}) must exceed heartbeat ({heartbeat:?})")]
     TtlNotAboveHeartbeat { ttl: Duration, heartbeat: Duration },
 }
@@ -211,7 +211,7 @@ mod tests {
 
     #[test]
     fn the_renewal_budget_is_what_a_renewal_may_take() {
-        // The spec's figures: the defaults, ttl 150 ms and ttl 100 ms.
+        // The documented figures: the defaults, ttl 150 ms and ttl 100 ms.
         assert_eq!(
             Timing::new(MS(1000), MS(1200)).unwrap().renewal_budget(),
             MS(750)

@@ -1,5 +1,5 @@
 //! A deterministic simulation of whole elections: several replicas each
-//! running the real [`Engine`], a simulated database implementing the spec's
+//! running the real [`Engine`], a simulated database implementing the lease's
 //! operations on its own clock, and a network and hosts that misbehave —
 //! delayed, lost and late messages, replies that arrive after the lease,
 //! processes paused past their ttl, crashes and restarts, releases (most
@@ -11,7 +11,7 @@
 //! After every step it checks: no two replicas lead at one instant of true
 //! time, no leader's token is below an earlier leader's, no token is held by
 //! two instances; and once the faults stop, a leader exists again within the
-//! bound the spec promises.
+//! bound README promises.
 //!
 //! Everything is driven by a seeded generator, so a failure is reproduced by
 //! its seed: `SIM_SEED=… cargo test -p leaderd-core --test simulation`.
@@ -504,7 +504,7 @@ impl Sim {
     }
 
     /// Runs the faulty phase, then a quiet one in which a leader must appear
-    /// within the spec's bound: the holder's lease (a ttl), one heartbeat of
+    /// within the documented bound: the holder's lease (a ttl), one heartbeat of
     /// polling, and a few message delays.
     fn run(&mut self, max_steps: u64) {
         while self.now < self.faults_until && self.steps < max_steps && self.step() {}

@@ -1,7 +1,7 @@
 //! Database adapters of leaderd: the `service_leader_lock` table on
 //! PostgreSQL, MySQL/MariaDB and SQLite.
 //!
-//! A [`Connection`] runs the spec's operations as fixed SQL statements: on
+//! A [`Connection`] runs the lease's operations as fixed SQL statements: on
 //! MySQL and SQLite through diesel (see `sql`), prepared once per connection;
 //! on PostgreSQL on tokio-postgres as unnamed statements, so that they work
 //! through a transaction pooler (see `pg`). TLS (rustls) and the URL's
@@ -397,7 +397,7 @@ impl Connection {
         }
     }
 
-    /// The spec's acquire-or-renew, judged by the database's clock.
+    /// Acquire-or-renew, judged by the database's clock.
     pub async fn acquire_or_renew(
         &mut self,
         req: &LeaseRequest<'_>,

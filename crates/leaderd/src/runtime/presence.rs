@@ -34,7 +34,7 @@ use crate::runtime::spread::Spread;
 use crate::settings::Settings;
 
 /// How long shutdown gives the presence release: with the loops' own
-/// budgets, shutdown stays within the spec's 2 s.
+/// budgets, shutdown stays within its 2 s.
 const RELEASE_BUDGET: Duration = Duration::from_millis(300);
 
 /// How long a release may spend reading the presence rows again before it

@@ -40,7 +40,7 @@ mod requests;
 
 /// How long shutdown waits for a statement already in flight, then how long
 /// it may spend releasing the row: together they keep the whole shutdown
-/// within the spec's 2 s even when the database is gone.
+/// within the documented 2 s even when the database is gone.
 const IN_FLIGHT_BUDGET: Duration = Duration::from_millis(300);
 const RELEASE_BUDGET: Duration = Duration::from_millis(800);
 
