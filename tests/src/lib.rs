@@ -517,7 +517,16 @@ pub fn wait_for_port(port: u16, within: Duration, what: &str) {
 
 /// utime + stime of process `pid`, in clock ticks.
 pub fn cpu_ticks(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_ticks(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// [`cpu_ticks`] of one thread `tid` of process `pid` (e.g. the server
+/// thread that serves one session).
+pub fn thread_cpu_ticks(pid: i32, tid: i32) -> Option<u64> {
+    stat_ticks(&std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?)
+}
+
+fn stat_ticks(stat: &str) -> Option<u64> {
     // After the command name in parentheses: utime and stime are fields 14
     // and 15 of the whole line.
     let rest = stat.rsplit_once(')')?.1;
