@@ -101,6 +101,35 @@ pub fn drop_pg_roles(url: &str, roles: &[String]) {
     });
 }
 
+/// A PostgreSQL login role made for one test (an app's, a daemon's), named
+/// `leaderd_<what>_<random>`; dropped with what it owns in the database it
+/// was made for when the value is.
+#[derive(Debug)]
+pub struct PgRole {
+    pub name: String,
+    admin: String,
+}
+
+impl PgRole {
+    pub fn new(db: &TempDb, what: &str) -> PgRole {
+        let name = format!(
+            "leaderd_{what}_{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        );
+        db.exec(&[&format!("CREATE ROLE {name} LOGIN")]);
+        PgRole {
+            name,
+            admin: db.url.clone(),
+        }
+    }
+}
+
+impl Drop for PgRole {
+    fn drop(&mut self) {
+        drop_pg_roles(&self.admin, std::slice::from_ref(&self.name));
+    }
+}
+
 /// Drops MySQL/MariaDB users a test made; best effort.
 pub fn drop_mysql_users(users: &[String]) {
     let users = users.to_vec();

@@ -425,16 +425,16 @@ async fn every_isolation_level_fences_and_renewals_go_on() {
 #[tokio::test]
 async fn a_role_with_data_rights_only_can_fence() {
     let (db, _leader, token) = led().await;
-    let role = format!("leaderd_app_{}", uuid::Uuid::new_v4().simple());
+    let app_role = leaderd_tests::PgRole::new(&db, "app");
+    let role = &app_role.name;
     pg_exec(
         &db.url,
         &[
-            &format!("CREATE ROLE {role} LOGIN"),
             &format!("GRANT SELECT, INSERT ON app_log TO {role}"),
             &format!("GRANT USAGE ON SEQUENCE app_log_seq_seq TO {role}"),
         ],
     );
-    let app = app(&db.url_as(&role)).await;
+    let app = app(&db.url_as(role)).await;
     let denied = app
         .query("SELECT 1 FROM service_leader_lock FOR KEY SHARE", &[])
         .await;
@@ -450,7 +450,7 @@ async fn a_role_with_data_rights_only_can_fence() {
         )],
     );
     assert_eq!(
-        connect(&db.url_as(&role))
+        connect(&db.url_as(role))
             .await
             .fence_status()
             .await

@@ -523,15 +523,8 @@ async fn renames_are_held_off_like_takeovers() {
 #[tokio::test]
 async fn the_key_is_secret_and_the_fence_checks_what_it_needs() {
     let (db, _leader, token) = led(None).await;
-    let role = format!("nobody_{}", std::process::id());
-    pg_exec(
-        &db.url,
-        &[
-            &format!("DROP ROLE IF EXISTS {role}"),
-            &format!("CREATE ROLE {role} LOGIN"),
-        ],
-    );
-    let nobody = session(&db.url_as(&role)).await;
+    let role = leaderd_tests::PgRole::new(&db, "nobody");
+    let nobody = session(&db.url_as(&role.name)).await;
     let read = nobody
         .query("SELECT seed FROM service_leader_fence_key", &[])
         .await;
@@ -548,7 +541,6 @@ async fn the_key_is_secret_and_the_fence_checks_what_it_needs() {
     begin(&app, "READ COMMITTED").await;
     assert_eq!(fence_and_log(&app, FENCE_10S, token).await, "LF007");
     app.batch_execute("ROLLBACK").await.unwrap();
-    pg_exec(&db.url, &[&format!("DROP ROLE {role}")]);
 }
 
 /// The same interleavings on MariaDB, at the levels its fence accepts

@@ -24,37 +24,12 @@ fn req<'a>(election: &'a str, instance: &'a str) -> LeaseRequest<'a> {
 mod postgres {
     use super::*;
     use leaderd_tests::pg_session as session;
+    use leaderd_tests::PgRole;
     use tokio_postgres::Client;
 
     /// What leaderd's previous release installed: SECURITY DEFINER
     /// functions whose search_path was the schema, then pg_temp.
     const PREVIOUS_RELEASE: &str = include_str!("../fixtures/postgres-previous-release.sql");
-
-    /// A role of its own for one test, dropped with what it owns.
-    struct Role {
-        name: String,
-        admin: String,
-    }
-
-    impl Role {
-        fn new(db: &TempDb, what: &str) -> Role {
-            let name = format!(
-                "leaderd_{what}_{}",
-                &uuid::Uuid::new_v4().simple().to_string()[..12]
-            );
-            db.exec(&[&format!("CREATE ROLE {name} LOGIN")]);
-            Role {
-                name,
-                admin: db.url.clone(),
-            }
-        }
-    }
-
-    impl Drop for Role {
-        fn drop(&mut self) {
-            leaderd_tests::drop_pg_roles(&self.admin, std::slice::from_ref(&self.name));
-        }
-    }
 
     /// The app's traps, made by its role in `public` (which every role may
     /// create in on PostgreSQL 14 and earlier, and an app that runs its own
@@ -233,8 +208,8 @@ mod postgres {
         let db = TempDb::postgres();
         let admin = session(&db.url).await;
         admin.batch_execute(PREVIOUS_RELEASE).await.unwrap();
-        let app = Role::new(&db, "app");
-        let daemon = Role::new(&db, "daemon");
+        let app = PgRole::new(&db, "app");
+        let daemon = PgRole::new(&db, "daemon");
         db.exec(&[
             &format!("GRANT CREATE ON SCHEMA public TO {}", app.name),
             &format!(
@@ -395,7 +370,7 @@ mod postgres {
         // by a superuser; the app left a trap on a table the migration
         // would clean up.
         let db = TempDb::postgres();
-        let app = Role::new(&db, "owner");
+        let app = PgRole::new(&db, "owner");
         db.exec(&[&format!(
             "ALTER DATABASE {} OWNER TO {}",
             db.name(),
@@ -497,7 +472,7 @@ mod postgres {
     fn a_fake_installation_is_not_taken_for_current_by_a_superuser() {
         use leaderd_tests::{run_cli, wait_for, Daemon, Scratch};
         let db = TempDb::postgres();
-        let app = Role::new(&db, "faker");
+        let app = PgRole::new(&db, "faker");
         db.exec(&[&format!(
             "ALTER DATABASE {} OWNER TO {}",
             db.name(),
