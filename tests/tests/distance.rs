@@ -1,4 +1,4 @@
-//! A database far away (spec, Database connections, Distance): connecting,
+//! A database far away: connecting,
 //! the TLS handshake and the first migration are not squeezed into one
 //! attempt's budget, so replicas behind a slow link still elect a leader
 //! and keep it; where the timing cannot work at all, leaderd says so.

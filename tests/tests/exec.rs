@@ -1,7 +1,7 @@
 //! `leaderd exec` with real processes: the children of three replicas never
 //! run at once, across SIGTERM and SIGKILL of leaderd, a child exiting by
-//! itself, a blackholed database and a database restart (spec, "Running a
-//! command only while leading").
+//! itself, a blackholed database and a database restart
+//!.
 //!
 //! Each child (`lease-child`) holds an exclusive `flock` for its whole life,
 //! which the kernel drops the instant it dies, however it dies: a child that
@@ -309,7 +309,7 @@ fn the_command_never_sees_leaderds_database_url() {
 }
 
 /// A stderr that nobody drains (a stalled log collector; here the command
-/// itself fills the pipe they share) delays no safety action (spec, Logs):
+/// itself fills the pipe they share) delays no safety action:
 /// with the row deleted under the leader, its command, which ignores
 /// SIGTERM, is killed at the deadline, before the other replica's starts;
 /// watchers hear the loss; and SIGTERM still ends leaderd within 2 s.

@@ -106,8 +106,8 @@ async fn refused_throughout(b: &mut Connection, req: &LeaseRequest<'_>, for_: Du
     tries
 }
 
-/// The leader `a`'s release of `e` naming the daemon [`HEIR`] (spec,
-/// Handover, "Successor") for a window longer than the tests' stalls.
+/// The leader `a`'s release of `e` naming the daemon [`HEIR`]
+/// for a window longer than the tests' stalls.
 fn release_to_heir() -> Release<'static> {
     Release {
         election: "e",

@@ -1,5 +1,4 @@
-//! HA PostgreSQL through libpq's multi-host URLs (spec, Database
-//! connections, HA PostgreSQL): hosts are tried in order, a host that is
+//! HA PostgreSQL through libpq's multi-host URLs: hosts are tried in order, a host that is
 //! down is skipped, `target_session_attrs=read-write` skips a read-only
 //! standby, and when the primary fails and its standby is promoted the
 //! replicas elect a leader there, never two at once and with tokens that

@@ -1,5 +1,5 @@
 //! HTTP limits against a real daemon: slow and idle clients cannot exhaust
-//! it, and `/leader` stays fast meanwhile (spec, "HTTP limits").
+//! it, and `/leader` stays fast meanwhile.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -236,7 +236,7 @@ fn a_thousand_idle_watchers_cost_nothing_and_all_hear_a_change() {
     }
 }
 
-/// Probes always get in (spec, HTTP limits): with 1,024 connections open of
+/// Probes always get in: with 1,024 connections open of
 /// any mix — 1,000 watchers, idle keep-alives, slow heads — `/healthz`,
 /// `/readyz` and `/leader` still answer within 100 ms, so nobody who can
 /// reach the port can fail the kubelet's liveness probe.

@@ -1,5 +1,4 @@
-//! Several elections in one daemon, spread across the replicas (spec,
-//! "Several elections in one daemon"), on every backend with real daemons:
+//! Several elections in one daemon, spread across the replicas, on every backend with real daemons:
 //! six elections; one replica takes all six; a second joins → 3/3; a third
 //! → 2/2/2; one is SIGKILLed → 3/3. Never two leaders of one election (from
 //! the transition logs, per election), and the longest leaderless spell of

@@ -1,4 +1,4 @@
-//! Named successors (spec, Handover, "Successor") with real daemons.
+//! Named successors with real daemons.
 //!
 //! - A short rolling update, Deployment-style: a new replica starts and is
 //!   ready on `/readyz`, then the oldest old one gets SIGTERM; three times.
@@ -366,7 +366,11 @@ fn a_successor_killed_as_it_is_named_costs_at_most_its_window() {
     a.sigterm();
     assert!(a.wait_exit(Duration::from_secs(3)).is_some());
     let named = a.logged("naming the successor");
-    if named.len() != 1 || named[0]["successor"] != c_instance.as_str() {
+    // Logged by the replica's id, with its instance beside it.
+    if named.len() != 1
+        || named[0]["successor"] != "c"
+        || named[0]["instance"] != c_instance.as_str()
+    {
         print_logs([&a, &b, &c]);
         panic!("a named {named:?}, not c ({c_instance})");
     }

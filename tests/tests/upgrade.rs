@@ -1,5 +1,4 @@
-//! An upgrade's migration beside leaders that are running (spec, "The lock
-//! table"): every DDL step waits briefly for the locks it needs, then is
+//! An upgrade's migration beside leaders that are running: every DDL step waits briefly for the locks it needs, then is
 //! tried again later, so a long transaction on the lock table never queues
 //! the leaders' renewals behind a migration.
 //!

@@ -1,6 +1,6 @@
 //! `GET /leader/watch` against real daemons: an event at connect and at every
 //! change (gain, loss, a new leader, a deadline passing with no answer), at
-//! once (spec, "Watching").
+//! once.
 
 use std::time::Duration;
 

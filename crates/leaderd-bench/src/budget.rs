@@ -1,4 +1,4 @@
-//! The renewal budget under load (spec, "Renewal budget"): three daemons
+//! The renewal budget under load (docs/design.md, the renewal budget): three daemons
 //! beside a saturating write load (`pgbench`, 32 clients, TPC-B) on the same
 //! PostgreSQL, at ttl 100, 150 and 300 ms (heartbeat ttl / 3), each for five
 //! minutes. Counted per ttl: changes of holder (new tokens), local

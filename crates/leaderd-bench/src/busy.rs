@@ -8,7 +8,7 @@
 //! single leader shows within 10 s, or nobody takes over within 10 s, is
 //! counted in the table rather than ending the run: on a disk whose fsync
 //! falls behind the load, a 100 ms lease cannot be held, and that is the
-//! figure (spec, "Renewal budget").
+//! figure (docs/design.md, the renewal budget).
 //!
 //! `--smoke` runs the same steps with the default lease: a smoke run checks
 //! that the part runs, not the machine's fsync latency (CI's machine, just

@@ -111,7 +111,7 @@ fn pseudo_random(n: u64) -> u64 {
 /// Per election: every grant, as (elector, when).
 type Grants = Vec<Vec<(usize, Instant)>>;
 
-/// The seed articles' behaviour: every replica tries once a second on its own
+/// The common recipe's behaviour: every replica tries once a second on its own
 /// fixed grid, the holder refreshes on the same grid, a holder that dies (or
 /// shuts down: there is no release) is replaced once `now > expiry` by some
 /// follower's clock. `elections` independent elections of three run at once.

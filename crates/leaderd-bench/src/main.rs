@@ -1,5 +1,5 @@
 //! `leaderd-bench`: the numbers users pick a leader-election sidecar on, side
-//! by side with the approach of the articles leaderd grew from, in one run.
+//! by side with the common lock-row recipe, in one run.
 //!
 //! ```text
 //! cargo run --release -p leaderd-bench -- [--smoke] [--plots DIR] [heartbeat|scale|failover|busy|budget|exec|serve|footprint|elections|batch|release|fence|rolling]...

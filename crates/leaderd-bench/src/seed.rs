@@ -1,4 +1,4 @@
-//! The seed articles' lock, reimplemented for comparison only: one
+//! The common lock-row recipe, reimplemented for comparison only: one
 //! transaction of `BEGIN; SELECT … FOR UPDATE; INSERT or UPDATE; COMMIT`
 //! (four round trips), expiry judged by the application's own clock, no
 //! fencing, no release. Not used by leaderd.

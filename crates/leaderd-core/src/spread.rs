@@ -1,5 +1,4 @@
-//! Spreading several elections across the live replicas (spec, "Several
-//! elections in one daemon"): with E elections and R live replicas, no
+//! Spreading several elections across the live replicas: with E elections and R live replicas, no
 //! replica holds more than ceil(E / R) once things are stable.
 //!
 //! [`plan`] is the whole rule, from plain counts: what this replica leads,

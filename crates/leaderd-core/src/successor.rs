@@ -1,5 +1,4 @@
-//! Naming the replica that should lead next at a graceful handover (spec,
-//! Handover, "Successor"), from plain values.
+//! Naming the replica that should lead next at a graceful handover, from plain values.
 //!
 //! A release (SIGTERM, `POST /release`, `leaderd release`, a spread
 //! hand-over) names a daemon instance in the row; for one heartbeat

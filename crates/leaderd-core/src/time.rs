@@ -124,7 +124,7 @@ impl Timing {
 
     /// How long a batch that carries a renewal waits for the daemon's other
     /// leaders to join it, so that a leader's renewals go in one statement
-    /// per renew interval (spec): the tasks of a few thousand elections
+    /// per renew interval: the tasks of a few thousand elections
     /// need 5–20 ms to join (measured). A twentieth of the interval, 2 to
     /// 25 ms: the lease is counted from before the wait, and a short
     /// interval cannot spare more.
@@ -146,7 +146,7 @@ impl Timing {
 
     /// How long a leader's renewal may take, from its send to its answer,
     /// for the leader to stay leader without a gap: `ttl − safety margin −
-    /// renew interval` (spec, "Renewal budget"). The renewal is sent a
+    /// renew interval` (docs/design.md, the renewal budget). The renewal is sent a
     /// renew interval after the one before, whose local lease then has this
     /// much left. No margin can beat it: a short lease needs a database
     /// whose commits stay within it under load.

@@ -3,7 +3,7 @@
 //! operations on its own clock, and a network and hosts that misbehave —
 //! delayed, lost and late messages, replies that arrive after the lease,
 //! processes paused past their ttl, crashes and restarts, releases (most
-//! naming a successor, live or dead: spec, Handover, "Successor"), two
+//! naming a successor, live or dead), two
 //! processes with one id, host and database clocks running at different
 //! rates and the database clock stepping forward (within the assumed bounds:
 //! ±500 ppm, steps below the safety margin).

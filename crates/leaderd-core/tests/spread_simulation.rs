@@ -1,5 +1,4 @@
-//! A deterministic simulation of several elections spread across replicas
-//! (spec, "Several elections in one daemon"): every replica runs one real
+//! A deterministic simulation of several elections spread across replicas: every replica runs one real
 //! [`Engine`] per election and the real [`spread::plan`] on what its last
 //! read of the simulated table showed (late, as reads are), over a network
 //! that delays and loses messages, with replicas that join late, crash and

@@ -167,7 +167,7 @@ impl LeaseRequest<'_> {
     }
 }
 
-/// One lease to free (spec, Handover).
+/// One lease to free.
 #[derive(Debug, Clone, Copy)]
 pub struct Release<'a> {
     pub election: &'a str,
@@ -177,7 +177,7 @@ pub struct Release<'a> {
     pub successor: Option<Successor<'a>>,
 }
 
-/// A named successor (spec, Handover, "Successor"): the released row is
+/// A named successor: the released row is
 /// free but blocked for `window` by the database's clock, and only an
 /// attempt whose [`LeaseRequest::daemon`] is `daemon` may take it before
 /// then. So the others, woken by the release, are refused (writing

@@ -216,7 +216,7 @@ pub(crate) struct Column {
     pub add: &'static str,
 }
 
-/// The `successor` column's check (spec, Handover, "Successor"), as a
+/// The `successor` column's check, as a
 /// literal per backend, so that the plans ask it in their one check.
 macro_rules! postgres_successor_present {
     () => {

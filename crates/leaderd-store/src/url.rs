@@ -585,7 +585,7 @@ mod tests {
         }
     }
 
-    /// libpq's forms for HA clusters and sockets (spec, HA PostgreSQL).
+    /// libpq's forms for HA clusters and sockets.
     #[test]
     fn host_lists_and_a_host_parameter_reach_the_driver() {
         let u = DatabaseUrl::parse(

@@ -47,10 +47,11 @@ fn main() -> ExitCode {
             };
         }
     };
-    if let Some(Command::Release { hold }) = &cli.command {
-        return http::release::run(&cli.config, hold.as_deref());
+    let config = cli.config();
+    if let Some(Command::Release(release)) = &cli.command {
+        return http::release::run(&config, release.hold.as_deref());
     }
-    let settings = match Settings::load(&cli.config, &ProcessEnv) {
+    let settings = match Settings::load(&config, &ProcessEnv) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("leaderd: {e}");
@@ -58,7 +59,7 @@ fn main() -> ExitCode {
         }
     };
     let commands = match &cli.command {
-        Some(Command::Exec { command }) => match outputs::exec::commands(&settings, command) {
+        Some(Command::Exec(exec)) => match outputs::exec::commands(&settings, &exec.command) {
             Ok(commands) => Some(commands),
             Err(e) => {
                 eprintln!("leaderd: {e}");
@@ -89,14 +90,14 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async {
-        match cli.command.unwrap_or(Command::Run) {
-            Command::Run | Command::Exec { .. } => run(settings, commands).await,
-            Command::Migrate => migrate(settings).await.map(|()| 0),
-            Command::Status { json } => {
+        match cli.command.unwrap_or(Command::Run(cli.run)) {
+            Command::Run(_) | Command::Exec(_) => run(settings, commands).await,
+            Command::Migrate(_) => migrate(settings).await.map(|()| 0),
+            Command::Status { json, .. } => {
                 let conn = connect(&settings).await?;
                 status::run(conn, json).await.map(|()| 0)
             }
-            Command::Release { .. } => unreachable!("handled before the runtime starts"),
+            Command::Release(_) => unreachable!("handled before the runtime starts"),
         }
     });
     // Do not wait for stray blocking tasks (a hung connect) at exit.

@@ -137,8 +137,8 @@ pub struct Settings {
     pub app_health: Option<AppHealth>,
     /// Consecutive failed checks before stepping down.
     pub app_health_failures: u32,
-    /// Preference as a successor at handovers (spec, Handover,
-    /// "Successor"): higher first.
+    /// Preference as a successor at handovers:
+    /// higher first.
     pub priority: i32,
     /// `exec` only: how long before the local deadline a child is told to
     /// stop when renewals fail.
@@ -423,11 +423,13 @@ mod tests {
         )
     }
 
+    /// Settings from `leaderd exec FLAGS` (exec takes every flag there is).
     fn load(argv: &[&str], e: &MapEnv) -> Result<Settings, ConfigError> {
-        let cli =
-            crate::cli::Cli::try_parse_from(std::iter::once("leaderd").chain(argv.iter().copied()))
-                .unwrap();
-        Settings::load(&cli.config, e)
+        let cli = crate::cli::Cli::try_parse_from(
+            ["leaderd", "exec"].into_iter().chain(argv.iter().copied()),
+        )
+        .unwrap();
+        Settings::load(&cli.config(), e)
     }
 
     fn problems(argv: &[&str], e: &MapEnv) -> String {
@@ -936,13 +938,13 @@ mod tests {
             ("LEADERD_LISTEN", "127.0.0.1:4041"),
         ]);
         assert_eq!(
-            release_target(&cli.config, &e).unwrap().to_string(),
+            release_target(&cli.config(), &e).unwrap().to_string(),
             "127.0.0.1:4041"
         );
         // Not loopback: the next port, on loopback.
         let e = env(&[("LEADERD_LISTEN", "0.0.0.0:4040")]);
         assert_eq!(
-            release_target(&cli.config, &e).unwrap().to_string(),
+            release_target(&cli.config(), &e).unwrap().to_string(),
             "127.0.0.1:4041"
         );
         let e = env(&[
@@ -950,7 +952,7 @@ mod tests {
             ("LEADERD_RELEASE_LISTEN", "[::1]:9000"),
         ]);
         assert_eq!(
-            release_target(&cli.config, &e).unwrap().to_string(),
+            release_target(&cli.config(), &e).unwrap().to_string(),
             "[::1]:9000"
         );
     }

@@ -21,8 +21,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 The sidecar container, for a pod's initContainers (a native sidecar:
 restartPolicy Always, Kubernetes 1.29+). It stops after the app containers,
 so the lease is held through the app's shutdown.
-Usage: initContainers:
-         {{- include "leaderd.sidecar" . | nindent 8 }}
+Usage, from a parent chart that has this one as a dependency:
+       initContainers:
+         {{- include "leaderd.sidecar" .Subcharts.leaderd | nindent 8 }}
 */}}
 {{- define "leaderd.sidecar" -}}
 - name: leaderd
@@ -67,6 +68,15 @@ Usage: initContainers:
   ports:
     - name: leaderd
       containerPort: {{ .Values.port }}
+  {{- if .Values.readinessProbe.enabled }}
+  # Ready once connected and competing, leader or not.
+  readinessProbe:
+    httpGet:
+      path: /readyz
+      port: leaderd
+    periodSeconds: {{ .Values.readinessProbe.periodSeconds }}
+    failureThreshold: {{ .Values.readinessProbe.failureThreshold }}
+  {{- end }}
   {{- if .Values.livenessProbe.enabled }}
   livenessProbe:
     httpGet:
@@ -126,8 +136,8 @@ The app container's lifecycle: hand leadership over before the app drains.
 The release names the successor (the live replica with the highest
 priority that started last: in a rolling update a new pod), and the hold
 drains this replica: nothing moves to it again, and the spread gives it
-nothing. So a rolling update moves each election once (README, "Rolling
-updates").
+nothing. So a rolling update moves each election once
+(docs/kubernetes.md).
 Needs the leaderd binary in the app image (COPY --from the leaderd image).
 Given the sidecar's listen address, `leaderd release` finds its loopback-only
 release listener (127.0.0.1:4041 beside 0.0.0.0:4040).

@@ -89,8 +89,8 @@ pub struct Row {
     pub instance: Option<String>,
     pub token: i64,
     pub expires: Us,
-    /// The daemon a release named to lead next (spec, Handover,
-    /// "Successor"): while the row is free, it may take it before expiry.
+    /// The daemon a release named to lead next:
+    /// while the row is free, it may take it before expiry.
     pub successor: Option<String>,
 }
 

@@ -13,7 +13,7 @@ use serde::Serialize;
 use crate::runtime::daemon::Daemon;
 use crate::runtime::shared::Shared;
 
-/// The `/leader` body (spec, HTTP).
+/// The `/leader` body.
 #[derive(Serialize)]
 pub struct LeaderBody<'a> {
     election: &'a str,

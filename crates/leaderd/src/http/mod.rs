@@ -289,7 +289,7 @@ mod tests {
         let argv = ["leaderd", "--id", "pod-a"].iter().chain(args);
         let cli = <crate::cli::Cli as clap::Parser>::try_parse_from(argv).unwrap();
         let settings =
-            crate::settings::Settings::load(&cli.config, &crate::settings::ProcessEnv).unwrap();
+            crate::settings::Settings::load(&cli.config(), &crate::settings::ProcessEnv).unwrap();
         Arc::new(Daemon::new(&settings.each_election()))
     }
 
@@ -406,7 +406,7 @@ mod tests {
     }
 
     /// A mesh forwards from loopback and a browser page can POST to
-    /// localhost: neither gets a release (spec, Handover).
+    /// localhost: neither gets a release.
     #[tokio::test]
     async fn release_needs_its_header_no_origin_and_the_loopback_listener() {
         let local = SocketAddr::from(([127, 0, 0, 1], 50000));

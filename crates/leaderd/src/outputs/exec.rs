@@ -404,7 +404,7 @@ mod tests {
         let cli =
             crate::cli::Cli::try_parse_from(std::iter::once("leaderd").chain(argv.iter().copied()))
                 .unwrap();
-        Settings::load(&cli.config, &crate::settings::ProcessEnv).unwrap()
+        Settings::load(&cli.config(), &crate::settings::ProcessEnv).unwrap()
     }
 
     fn os(words: &[&str]) -> Vec<OsString> {
@@ -413,7 +413,15 @@ mod tests {
 
     #[test]
     fn each_election_gets_its_own_command_or_the_default() {
-        let s = settings(&["--election", "a", "--election", "b", "--exec", "b=run b"]);
+        let s = settings(&[
+            "exec",
+            "--election",
+            "a",
+            "--election",
+            "b",
+            "--exec",
+            "b=run b",
+        ]);
         assert_eq!(
             commands(&s, &os(&["all"])).unwrap(),
             [os(&["all"]), os(&["run", "b"])]

@@ -201,7 +201,7 @@ async fn open(
 }
 
 /// Says so when one round trip to the database takes longer than the renew
-/// interval: a lease cannot be kept with this timing (spec, Distance).
+/// interval: a lease cannot be kept with this timing.
 async fn check_round_trip(conn: &mut Connection, timing: Timing) {
     let sent = boot_now();
     // Any answer, an error included (no table yet), is a round trip; the
@@ -221,7 +221,7 @@ async fn check_round_trip(conn: &mut Connection, timing: Timing) {
     } else {
         // The budget beside the round trip: a short lease is kept only
         // while the database's commits, under its peak load, stay within
-        // it (spec, Renewal budget).
+        // it.
         info!(
             round_trip_ms = ms(took),
             renewal_budget_ms = ms(timing.renewal_budget()),

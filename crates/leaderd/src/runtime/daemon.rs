@@ -53,8 +53,8 @@ impl Daemon {
     /// The whole replica was released with `hold` (a `preStop` hook, an
     /// operator): until it ends the replica counts as absent for the
     /// spread, which then gives it nothing, and its loops leave the
-    /// elections they do not lead to the others (`Engine::drain`; spec,
-    /// Handover: a replica released with a hold is draining). Never
+    /// elections they do not lead to the others (`Engine::drain`;
+    /// a replica released with a hold is draining). Never
     /// shortens a drain already asked for.
     pub fn drain(&self, hold: Duration) {
         let until = boot_now() + hold;

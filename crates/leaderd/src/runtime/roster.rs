@@ -1,6 +1,5 @@
 //! Who could lead next: the live replicas of this daemon's group as its
-//! presence rows were last read, and the successor a release names (spec,
-//! Handover, "Successor"). State and choices only: the presence task
+//! presence rows were last read, and the successor a release names. State and choices only: the presence task
 //! (`presence`) reads the table and fills it in, a release (the election
 //! loop) asks it, and the rule itself is `leaderd_core::successor`.
 //!
@@ -25,6 +24,8 @@ use crate::settings::Settings;
 /// A successor named by a release, owned (see [`leaderd_store::Successor`]).
 #[derive(Debug, Clone)]
 pub struct Heir {
+    /// The replica's id, for the logs.
+    pub id: String,
     pub daemon: Arc<str>,
     pub window: Duration,
 }
@@ -228,8 +229,15 @@ impl Roster {
         let replicas = candidates.len() + usize::from(!leaving);
         let shares = self.spread_over.map(|e| share(e, replicas));
         let chosen: Arc<str> = choose(&candidates, shares, !leaving)?.into();
+        let id = view
+            .peers
+            .iter()
+            .find(|p| p.instance == chosen)
+            .map(|p| p.id.clone())
+            .unwrap_or_default();
         view.named.push((chosen.clone(), now));
         Some(Heir {
+            id,
             daemon: chosen,
             window: successor::window(t),
         })
@@ -270,7 +278,7 @@ mod tests {
         }
         argv.extend(["--priority".to_owned(), priority.to_string()]);
         let cli = <crate::cli::Cli as clap::Parser>::try_parse_from(argv).unwrap();
-        Settings::load(&cli.config, &crate::settings::ProcessEnv).unwrap()
+        Settings::load(&cli.config(), &crate::settings::ProcessEnv).unwrap()
     }
 
     fn row(name: &str, id: &str, instance: &str, remaining_ms: i64, held_s: i64) -> ElectionRow {
@@ -311,6 +319,7 @@ mod tests {
         );
         let heir = r.successor(now, true).expect("a successor");
         assert_eq!(&*heir.daemon, "0/b");
+        assert_eq!(heir.id, "new");
         assert_eq!(heir.window, Duration::from_secs(1));
         // A view older than a ttl names nobody.
         assert!(r

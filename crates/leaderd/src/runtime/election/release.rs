@@ -63,7 +63,7 @@ impl Loop {
         let released = tokio::time::timeout(RELEASE_BUDGET, async {
             let heir = presence::successor(&roster, &self.db.link, leaving).await;
             if let Some(heir) = &heir {
-                info!(election, successor = %heir.daemon, "naming the successor");
+                info!(election, successor = %heir.id, instance = %heir.daemon, "naming the successor");
             }
             self.db.release(&election, instance, heir).await
         })
