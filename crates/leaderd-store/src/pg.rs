@@ -151,8 +151,8 @@ const MIGRATION: migrate::Plan = migrate::Plan {
 /// and only takeovers ([`ACQUIRE_MANY`]) wait for them to end. Binds:
 /// election, instance, token, ttl in microseconds.
 ///
-/// Kept beside [`RENEW_MANY`] because the numbers say so (BENCHMARKS.md,
-/// "One statement for one election and for many"): [`RENEW_MANY`] with
+/// Kept beside [`RENEW_MANY`] because the numbers say so (CHANGELOG.md,
+/// 0.1.0, "Performance"): [`RENEW_MANY`] with
 /// arrays of one renewed 18 % slower in `pgbench -M prepared` at 32 clients
 /// (14,780 against 18,102 tps) and 26–45 % slower in the heartbeat bench
 /// (named, unnamed and through PgBouncer). The other statements serve one
