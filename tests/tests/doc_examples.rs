@@ -123,7 +123,10 @@ fn blocks(text: &str) -> Result<Vec<Block>, String> {
         i += 1;
         while i < lines.len() && !lines[i].trim_start().starts_with("```") {
             let l = lines[i];
-            body.push(l.get(indent.min(l.len() - l.trim_start().len())..).unwrap_or(""));
+            body.push(
+                l.get(indent.min(l.len() - l.trim_start().len())..)
+                    .unwrap_or(""),
+            );
             i += 1;
         }
         if i == lines.len() {
@@ -203,7 +206,10 @@ fn the_harness_reads_markers_and_blocks_as_documented() {
     let b = blocks(page).unwrap();
     assert_eq!(b.len(), 3);
     assert_eq!(b[0].marker, Some(Marker::Run(Backend::Mysql)));
-    assert_eq!((b[0].lang.as_str(), b[0].text.as_str()), ("sql", "SELECT 1;\n"));
+    assert_eq!(
+        (b[0].lang.as_str(), b[0].text.as_str()),
+        ("sql", "SELECT 1;\n")
+    );
     assert_eq!(b[1].marker, Some(Marker::File("job.sh".into())));
     assert_eq!(b[1].text, "#!/bin/sh\necho hi\n");
     assert_eq!((b[2].lang.as_str(), &b[2].marker), ("yaml", &None));
@@ -249,9 +255,8 @@ impl PageRun {
             ("sql", Backend::Mysql) => {
                 let db = &self.dbs[&Backend::Mysql];
                 let mut c = Command::new("mariadb");
-                c.args(mariadb_args(&db.url)).stdin(Stdio::from(
-                    std::fs::File::open(&file).unwrap(),
-                ));
+                c.args(mariadb_args(&db.url))
+                    .stdin(Stdio::from(std::fs::File::open(&file).unwrap()));
                 c
             }
             ("python", _) => {
@@ -325,7 +330,8 @@ impl PageRun {
             let _ = kill_process_group(*g, Signal::TERM);
         }
         let deadline = Instant::now() + STOP_LIMIT;
-        while Instant::now() < deadline && groups.iter().any(|g| test_kill_process_group(*g).is_ok())
+        while Instant::now() < deadline
+            && groups.iter().any(|g| test_kill_process_group(*g).is_ok())
         {
             std::thread::sleep(Duration::from_millis(20));
         }

@@ -362,7 +362,7 @@ fn a_stalled_stderr_delays_no_safety_action() {
     eprintln!("exited {:?} after SIGTERM", started.elapsed());
 }
 
-/// Several elections under one `leaderd exec` (README: "one command per
+/// Several elections under one `leaderd exec` (docs/integrating.md: "one command per
 /// election"), each command with a lock directory of its own: it runs only
 /// while its replica leads its election, under that election's token; when
 /// the spread moves an election to a second replica, its command moves

@@ -1,4 +1,4 @@
-//! Fenced writes (README, "Fenced writes"): an app's own transaction, fenced
+//! Fenced writes (docs/integrating.md, "Fenced writes"): an app's own transaction, fenced
 //! by `leaderd_fence`, commits only while its token leads; a takeover waits
 //! for it (a named successor's take too), and a transaction that hangs
 //! holds takeovers off for its bound only. Each case is an interleaving of
@@ -323,7 +323,7 @@ async fn a_stale_token_is_refused() {
 /// the call alone in a simple-protocol query that began the transaction
 /// (psql's `-c`, a script without BEGIN, a driver sending text). Accepted
 /// after BEGIN, and in one query string behind it; the extended protocol in
-/// autocommit cannot be told (the README says so).
+/// autocommit cannot be told (docs/integrating.md says so).
 #[tokio::test]
 async fn a_fence_outside_a_transaction_block_is_refused_where_it_can_be_told() {
     let (db, _leader, token) = led().await;
@@ -933,7 +933,7 @@ mod mariadb {
         ] {
             let mut app = app(&db.url).await;
             // The session's level: one set for the next transaction only
-            // cannot be seen by the fence (README).
+            // cannot be seen by the fence (docs/integrating.md).
             app.query_drop(format!("SET SESSION TRANSACTION ISOLATION LEVEL {level}"))
                 .await
                 .unwrap();
@@ -1029,7 +1029,7 @@ mod mariadb {
             "GRANT EXECUTE ON PROCEDURE {schema}.leaderd_fence TO '{user}'@'%'"
         ));
         // Asked as the migrating user, it is installed; this user cannot
-        // see the triggers (TRIGGER privilege), so it cannot tell (README,
+        // see the triggers (TRIGGER privilege), so it cannot tell (docs/integrating.md,
         // "Is it installed?").
         assert_eq!(
             connect(&db.url).await.fence_status().await.unwrap(),
@@ -1186,7 +1186,7 @@ mod mariadb {
 }
 
 /// SQLite: no function in the database (it has no server); the documented
-/// recipe (README, "Fenced writes"): `BEGIN IMMEDIATE` (the write lock every
+/// recipe (docs/integrating.md, "Fenced writes"): `BEGIN IMMEDIATE` (the write lock every
 /// takeover needs), then a check of name, token, holder, boot id and the
 /// boot clock, then the writes. Run here as an app would.
 mod sqlite {

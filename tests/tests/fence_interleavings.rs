@@ -6,7 +6,7 @@
 //! (a late write, a takeover while fenced, a false refusal): a case that
 //! cannot fail proves nothing.
 //!
-//! The fence (README, "Fenced writes") takes the election's advisory key
+//! The fence (docs/integrating.md, "Fenced writes") takes the election's advisory key
 //! shared and reads the row again; every takeover needs the key
 //! exclusively (a trigger), and under REPEATABLE READ and SERIALIZABLE a
 //! row version superseded since the snapshot is locked `FOR KEY SHARE`.

@@ -1,4 +1,4 @@
-//! Fenced writes end to end (README, "Fenced writes"): three real replicas
+//! Fenced writes end to end (docs/integrating.md, "Fenced writes"): three real replicas
 //! of leaderd, and beside each a worker (`fenced-writer`) that appends
 //! `(token, seq)` rows while its daemon says it leads, each row in its own
 //! transaction fenced by that token. The faults are the ones an app meets:

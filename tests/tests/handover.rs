@@ -13,7 +13,7 @@ use leaderd_tests::{
     http_raw, http_raw_from, run_cli, serial, wait_for, wait_single_leader, Daemon, Scratch, TempDb,
 };
 
-/// What README promises for a graceful handover, on every backend.
+/// What the docs promise for a graceful handover, on every backend.
 const HANDOVER: Duration = Duration::from_millis(150);
 const ROUNDS: usize = 8;
 /// The releaser's hold in the release rounds.
@@ -48,14 +48,18 @@ fn next_leader(others: &[&Daemon], from: Instant) -> (usize, Duration) {
 fn followers_name(others: &[&Daemon], new: usize) -> Duration {
     let from = Instant::now();
     let id = others[new].id.as_str();
-    wait_for(Duration::from_secs(5), "the followers to name the new leader", || {
-        others
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| *i != new)
-            .all(|(_, d)| d.leader().is_some_and(|(_, body)| body["leader"] == id))
-            .then_some(())
-    });
+    wait_for(
+        Duration::from_secs(5),
+        "the followers to name the new leader",
+        || {
+            others
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| *i != new)
+                .all(|(_, d)| d.leader().is_some_and(|(_, body)| body["leader"] == id))
+                .then_some(())
+        },
+    );
     from.elapsed()
 }
 

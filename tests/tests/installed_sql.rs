@@ -917,7 +917,7 @@ mod mariadb {
     /// is in INNODB_TRX, a cache read at 30 us a call, a third of the
     /// fence's cost): the fence passes, safely (its reads lock the lease
     /// row), and the leader's renewals are busy until the transaction ends,
-    /// as README warns; they go on after it, and the next transaction, at
+    /// as docs/integrating.md warns; they go on after it, and the next transaction, at
     /// the session's level, passes.
     #[tokio::test]
     async fn serializable_for_one_transaction_passes_and_holds_renewals_off_until_it_ends() {

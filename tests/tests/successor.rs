@@ -228,7 +228,7 @@ fn a_rolling_update_on_sqlite_with_stderr_stalled_and_a_slow_disk_moves_once() {
 }
 
 /// Who leads, by the `*-jobs.flag` files of the daemons in a directory (a
-/// file with a future `expires_at_unix_ms`, as README tells a reader),
+/// file with a future `expires_at_unix_ms`, as docs/integrating.md tells a reader),
 /// sampled every 2 ms on a thread of its own.
 struct FlagWatch {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,

@@ -1,4 +1,4 @@
-//! What fenced writes cost (README, "Fenced writes"): the same write
+//! What fenced writes cost (docs/integrating.md, "Fenced writes"): the same write
 //! workload with `leaderd_fence` first in each transaction, without it, and
 //! with a bare `SELECT 1` in its place (the floor: the fence is a statement
 //! of its own, so it costs at least one round trip), and the leader's renewal

@@ -1,5 +1,5 @@
 //! SVG plots of one run, drawn from the numbers the parts return (never from
-//! the printed Markdown), for `BENCHMARKS.md` and the README.
+//! the printed Markdown), for `BENCHMARKS.md` and the docs.
 //!
 //! plotters' SVG backend only, with no font feature: the SVG carries `<text>`
 //! elements and the viewer's fonts draw them, so neither the build nor the

@@ -1,5 +1,5 @@
 //! When a command run under `leaderd exec` starts and stops: "Running a
-//! command only while leading" (README), as a state machine fed with
+//! command only while leading" (docs/integrating.md), as a state machine fed with
 //! the lease and the time, like [`Engine`](crate::Engine).
 //!
 //! Rules:

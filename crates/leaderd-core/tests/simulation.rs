@@ -11,7 +11,7 @@
 //! After every step it checks: no two replicas lead at one instant of true
 //! time, no leader's token is below an earlier leader's, no token is held by
 //! two instances; and once the faults stop, a leader exists again within the
-//! bound README promises.
+//! bound docs/design.md promises.
 //!
 //! Everything is driven by a seeded generator, so a failure is reproduced by
 //! its seed: `SIM_SEED=… cargo test -p leaderd-core --test simulation`.

@@ -284,7 +284,7 @@ pub enum Migrated {
     Applied,
 }
 
-/// Whether this database offers fenced writes (README, "Fenced writes"), as
+/// Whether this database offers fenced writes (docs/integrating.md, "Fenced writes"), as
 /// the connected user can see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FenceStatus {

@@ -132,7 +132,7 @@ macro_rules! mysql_kept_tokens_current {
 }
 pub(crate) use mysql_kept_tokens_current;
 
-/// MySQL/MariaDB's kept-tokens trigger (README, "Using the fencing token"):
+/// MySQL/MariaDB's kept-tokens trigger (docs/design.md, "The fencing token's floor"):
 /// best effort, as the fence, because a server with binary logging refuses
 /// triggers to a user without SUPER; in a step that refusal failed the whole
 /// migration. Made only when missing, never dropped and made again: a gap
@@ -155,7 +155,7 @@ static KEPT_TOKENS_SAID: AtomicBool = AtomicBool::new(false);
 
 /// Something installed under the migration's lock when missing or older,
 /// but apart from the steps, and best effort: the fenced-writes function
-/// (README, "Fenced writes"), MySQL's kept-tokens trigger. A user who may
+/// (docs/integrating.md, "Fenced writes"), MySQL's kept-tokens trigger. A user who may
 /// not create it (data rights alone, no SUPER under binary logging) still
 /// runs the daemon without it (an app's fence call then fails: never a
 /// silent pass). Said once per process.

@@ -39,7 +39,7 @@ type SeenSql = (
 /// `SET STATEMENT … FOR` (a row-lock wait of 0 fails at once). MySQL 8 takes
 /// a `SET_VAR` hint for the metadata-lock wait only: it does not accept
 /// `innodb_lock_wait_timeout` there, so on MySQL a row-lock wait is bounded
-/// by the server's `innodb_lock_wait_timeout` (see the README).
+/// by the server's `innodb_lock_wait_timeout` (docs/databases.md).
 struct Sql {
     mariadb: &'static str,
     mysql: &'static str,

@@ -127,7 +127,7 @@ const MYSQL: Params = &[
 /// Not `VERIFY_CA`: mysql_async (0.36) can skip the name check only by
 /// matching the text of rustls's error, which rustls 0.23 no longer words
 /// that way, so it would refuse every server whose name differs. Refused up
-/// front rather than failing at connect (see the README).
+/// front rather than failing at connect (docs/databases.md).
 const MYSQL_MODES: &str = "DISABLED, PREFERRED, REQUIRED, VERIFY_IDENTITY";
 
 /// The name of the parameter of `kind` among `params`.

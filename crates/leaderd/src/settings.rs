@@ -29,7 +29,7 @@ use keys::*;
 use sources::*;
 pub use sources::{Env, ProcessEnv};
 
-/// Every key, in the order the README documents them.
+/// Every key, in the order docs/reference.md documents them.
 pub const KEYS: &[&str] = &[
     "database_url",
     "database_url_file",

@@ -60,7 +60,7 @@ pub async fn run(mut conn: Connection, json: bool) -> anyhow::Result<()> {
             );
         }
         // Beside the table, not in it: stdout stays one line per election.
-        eprintln!("fenced writes (README, \"Fenced writes\"): {fence}");
+        eprintln!("fenced writes (docs/integrating.md, \"Fenced writes\"): {fence}");
     }
     if !old.is_empty() {
         eprintln!(

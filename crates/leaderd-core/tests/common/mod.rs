@@ -1,5 +1,5 @@
 //! What the simulations share: a seeded generator, clocks that drift, and
-//! the lock table as README defines its operations, on the database's
+//! the lock table as docs/design.md describes its operations, on the database's
 //! clock, one row per election.
 
 #![allow(dead_code)] // each simulation uses its own part
