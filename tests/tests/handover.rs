@@ -42,6 +42,17 @@ fn next_leader(others: &[&Daemon], from: Instant) -> (usize, Duration) {
     (i, from.elapsed())
 }
 
+/// After the leader `ds[leader]` was asked to go at `from`: the others,
+/// which of them leads next, and how long that took.
+fn handed_over(ds: &[Daemon], leader: usize, from: Instant) -> (Vec<&Daemon>, usize, Duration) {
+    let others: Vec<&Daemon> = (0..ds.len())
+        .filter(|&i| i != leader)
+        .map(|i| &ds[i])
+        .collect();
+    let (new, t) = next_leader(&others, from);
+    (others, new, t)
+}
+
 /// How long, from now, until every follower but `others[new]` names it as
 /// the leader on `/leader` (a follower learns of a take by watching the
 /// released row, not at its next heartbeat's poll).
@@ -84,11 +95,7 @@ fn sigterm_hands_over_at_once(db: TempDb) {
         std::thread::sleep(Duration::from_millis(300));
         let sent = Instant::now();
         ds[leader].sigterm();
-        let others: Vec<&Daemon> = (0..ds.len())
-            .filter(|&i| i != leader)
-            .map(|i| &ds[i])
-            .collect();
-        let (new, t) = next_leader(&others, sent);
+        let (others, new, t) = handed_over(&ds, leader, sent);
         named.push(followers_name(&others, new));
         let new_log = others[new].log_text();
         took.push(t);
@@ -133,11 +140,7 @@ fn release_hands_over_at_once(db: TempDb) {
         assert_eq!(code, 0, "{out}{err}");
         let body: leaderd_tests::Value = serde_json::from_str(out.trim()).unwrap();
         assert_eq!(body["is_leader"], false, "{out}");
-        let others: Vec<&Daemon> = (0..ds.len())
-            .filter(|&i| i != leader)
-            .map(|i| &ds[i])
-            .collect();
-        let (new, t) = next_leader(&others, sent);
+        let (others, new, t) = handed_over(&ds, leader, sent);
         named.push(followers_name(&others, new));
         took.push(t);
         if t > HANDOVER {
