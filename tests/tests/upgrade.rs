@@ -15,8 +15,13 @@ use leaderd_tests::{run_cli, run_cli_within, serial, wait_for, Daemon, Scratch, 
 
 const ELECTIONS: [&str; 3] = ["jobs", "mailer", "reports"];
 
-/// How long the other transaction holds the table: several leases.
-const HELD: Duration = Duration::from_secs(6);
+/// How long the other transaction holds the table: several leases, and
+/// longer than a migration may take to give up ([`GIVES_UP`]).
+const HELD: Duration = Duration::from_secs(8);
+/// Within this, `leaderd migrate` gives up ("postponed"): it tries the
+/// migration's own lock for 4 s (the new daemon, migrating at the same
+/// time, may hold it that long), and each step for 100 ms more.
+const GIVES_UP: Duration = Duration::from_secs(6);
 
 fn old_daemon(db: &TempDb, dir: &Scratch, id: &str) -> Daemon {
     Daemon::launch(&db.url, id, dir, id, &["--no-migrate", "--no-spread"])
@@ -48,7 +53,7 @@ fn migration_behind_a_long_transaction(db: TempDb, undo: &str, hold: &str, migra
         .elections(&ELECTIONS)
         .start();
     let args = ["migrate", "--database-url", &db.url];
-    let (code, _, err) = run_cli_within(&args, Duration::from_secs(3));
+    let (code, _, err) = run_cli_within(&args, GIVES_UP);
     assert_ne!(code, 0, "the migration cannot have run: {err}");
     assert!(err.contains("postponed"), "{err}");
     wait_for(Duration::from_secs(5), "the new daemon to postpone", || {
