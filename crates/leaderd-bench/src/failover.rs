@@ -80,27 +80,19 @@ fn leaderd_failovers(url: &str, how: How, rounds: usize) -> (Vec<Duration>, Vec<
                 assert_eq!(code, 0, "release failed: {err}");
             }
         }
-        let new = loop {
-            if let Some(new) = others.iter().position(|d| d.is_leader()) {
-                times.push(t0.elapsed());
-                break new;
-            }
-            assert!(t0.elapsed() < Duration::from_secs(10), "no failover");
-            std::thread::sleep(Duration::from_micros(500));
-        };
-        let (t1, new_id) = (Instant::now(), others[new].id.as_str());
+        let (new, took) = poll(t0, "no failover", || {
+            others.iter().position(|d| d.is_leader())
+        });
+        times.push(took);
+        let new_id = others[new].id.as_str();
         let third = others[1 - new];
-        loop {
-            if third
+        let ((), took) = poll(Instant::now(), "the new leader never named", || {
+            third
                 .leader()
                 .is_some_and(|(_, b)| b["leader"].as_str() == Some(new_id))
-            {
-                stale.push(t1.elapsed());
-                break;
-            }
-            assert!(t1.elapsed() < Duration::from_secs(10), "never named");
-            std::thread::sleep(Duration::from_micros(500));
-        }
+                .then_some(())
+        });
+        stale.push(took);
         if let How::Signal(_) = how {
             ds[leader].wait_exit(Duration::from_secs(3));
             let id = format!("{}{round}", &ds[leader].id[..1]);
@@ -108,6 +100,18 @@ fn leaderd_failovers(url: &str, how: How, rounds: usize) -> (Vec<Duration>, Vec<
         }
     }
     (times, stale)
+}
+
+/// Asks `f` every 0.5 ms until it answers; what it answered, and how long
+/// after `from`. Panics with `what` after 10 s.
+fn poll<T>(from: Instant, what: &str, mut f: impl FnMut() -> Option<T>) -> (T, Duration) {
+    loop {
+        if let Some(found) = f() {
+            return (found, from.elapsed());
+        }
+        assert!(from.elapsed() < Duration::from_secs(10), "{what}");
+        std::thread::sleep(Duration::from_micros(500));
+    }
 }
 
 /// A well-mixed number from `n` and the clock (splitmix64); no dependency
