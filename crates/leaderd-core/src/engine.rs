@@ -574,7 +574,11 @@ impl Engine {
                 };
                 // Released to a named successor (free, blocked): watch for
                 // its take, then come as before once the window ends.
-                let watch = watching_take && seen.holder.is_none() && wait > TAKE_WATCH;
+                // Not a replica that comes late (yielding, draining): an ask
+                // that lands just after the window would be granted the row
+                // it leaves to others; it learns at its next poll instead.
+                let watch =
+                    watching_take && late.is_zero() && seen.holder.is_none() && wait > TAKE_WATCH;
                 self.watching_take = watch;
                 self.next_attempt = if watch {
                     received_at + TAKE_WATCH
@@ -716,15 +720,15 @@ mod tests {
         e.on_release_notice(at(2400));
         assert!(e.attempt_due(at(2400)));
         // Released to another replica: free, blocked for what is left of
-        // its window (990 ms): asked again every TAKE_WATCH while the
-        // window lasts (to see the take), then the window's end plus a
-        // heartbeat, late.
+        // its window (990 ms): the window's end plus a heartbeat, late. A
+        // yielding replica does not watch for the take: an ask landing
+        // just past the window (15 ms left here) would take the row.
         e.on_attempt(at(2400), at(2410), released(4, 990));
-        assert!(!e.attempt_due(at(2419)));
-        assert!(e.attempt_due(at(2420)));
-        e.on_attempt(at(2420), at(2422), released(4, 8));
-        assert!(!e.attempt_due(at(3430)));
-        assert!(e.attempt_due(at(3431)));
+        assert!(!e.attempt_due(at(4400)));
+        assert!(e.attempt_due(at(4401)));
+        e.on_release_notice(at(4401));
+        e.on_attempt(at(4401), at(4402), released(4, 15));
+        assert!(!e.attempt_due(at(4402) + TAKE_WATCH));
         // Expired, lost a race: retried late, not in 10 ms.
         e.on_attempt(at(4401), at(4410), refused("pod-b", 4, -5));
         assert!(!e.attempt_due(at(4500)));
