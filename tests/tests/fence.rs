@@ -32,6 +32,7 @@ fn req<'a>(instance: &'a str, held_token: Option<i64>) -> LeaseRequest<'a> {
         ttl: TTL,
         held_token,
         daemon: None,
+        address: None,
     }
 }
 
@@ -126,6 +127,7 @@ const HEIR: &str = "0/heir";
 fn heir_req() -> LeaseRequest<'static> {
     LeaseRequest {
         daemon: Some(HEIR),
+        address: None,
         ..req("heir", None)
     }
 }

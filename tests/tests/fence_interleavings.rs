@@ -47,12 +47,14 @@ fn req(instance: &str) -> LeaseRequest<'_> {
         ttl: TTL,
         held_token: None,
         daemon: None,
+        address: None,
     }
 }
 
 fn heir_req() -> LeaseRequest<'static> {
     LeaseRequest {
         daemon: Some(HEIR),
+        address: None,
         ..req("heir")
     }
 }

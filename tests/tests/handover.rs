@@ -54,11 +54,13 @@ fn handed_over(ds: &[Daemon], leader: usize, from: Instant) -> (Vec<&Daemon>, us
 }
 
 /// How long, from now, until every follower but `others[new]` names it as
-/// the leader on `/leader` (a follower learns of a take by watching the
-/// released row, not at its next heartbeat's poll).
+/// the leader on `/leader`, with the address it advertises (a follower
+/// learns of a take by watching the released row, not at its next
+/// heartbeat's poll).
 fn followers_name(others: &[&Daemon], new: usize) -> Duration {
     let from = Instant::now();
     let id = others[new].id.as_str();
+    let address = address_of(id);
     wait_for(
         Duration::from_secs(5),
         "the followers to name the new leader",
@@ -67,15 +69,24 @@ fn followers_name(others: &[&Daemon], new: usize) -> Duration {
                 .iter()
                 .enumerate()
                 .filter(|(i, _)| *i != new)
-                .all(|(_, d)| d.leader().is_some_and(|(_, body)| body["leader"] == id))
+                .all(|(_, d)| {
+                    d.leader().is_some_and(|(_, body)| {
+                        body["leader"] == id && body["leader_address"] == address.as_str()
+                    })
+                })
                 .then_some(())
         },
     );
     from.elapsed()
 }
 
+/// What replica `id` advertises.
+fn address_of(id: &str) -> String {
+    format!("http://{id}.test:8080")
+}
+
 fn start(db: &TempDb, dir: &Scratch, id: &str) -> Daemon {
-    Daemon::start(&db.url, id, dir, &[])
+    Daemon::start(&db.url, id, dir, &["--advertise", &address_of(id)])
 }
 
 /// Eight SIGTERMs of the leader; each time another replica leads within

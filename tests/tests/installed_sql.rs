@@ -18,6 +18,7 @@ fn req<'a>(election: &'a str, instance: &'a str) -> LeaseRequest<'a> {
         ttl: Duration::from_secs(3),
         held_token: None,
         daemon: None,
+        address: None,
     }
 }
 

@@ -23,6 +23,7 @@ async fn leads(url: &str) {
         ttl: Duration::from_millis(200),
         held_token: None,
         daemon: None,
+        address: None,
     };
     acquire(&mut c, &req, Duration::from_secs(3)).await;
 }

@@ -2,7 +2,9 @@
 //! statement of a leader holding N leases takes (what it sends each renew
 //! interval), on an otherwise idle database with 3 N rows (three leaders'
 //! share), against N. Every renewal of that leader waits at least this long,
-//! whatever the daemon does around it.
+//! whatever the daemon does around it. Beside it, a follower's takeover of
+//! N expired leases in one call (a leader of N elections died), which the
+//! store sends in statements of at most 512 takeovers.
 
 use std::time::{Duration, Instant};
 
@@ -19,6 +21,8 @@ pub struct Step {
     pub kind: Kind,
     pub leases: usize,
     pub took: Summary,
+    /// Taking N expired leases in one call.
+    pub takeover: Summary,
 }
 
 const TTL: Duration = Duration::from_secs(600);
@@ -26,24 +30,46 @@ const TTL: Duration = Duration::from_secs(600);
 /// Takes every row of `names` for `instance` (created first), returning
 /// their tokens in order.
 async fn take_all(conn: &mut Connection, names: &[String], instance: &str) -> Result<Vec<i64>> {
-    let reqs = |ttl| -> Vec<LeaseRequest<'_>> {
-        names
-            .iter()
-            .map(|n| LeaseRequest {
-                election: n,
-                holder: instance,
-                instance,
-                ttl,
-                held_token: None,
-                daemon: None,
-            })
-            .collect()
-    };
     // Created blocked for a millisecond, then taken for ten minutes.
-    conn.acquire_or_renew_many(&reqs(Duration::from_millis(1)))
+    create(conn, names).await?;
+    take(conn, names, instance, TTL).await
+}
+
+/// Makes the rows of `names` (blocked for a millisecond, as a missing
+/// row is made for that ttl), and waits until they may be taken.
+async fn create(conn: &mut Connection, names: &[String]) -> Result<()> {
+    conn.acquire_or_renew_many(&requests(names, "nobody", Duration::from_millis(1)))
         .await?;
     tokio::time::sleep(Duration::from_millis(5)).await;
-    let answers = conn.acquire_or_renew_many(&reqs(TTL)).await?;
+    Ok(())
+}
+
+fn requests<'a>(names: &'a [String], instance: &'a str, ttl: Duration) -> Vec<LeaseRequest<'a>> {
+    names
+        .iter()
+        .map(|n| LeaseRequest {
+            election: n,
+            holder: instance,
+            instance,
+            ttl,
+            held_token: None,
+            daemon: None,
+            address: None,
+        })
+        .collect()
+}
+
+/// One call asking for every row of `names` for `instance`, for `ttl`:
+/// their tokens in order, or an error naming the first not granted.
+async fn take(
+    conn: &mut Connection,
+    names: &[String],
+    instance: &str,
+    ttl: Duration,
+) -> Result<Vec<i64>> {
+    let answers = conn
+        .acquire_or_renew_many(&requests(names, instance, ttl))
+        .await?;
     answers
         .into_iter()
         .map(|a| match a {
@@ -76,6 +102,7 @@ async fn measure(kind: Kind, leases: usize, rounds: usize) -> Result<Step> {
             ttl: TTL,
             held_token: Some(token),
             daemon: None,
+            address: None,
         })
         .collect();
     let mut took = Vec::with_capacity(rounds);
@@ -90,10 +117,26 @@ async fn measure(kind: Kind, leases: usize, rounds: usize) -> Result<Step> {
             bail!("a renewal was not granted");
         }
     }
+    // A leader of N elections died: N leases, taken for 5 ms and left to
+    // expire, then taken by another instance in one call (fresh names each
+    // round: a takeover happens once per lease).
+    let mut takeover = Vec::with_capacity(rounds);
+    for round in 0..rounds {
+        let dead: Vec<String> = (0..leases)
+            .map(|i| format!("dead-{round}-{i:06}"))
+            .collect();
+        create(&mut conn, &dead).await?;
+        take(&mut conn, &dead, "dead", Duration::from_millis(5)).await?;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let started = Instant::now();
+        take(&mut conn, &dead, "heir", TTL).await?;
+        takeover.push(started.elapsed());
+    }
     Ok(Step {
         kind,
         leases,
         took: Summary::of(took),
+        takeover: Summary::of(takeover),
     })
 }
 
@@ -114,20 +157,23 @@ pub async fn run(size: Size) -> Result<Vec<Step>> {
         "One connection renewing N leases in one call (`acquire_or_renew_many`, as the \
          daemon's link sends a leader's renewals each renew interval), among 3 N rows, \
          on an otherwise idle database; {rounds} calls per size, client-side time \
-         (round trip included).\n"
+         (round trip included). Takeover: N expired leases taken by another instance \
+         in one call (statements of at most 512 takeovers each).\n"
     );
-    println!("| database | leases renewed (N) | p50 ms | max ms |");
-    println!("|---|---:|---:|---:|");
+    println!("| database | leases (N) | renewal p50 ms | max ms | takeover p50 ms | max ms |");
+    println!("|---|---:|---:|---:|---:|---:|");
     for s in &steps {
         let db = match s.kind {
             Kind::Postgres => "PostgreSQL 15",
             _ => "MariaDB 10.11",
         };
         println!(
-            "| {db} | {} | {} | {} |",
+            "| {db} | {} | {} | {} | {} | {} |",
             s.leases,
             ms(s.took.p50),
-            ms(s.took.max)
+            ms(s.took.max),
+            ms(s.takeover.p50),
+            ms(s.takeover.max)
         );
     }
     println!();

@@ -29,15 +29,25 @@ pub const DAEMON_TTL: Duration = Duration::from_millis(1200);
 /// The releaser's hold: long enough that it cannot take the lead back first.
 const RELEASE_HOLD: Duration = Duration::from_millis(500);
 
+/// What daemon `id` advertises.
+fn address_of(id: &str) -> String {
+    format!("http://{id}.test:8080")
+}
+
+fn start(url: &str, id: &str, dir: &Scratch) -> Daemon {
+    Daemon::start(url, id, dir, &["--advertise", &address_of(id)])
+}
+
 /// Makes the leader of three daemons go `rounds` times; the time from the
 /// signal (or release request) until another daemon answers 200 on
-/// `/leader`, and from then until the third names that daemon on its
-/// `/leader` (how stale a follower's view is after a change of leader).
+/// `/leader`, and from then until the third names that daemon and its
+/// address on its `/leader` (how stale a follower's view is after a change
+/// of leader).
 fn leaderd_failovers(url: &str, how: How, rounds: usize) -> (Vec<Duration>, Vec<Duration>) {
     let dir = Scratch::new();
     let mut ds: Vec<Daemon> = ["a", "b", "c"]
         .iter()
-        .map(|id| Daemon::start(url, id, &dir, &[]))
+        .map(|id| start(url, id, &dir))
         .collect();
     let (mut times, mut stale) = (Vec::new(), Vec::new());
     for round in 0..rounds {
@@ -85,18 +95,22 @@ fn leaderd_failovers(url: &str, how: How, rounds: usize) -> (Vec<Duration>, Vec<
         });
         times.push(took);
         let new_id = others[new].id.as_str();
+        let new_address = address_of(new_id);
         let third = others[1 - new];
         let ((), took) = poll(Instant::now(), "the new leader never named", || {
             third
                 .leader()
-                .is_some_and(|(_, b)| b["leader"].as_str() == Some(new_id))
+                .is_some_and(|(_, b)| {
+                    b["leader"].as_str() == Some(new_id)
+                        && b["leader_address"].as_str() == Some(new_address.as_str())
+                })
                 .then_some(())
         });
         stale.push(took);
         if let How::Signal(_) = how {
             ds[leader].wait_exit(Duration::from_secs(3));
             let id = format!("{}{round}", &ds[leader].id[..1]);
-            ds[leader] = Daemon::start(url, &id, &dir, &[]);
+            ds[leader] = start(url, &id, &dir);
         }
     }
     (times, stale)
@@ -238,9 +252,53 @@ fn row(what: &str, xs: &[Duration]) -> String {
     )
 }
 
+/// A follower's view after graceful handovers, per backend, on a quiet
+/// machine and with every core busy: half SIGTERMs, half releases (the
+/// handovers that name a successor, where a follower watches for its take).
+pub async fn views(size: Size) -> Result<()> {
+    let half = size.pick(25, 1);
+    println!("## The third replica's view after a handover\n");
+    println!(
+        "Three daemons (default timing), {half} SIGTERMs and {half} releases of the leader per \
+         backend, as in the failover part: from the new leader's first 200 until the third \
+         daemon's `/leader` names it and its `leader_address` (polled every 0.5 ms); quiet, then \
+         with a spinning thread on every core for the whole run.\n"
+    );
+    println!("| backend | cores | n | p50 ms | p99 ms | max ms |");
+    println!("|---|---|---:|---:|---:|---:|");
+    for busy in [false, true] {
+        let hogs = busy.then(leaderd_tests::surroundings::CpuHogs::every_core);
+        for (backend, db) in [
+            ("PostgreSQL", TempDb::postgres()),
+            ("MariaDB", TempDb::mysql()),
+            ("SQLite", TempDb::sqlite()),
+        ] {
+            let url = db.url.clone();
+            let stale = tokio::task::spawn_blocking(move || {
+                let (_, mut stale) = leaderd_failovers(&url, How::Signal(Signal::TERM), half);
+                stale.extend(leaderd_failovers(&url, How::Release, half).1);
+                stale
+            })
+            .await?;
+            let cores = if busy { "all busy" } else { "quiet" };
+            let s = Summary::of(stale);
+            println!(
+                "| {backend} | {cores} | {} | {} | {} | {} |",
+                s.n,
+                ms(s.p50),
+                ms(s.p99),
+                ms(s.max)
+            );
+        }
+        drop(hogs);
+    }
+    println!();
+    Ok(())
+}
+
 pub async fn run(size: Size) -> Result<Vec<Case>> {
     let rounds = size.pick(50, 2);
-    let other_rounds = size.pick(20, 1);
+    let other_rounds = size.pick(50, 1);
     println!("## Failover\n");
     println!(
         "Three real `leaderd` daemons (default heartbeat 1 s, ttl 1.2 s); once every follower has \

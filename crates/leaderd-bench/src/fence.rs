@@ -62,6 +62,7 @@ fn request(token: Option<i64>) -> LeaseRequest<'static> {
         ttl: TTL,
         held_token: token,
         daemon: None,
+        address: None,
     }
 }
 

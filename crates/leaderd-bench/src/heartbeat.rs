@@ -95,6 +95,7 @@ async fn heartbeat(conn: &Mutex<Connection>, i: usize, held: Option<i64>) -> Res
         ttl: TTL,
         held_token: held,
         daemon: None,
+        address: None,
     };
     match conn.lock().await.acquire_or_renew(&req).await? {
         Attempt::Granted { token } => Ok(token),

@@ -2,13 +2,13 @@
 //! by side with the common lock-row recipe, in one run.
 //!
 //! ```text
-//! cargo run --release -p leaderd-bench -- [--smoke] [--plots DIR] [heartbeat|scale|failover|busy|budget|exec|serve|footprint|elections|batch|release|fence|rolling]...
+//! cargo run --release -p leaderd-bench -- [--smoke] [--plots DIR] [heartbeat|scale|failover|views|busy|budget|exec|serve|footprint|elections|batch|release|fence|rolling]...
 //! ```
 //!
 //! With no part named, all run but `rolling` (hours: name it). `--smoke` shrinks every part to seconds so
 //! the test run can exercise the bench without measuring anything. Output is
 //! Markdown, ready for `BENCHMARKS.md`; with `--plots DIR` every part but
-//! `footprint`, `batch`, `release`, `fence`, `rolling` and `budget` also draws an SVG plot into `DIR`
+//! `footprint`, `batch`, `views`, `release`, `fence`, `rolling` and `budget` also draws an SVG plot into `DIR`
 //! (see `plot.rs`) and links it under its table. It uses the local
 //! PostgreSQL and MariaDB (see the test harness for the URLs) and the
 //! `leaderd` binary built beside it.
@@ -55,6 +55,7 @@ const PARTS: &[&str] = &[
     "heartbeat",
     "scale",
     "failover",
+    "views",
     "busy",
     "budget",
     "exec",
@@ -140,6 +141,7 @@ fn main() -> Result<()> {
                     &|p| plot::scale(p, &steps),
                 )?;
             }
+            "views" => rt.block_on(failover::views(size))?,
             "failover" => {
                 let cases = rt.block_on(failover::run(size))?;
                 plot(

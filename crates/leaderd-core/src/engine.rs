@@ -39,6 +39,9 @@ pub struct Observed {
     /// What is left of the holder's lease by the database's clock (negative
     /// when it has already expired).
     pub remaining_us: i64,
+    /// Where the holder's app can be reached (its `advertise`), `None` when
+    /// it set none.
+    pub address: Option<String>,
 }
 
 /// The database's answer to one acquire-or-renew attempt.
@@ -109,6 +112,9 @@ pub struct View {
     pub leader: Option<String>,
     /// The fencing token of `leader`.
     pub token: Option<i64>,
+    /// Where `leader`'s app can be reached, as it advertised it: a hint to
+    /// reach the leader, not a proof that it leads.
+    pub leader_address: Option<String>,
     /// The local deadline when leading, else the holder's remaining lease as
     /// last observed.
     pub lease_remaining: Option<Duration>,
@@ -126,6 +132,7 @@ enum Role {
 struct OtherHolder {
     holder: String,
     token: i64,
+    address: Option<String>,
     /// When the holder's lease ends, by the database's answer, on our clock.
     until: BootTime,
 }
@@ -136,6 +143,8 @@ pub struct Engine {
     timing: Timing,
     id: String,
     instance: String,
+    /// This replica's own `advertise`, reported while it leads.
+    address: Option<String>,
     role: Role,
     other: Option<OtherHolder>,
     next_attempt: BootTime,
@@ -205,6 +214,7 @@ impl Engine {
             timing,
             id: id.into(),
             instance: instance.into(),
+            address: None,
             role: Role::Follower,
             other: None,
             next_attempt: now,
@@ -217,6 +227,12 @@ impl Engine {
             draining_until: None,
             past_instances: Vec::new(),
         }
+    }
+
+    /// Reports `address` as this replica's own while it leads.
+    pub fn with_address(mut self, address: Option<String>) -> Self {
+        self.address = address;
+        self
     }
 
     pub fn timing(&self) -> &Timing {
@@ -262,10 +278,18 @@ impl Engine {
     /// The snapshot served over HTTP at `now`.
     pub fn view(&self, now: BootTime) -> View {
         let (is_leader, leader, token, until) = self.reported(now);
+        let leader_address = if is_leader {
+            self.address.clone()
+        } else {
+            leader
+                .and(self.other.as_ref())
+                .and_then(|o| o.address.clone())
+        };
         View {
             is_leader,
             leader: leader.map(str::to_owned),
             token,
+            leader_address,
             lease_remaining: until.map(|until| until.saturating_since(now)),
         }
     }
@@ -589,6 +613,7 @@ impl Engine {
                     Some(holder) if seen.remaining_us > 0 => Some(OtherHolder {
                         holder,
                         token: seen.token,
+                        address: seen.address,
                         until: received_at + remaining,
                     }),
                     _ => None,
@@ -667,6 +692,7 @@ mod tests {
             instance: None,
             token,
             remaining_us: remaining_ms * 1000,
+            address: None,
         })
     }
 
@@ -676,6 +702,7 @@ mod tests {
             instance: Some(format!("inst-of-{holder}")),
             token,
             remaining_us: remaining_ms * 1000,
+            address: None,
         })
     }
 
@@ -1058,6 +1085,7 @@ mod tests {
                 instance: Some("other".into()),
                 token: 3,
                 remaining_us: 900_000,
+                address: None,
             }),
         );
         assert_eq!(
@@ -1118,6 +1146,7 @@ mod tests {
             instance: Some("inst-a".into()),
             token: 7,
             remaining_us: 900_000,
+            address: None,
         });
         assert!(e.on_attempt(at(150), at(151), own_old_row).is_empty());
         // Neither the schedule nor a release notice brings it back early.

@@ -143,6 +143,9 @@ pub struct LeaseRequest<'a> {
     /// [`Successor`]): a row released to it may be taken before its window
     /// ends. `None`: only as anyone may.
     pub daemon: Option<&'a str>,
+    /// Where this replica's app can be reached (`advertise`), written to
+    /// the row when this request takes it over, with `instance`.
+    pub address: Option<&'a str>,
 }
 
 impl LeaseRequest<'_> {
@@ -211,6 +214,9 @@ pub struct ElectionRow {
     /// How long the holding instance has held the row, by the database's
     /// clock (since `acquired_at`); 0 when free.
     pub held_us: i64,
+    /// The holder's advertised address, `None` when it set none (or its
+    /// daemon predates addresses).
+    pub address: Option<String>,
 }
 
 impl ElectionRow {
@@ -218,10 +224,15 @@ impl ElectionRow {
     pub fn live_holder(&self) -> Option<&str> {
         self.holder.as_deref().filter(|_| self.remaining_us > 0)
     }
+
+    /// The live holder's advertised address.
+    pub fn live_address(&self) -> Option<&str> {
+        self.address.as_deref().filter(|_| self.remaining_us > 0)
+    }
 }
 
 /// A row as the backends read it: name, holder, token, remaining µs,
-/// instance, held µs.
+/// instance, held µs, address.
 pub(crate) type RowParts = (
     String,
     Option<String>,
@@ -229,10 +240,11 @@ pub(crate) type RowParts = (
     i64,
     Option<String>,
     Option<i64>,
+    Option<String>,
 );
 
 impl From<RowParts> for ElectionRow {
-    fn from((name, holder, token, remaining_us, instance, held_us): RowParts) -> Self {
+    fn from((name, holder, token, remaining_us, instance, held_us, address): RowParts) -> Self {
         Self {
             name,
             holder,
@@ -240,6 +252,7 @@ impl From<RowParts> for ElectionRow {
             remaining_us,
             instance,
             held_us: held_us.unwrap_or(0),
+            address,
         }
     }
 }
@@ -254,14 +267,16 @@ fn refusal(req: &LeaseRequest<'_>, seen: Observed) -> Result<Attempt, StoreError
     Ok(Attempt::Refused(seen))
 }
 
-fn observed(
-    (holder, instance, token, remaining_us): (Option<String>, Option<String>, i64, i64),
-) -> Observed {
+/// The holder, instance, token, remaining µs and address of a row.
+type SeenParts = (Option<String>, Option<String>, i64, i64, Option<String>);
+
+fn observed((holder, instance, token, remaining_us, address): SeenParts) -> Observed {
     Observed {
         holder,
         instance,
         token,
         remaining_us,
+        address,
     }
 }
 

@@ -216,48 +216,74 @@ pub(crate) struct Column {
     pub add: &'static str,
 }
 
-/// The `successor` column's check, as a
-/// literal per backend, so that the plans ask it in their one check.
-macro_rules! postgres_successor_present {
-    () => {
-        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a \
-        JOIN pg_catalog.pg_class c ON c.oid = a.attrelid \
-        WHERE c.relname = 'service_leader_lock' AND a.attname = 'successor' \
-        AND NOT a.attisdropped AND c.relnamespace = \
-        (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = current_schema()))"
+/// Whether a column of the lock table is there, as a literal per backend,
+/// so that the plans ask it in their one check.
+macro_rules! postgres_column_present {
+    ($column:literal) => {
+        concat!(
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a \
+            JOIN pg_catalog.pg_class c ON c.oid = a.attrelid \
+            WHERE c.relname = 'service_leader_lock' AND a.attname = '",
+            $column,
+            "' AND NOT a.attisdropped AND c.relnamespace = \
+            (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = current_schema()))"
+        )
     };
 }
-pub(crate) use postgres_successor_present;
+pub(crate) use postgres_column_present;
 
-macro_rules! mysql_successor_present {
-    () => {
-        "SELECT EXISTS (SELECT 1 FROM information_schema.columns \
-        WHERE table_schema = DATABASE() AND table_name = 'service_leader_lock' \
-        AND column_name = 'successor')"
+macro_rules! mysql_column_present {
+    ($column:literal) => {
+        concat!(
+            "SELECT EXISTS (SELECT 1 FROM information_schema.columns \
+            WHERE table_schema = DATABASE() AND table_name = 'service_leader_lock' \
+            AND column_name = '",
+            $column,
+            "')"
+        )
     };
 }
-pub(crate) use mysql_successor_present;
+pub(crate) use mysql_column_present;
 
-macro_rules! sqlite_successor_present {
-    () => {
-        "SELECT EXISTS (SELECT 1 FROM pragma_table_info('service_leader_lock') \
-        WHERE name = 'successor')"
+macro_rules! sqlite_column_present {
+    ($column:literal) => {
+        concat!(
+            "SELECT EXISTS (SELECT 1 FROM pragma_table_info('service_leader_lock') \
+            WHERE name = '",
+            $column,
+            "')"
+        )
     };
 }
-pub(crate) use sqlite_successor_present;
+pub(crate) use sqlite_column_present;
 
 /// The named successor's column, per backend.
 pub(crate) const POSTGRES_SUCCESSOR: Column = Column {
-    present: postgres_successor_present!(),
+    present: postgres_column_present!("successor"),
     add: include_str!("../../../migrations/postgres/2026-11-27-000000_successor/up.sql"),
 };
 pub(crate) const MYSQL_SUCCESSOR: Column = Column {
-    present: mysql_successor_present!(),
+    present: mysql_column_present!("successor"),
     add: include_str!("../../../migrations/mysql/2026-11-27-000000_successor/up.sql"),
 };
 pub(crate) const SQLITE_SUCCESSOR: Column = Column {
-    present: sqlite_successor_present!(),
+    present: sqlite_column_present!("successor"),
     add: include_str!("../../../migrations/sqlite/2026-11-27-000000_successor/up.sql"),
+};
+
+/// The holder's advertised address and the instance that wrote it, per
+/// backend (both added by one step: the second stands for the pair).
+pub(crate) const POSTGRES_ADDRESS: Column = Column {
+    present: postgres_column_present!("address_instance"),
+    add: include_str!("../../../migrations/postgres/2026-11-28-000000_address/up.sql"),
+};
+pub(crate) const MYSQL_ADDRESS: Column = Column {
+    present: mysql_column_present!("address_instance"),
+    add: include_str!("../../../migrations/mysql/2026-11-28-000000_address/up.sql"),
+};
+pub(crate) const SQLITE_ADDRESS: Column = Column {
+    present: sqlite_column_present!("address_instance"),
+    add: include_str!("../../../migrations/sqlite/2026-11-28-000000_address/up.sql"),
 };
 
 /// How one backend checks, serialises and applies the steps.

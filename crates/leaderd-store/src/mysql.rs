@@ -22,13 +22,22 @@ use crate::{
     Release, RowParts, StoreError,
 };
 
-/// [`OBSERVE`]'s row: holder, instance, token, remaining µs, successor.
-type SeenRow = (Option<String>, Option<String>, i64, i64, Option<String>);
+/// [`OBSERVE`]'s row: holder, instance, token, remaining µs, address,
+/// successor.
+type SeenRow = (
+    Option<String>,
+    Option<String>,
+    i64,
+    i64,
+    Option<String>,
+    Option<String>,
+);
 type SeenSql = (
     Nullable<Text>,
     Nullable<Text>,
     BigInt,
     BigInt,
+    Nullable<Text>,
     Nullable<Text>,
 );
 
@@ -112,21 +121,26 @@ const RENEW_ALL: Sql = bounded!(
     )
 );
 
-/// The row, with the successor it was released to (see `crate::as_heir`).
+/// The row, with the holder's address (only while the instance that wrote
+/// it holds the row) and the successor it was released to (see
+/// `crate::as_heir`).
 const OBSERVE: Sql = bounded!(
     "SELECT",
     " holder, instance, token, \
-    TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at), successor \
+    TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at), \
+    IF(address_instance = instance, address, NULL), successor \
     FROM service_leader_lock WHERE name = ?"
 );
 
 /// Takes the row if it is expired, or released to this daemon (its
-/// successor window), and its token is the one seen. Binds: holder,
-/// instance, ttl µs, name, token seen, daemon.
+/// successor window), and its token is the one seen; writes the taker's
+/// address with its instance. Binds: holder, instance, address, instance,
+/// ttl µs, name, token seen, daemon.
 const TAKE: Sql = bounded!(
     "UPDATE",
     " service_leader_lock \
     SET token = token + 1, holder = ?, instance = ?, successor = NULL, \
+        address = ?, address_instance = ?, \
         acquired_at = UTC_TIMESTAMP(6), renewed_at = UTC_TIMESTAMP(6), \
         expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
     WHERE name = ? AND token = ? \
@@ -150,14 +164,15 @@ const CREATE: Sql = bounded!(
 const OBSERVE_ALL: Sql = bounded!(
     "SELECT",
     " j.i, l.holder, l.instance, l.token, \
-    TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at), l.successor \
+    TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at), \
+    IF(l.address_instance = l.instance, l.address, NULL), l.successor \
     FROM JSON_TABLE(?, '$[*]' COLUMNS (i FOR ORDINALITY, n VARCHAR(100) PATH '$')) AS j \
     STRAIGHT_JOIN service_leader_lock l FORCE INDEX (service_leader_lock_name) ON l.name = j.n"
 );
 
 /// [`TAKE`] for several expired rows in one statement, each on the token
 /// seen. Binds: a JSON array of `[name, holder, instance, token seen,
-/// daemon]`,
+/// daemon, address]`,
 /// sorted by name so that two takers lock rows in one order, then ttl µs.
 /// The matched-row count says whether all were taken. Joined as
 /// [`RENEW_ALL`] is, for the same reason.
@@ -165,10 +180,11 @@ const TAKE_ALL: Sql = bounded!(
     "UPDATE",
     " (SELECT * FROM JSON_TABLE(?, '$[*]' COLUMNS (n VARCHAR(100) PATH '$[0]', \
         h VARCHAR(100) PATH '$[1]', inst VARCHAR(64) PATH '$[2]', tok BIGINT PATH '$[3]', \
-        d VARCHAR(64) PATH '$[4]')) AS x) AS j \
+        d VARCHAR(64) PATH '$[4]', a VARCHAR(255) PATH '$[5]')) AS x) AS j \
     STRAIGHT_JOIN service_leader_lock l FORCE INDEX (service_leader_lock_name) \
       ON l.name = j.n AND l.token = j.tok \
     SET l.token = l.token + 1, l.holder = j.h, l.instance = j.inst, l.successor = NULL, \
+        l.address = j.a, l.address_instance = j.inst, \
         l.acquired_at = UTC_TIMESTAMP(6), l.renewed_at = UTC_TIMESTAMP(6), \
         l.expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
     WHERE l.expires_at <= UTC_TIMESTAMP(6) OR (l.instance IS NULL AND l.successor = j.d)"
@@ -192,7 +208,7 @@ const CREATE_ALL: Sql = bounded!(
 const RELEASE: Sql = bounded!(
     "UPDATE",
     " service_leader_lock \
-    SET holder = NULL, instance = NULL, successor = ?, \
+    SET holder = NULL, instance = NULL, successor = ?, address = NULL, address_instance = NULL, \
         expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
     WHERE name = ? AND instance = ?"
 );
@@ -206,7 +222,8 @@ const RELEASE: Sql = bounded!(
 /// table, other apps' elections too, at every look of the spread.
 const ELECTIONS: &str = "SELECT CAST(name AS CHAR), holder, token, \
     TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at), instance, \
-    IF(instance IS NULL, NULL, TIMESTAMPDIFF(MICROSECOND, acquired_at, UTC_TIMESTAMP(6))) \
+    IF(instance IS NULL, NULL, TIMESTAMPDIFF(MICROSECOND, acquired_at, UTC_TIMESTAMP(6))), \
+    IF(address_instance = instance, address, NULL) \
     FROM service_leader_lock WHERE name >= ? AND name < CONCAT(?, X'FF') ORDER BY name";
 
 /// What the server is and how the session runs, read once at connect.
@@ -233,7 +250,9 @@ const MIGRATION: migrate::Plan = migrate::Plan {
         "SELECT (",
         schema_current!(),
         ") AND (",
-        migrate::mysql_successor_present!(),
+        migrate::mysql_column_present!("successor"),
+        ") AND (",
+        migrate::mysql_column_present!("address_instance"),
         ") AND (",
         migrate::mysql_fence_current!(),
         ") AND (",
@@ -252,7 +271,7 @@ const MIGRATION: migrate::Plan = migrate::Plan {
     try_lock: "SELECT COALESCE(GET_LOCK('leaderd_migrate', 0), 0) = 1",
     unlock: "DO RELEASE_LOCK('leaderd_migrate')",
     steps: migrate::MYSQL,
-    columns: &[migrate::MYSQL_SUCCESSOR],
+    columns: &[migrate::MYSQL_SUCCESSOR, migrate::MYSQL_ADDRESS],
     tune: None,
     // A base table only: a view could call a function as this user.
     legacy: "SELECT EXISTS (SELECT 1 FROM information_schema.tables \
@@ -402,6 +421,8 @@ impl MysqlStore {
             [
                 Bind::Text(""),
                 Bind::Text(""),
+                Bind::NullText,
+                Bind::Text(""),
                 ttl,
                 Bind::NullText,
                 Bind::BigInt(0),
@@ -476,6 +497,7 @@ impl MysqlStore {
                 BigInt,
                 Nullable<Text>,
                 Nullable<BigInt>,
+                Nullable<Text>,
             )>::new(ELECTIONS, [Bind::Text(prefix), Bind::Text(prefix)])
             .load(&mut self.conn)
             .await?;
@@ -579,7 +601,7 @@ impl CasOps for MysqlStore {
         Ok(rows
             .into_iter()
             .next()
-            .map(|(h, i, t, r, s)| as_heir(req, observed((h, i, t, r)), s.as_deref())))
+            .map(|(h, i, t, r, a, s)| as_heir(req, observed((h, i, t, r, a)), s.as_deref())))
     }
 
     async fn take(&mut self, req: &LeaseRequest<'_>, seen_token: i64) -> Result<bool, StoreError> {
@@ -587,6 +609,8 @@ impl CasOps for MysqlStore {
             self.sql(&TAKE),
             [
                 Bind::Text(req.holder),
+                Bind::Text(req.instance),
+                req.address.map_or(Bind::NullText, Bind::Text),
                 Bind::Text(req.instance),
                 Bind::BigInt(req.ttl_us()),
                 Bind::Text(req.election),
@@ -642,6 +666,7 @@ impl CasBatch for MysqlStore {
             i64,
             i64,
             Option<String>,
+            Option<String>,
         );
         type RowSql = (
             BigInt,
@@ -650,18 +675,19 @@ impl CasBatch for MysqlStore {
             BigInt,
             BigInt,
             Nullable<Text>,
+            Nullable<Text>,
         );
         let rows: Vec<Row> = Stmt::<RowSql>::new(self.sql(&OBSERVE_ALL), [Bind::Text(&names)])
             .load(&mut self.conn)
             .await?;
         let mut out = vec![None; reqs.len()];
-        for (place, holder, instance, token, remaining_us, successor) in rows {
+        for (place, holder, instance, token, remaining_us, address, successor) in rows {
             let Some(i) = usize::try_from(place - 1).ok().filter(|&i| i < reqs.len()) else {
                 continue;
             };
             out[i] = Some(as_heir(
                 reqs[i],
-                observed((holder, instance, token, remaining_us)),
+                observed((holder, instance, token, remaining_us, address)),
                 successor.as_deref(),
             ));
         }
@@ -684,9 +710,20 @@ impl CasBatch for MysqlStore {
         if let [(req, seen)] = items {
             return Ok(vec![self.take(req, *seen).await?]);
         }
-        let mut rows: Vec<(&str, &str, &str, i64, Option<&str>)> = items
+        type TakeRow<'a> = (
+            &'a str,
+            &'a str,
+            &'a str,
+            i64,
+            Option<&'a str>,
+            Option<&'a str>,
+        );
+        let mut rows: Vec<TakeRow<'_>> = items
             .iter()
-            .map(|(req, seen)| (req.election, req.holder, req.instance, *seen, req.daemon))
+            .map(|(req, seen)| {
+                let r = req;
+                (r.election, r.holder, r.instance, *seen, r.daemon, r.address)
+            })
             .collect();
         rows.sort_unstable_by_key(|r| r.0.as_bytes());
         let rows = serde_json::to_string(&rows).expect("strings serialize");
@@ -1126,6 +1163,7 @@ mod tests {
             ttl: std::time::Duration::from_secs(30),
             held_token: None,
             daemon: None,
+            address: None,
         }
     }
 

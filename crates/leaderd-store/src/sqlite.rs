@@ -56,7 +56,9 @@ const MIGRATION: migrate::Plan = migrate::Plan {
         "SELECT (",
         schema_current!(),
         ") AND (",
-        migrate::sqlite_successor_present!(),
+        migrate::sqlite_column_present!("successor"),
+        ") AND (",
+        migrate::sqlite_column_present!("address_instance"),
         ")"
     ),
     steps_current: schema_current!(),
@@ -65,7 +67,7 @@ const MIGRATION: migrate::Plan = migrate::Plan {
     try_lock: "SELECT 1",
     unlock: "COMMIT",
     steps: migrate::SQLITE,
-    columns: &[migrate::SQLITE_SUCCESSOR],
+    columns: &[migrate::SQLITE_SUCCESSOR, migrate::SQLITE_ADDRESS],
     tune: None,
     legacy: "SELECT EXISTS (SELECT 1 FROM sqlite_master \
         WHERE type = 'table' AND name = '__diesel_schema_migrations')",
@@ -84,13 +86,19 @@ const RENEW: &str =
     "UPDATE service_leader_lock SET renewed_at = ?, expires_at = MAX(expires_at, ?) \
     WHERE name = ? AND instance = ? AND token = ? AND boot_id = ? AND expires_at > ?";
 
+/// The row, with the holder's address (only while the instance that wrote
+/// it holds the row).
 const OBSERVE: &str = "SELECT holder, instance, token, boot_id, expires_at, \
-    COALESCE(renewed_at, -1), successor FROM service_leader_lock WHERE name = ?";
+    COALESCE(renewed_at, -1), successor, \
+    CASE WHEN address_instance = instance THEN address END \
+    FROM service_leader_lock WHERE name = ?";
 
 /// A compare-and-set on the row exactly as observed: any renewal, take or
-/// release since then changes `expires_at` or `renewed_at`.
+/// release since then changes `expires_at` or `renewed_at`. Writes the
+/// taker's address with its instance.
 const TAKE: &str = "UPDATE service_leader_lock \
     SET token = token + 1, holder = ?, instance = ?, boot_id = ?, successor = NULL, \
+        address = ?, address_instance = ?, \
         acquired_at = ?, renewed_at = ?, expires_at = ? \
     WHERE name = ? AND token = ? AND boot_id = ? AND expires_at = ? \
       AND COALESCE(renewed_at, -1) = ?";
@@ -106,14 +114,16 @@ const CREATE: &str = "INSERT INTO service_leader_lock (name, token, boot_id, exp
 /// Released to a successor, the row stays blocked for its window
 /// (`crate::Successor`). Binds: successor, expiry, name, instance.
 const RELEASE: &str = "UPDATE service_leader_lock \
-    SET holder = NULL, instance = NULL, successor = ?, expires_at = ? \
+    SET holder = NULL, instance = NULL, successor = ?, expires_at = ?, \
+        address = NULL, address_instance = NULL \
     WHERE name = ? AND instance = ?";
 
 /// The rows whose name starts with the bind (after the clock's two; every
 /// row for `''`).
 const ELECTIONS: &str = "SELECT name, holder, token, \
     CASE WHEN boot_id = ? THEN expires_at - ? ELSE -1 END, instance, \
-    CASE WHEN instance IS NOT NULL AND boot_id = ? THEN ? - acquired_at END \
+    CASE WHEN instance IS NOT NULL AND boot_id = ? THEN ? - acquired_at END, \
+    CASE WHEN address_instance = instance THEN address END \
     FROM service_leader_lock WHERE substr(name, 1, length(?)) = ? ORDER BY name";
 
 /// The boot clock in microseconds: SQLite's "database clock".
@@ -450,6 +460,7 @@ impl SqliteStore {
             BigInt,
             Nullable<Text>,
             Nullable<BigInt>,
+            Nullable<Text>,
         )>::new(
             ELECTIONS,
             [
@@ -522,6 +533,7 @@ struct Lease {
     ttl_us: i64,
     /// How long a row made for it stays blocked (`LeaseRequest::block_us`).
     block_us: i64,
+    address: Option<String>,
 }
 
 impl Lease {
@@ -532,6 +544,7 @@ impl Lease {
             instance: req.instance.to_owned(),
             ttl_us: req.ttl_us(),
             block_us: req.block_us(),
+            address: req.address.map(str::to_owned),
         }
     }
 }
@@ -547,9 +560,15 @@ mod run {
     use super::{now_us, Lease, SeenRow, CREATE, OBSERVE, RENEW, TAKE};
     use crate::sql::{Bind, Stmt};
 
-    /// A row as `OBSERVE` reads it: holder, instance, the rest, and the
-    /// successor it was released to.
-    pub(super) type Seen = (Option<String>, Option<String>, SeenRow, Option<String>);
+    /// A row as `OBSERVE` reads it: holder, instance, address, the rest,
+    /// and the successor it was released to.
+    pub(super) type Seen = (
+        Option<String>,
+        Option<String>,
+        Option<String>,
+        SeenRow,
+        Option<String>,
+    );
 
     pub(super) fn renew(
         c: &mut SqliteConnection,
@@ -583,6 +602,7 @@ mod run {
             i64,
             i64,
             Option<String>,
+            Option<String>,
         );
         type RowSql = (
             Nullable<Text>,
@@ -592,17 +612,18 @@ mod run {
             BigInt,
             BigInt,
             Nullable<Text>,
+            Nullable<Text>,
         );
         let rows: Vec<Row> = Stmt::<RowSql>::new(OBSERVE, [Bind::Text(election)]).load(c)?;
         Ok(rows.into_iter().next().map(
-            |(holder, instance, token, boot_id, expires_at, renewed_at, successor)| {
+            |(holder, instance, token, boot_id, expires_at, renewed_at, successor, address)| {
                 let row = SeenRow {
                     token,
                     boot_id,
                     expires_at,
                     renewed_at,
                 };
-                (holder, instance, row, successor)
+                (holder, instance, address, row, successor)
             },
         ))
     }
@@ -621,6 +642,8 @@ mod run {
                 Bind::Text(&lease.holder),
                 Bind::Text(&lease.instance),
                 Bind::Text(boot_id),
+                lease.address.as_deref().map_or(Bind::NullText, Bind::Text),
+                Bind::Text(&lease.instance),
                 Bind::BigInt(now),
                 Bind::BigInt(now),
                 Bind::BigInt(now.saturating_add(lease.ttl_us)),
@@ -687,14 +710,14 @@ impl SqliteStore {
     /// the row for the take that may follow.
     fn seen(&mut self, lease: &LeaseRequest<'_>, seen: Option<run::Seen>) -> Option<Observed> {
         let now = now_us();
-        let Some((holder, instance, row, successor)) = seen else {
+        let Some((holder, instance, address, row, successor)) = seen else {
             self.seen.remove(lease.election);
             return None;
         };
         let remaining_us = self.remaining_us(lease.election, &row, lease.ttl_us(), now);
         let token = row.token;
         self.seen.insert(lease.election.to_owned(), row);
-        let seen = observed((holder, instance, token, remaining_us));
+        let seen = observed((holder, instance, token, remaining_us, address));
         Some(as_heir(lease, seen, successor.as_deref()))
     }
 

@@ -114,6 +114,11 @@ pub struct RunArgs {
     /// replica that started last [default: 0]
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub priority: Option<String>,
+    /// Where this replica's app can be reached (e.g. http://10.0.0.7:8080),
+    /// reported to every replica as `leader_address` while it leads
+    /// [default: none]
+    #[arg(long, value_name = "ADDRESS")]
+    pub advertise: Option<String>,
     /// Spread several elections across the live replicas (the default).
     #[arg(long, conflicts_with = "no_spread")]
     pub spread: bool,
@@ -185,6 +190,7 @@ pub struct ConfigArgs {
     pub app_health: Option<String>,
     pub app_health_failures: Option<String>,
     pub priority: Option<String>,
+    pub advertise: Option<String>,
     pub spread: bool,
     pub no_spread: bool,
     pub exec: Vec<String>,
@@ -247,6 +253,7 @@ impl From<&RunArgs> for ConfigArgs {
             app_health: r.app_health.clone(),
             app_health_failures: r.app_health_failures.clone(),
             priority: r.priority.clone(),
+            advertise: r.advertise.clone(),
             spread: r.spread,
             no_spread: r.no_spread,
             ..ConfigArgs::from(&r.source)
@@ -292,6 +299,7 @@ impl ConfigArgs {
             app_health: self.app_health.or(under.app_health),
             app_health_failures: self.app_health_failures.or(under.app_health_failures),
             priority: self.priority.or(under.priority),
+            advertise: self.advertise.or(under.advertise),
             spread,
             no_spread,
             exec: list(self.exec, under.exec),

@@ -46,6 +46,7 @@ pub const KEYS: &[&str] = &[
     "app_health",
     "app_health_failures",
     "priority",
+    "advertise",
     "stop_grace",
     "exec",
     "spread",
@@ -140,6 +141,9 @@ pub struct Settings {
     /// Preference as a successor at handovers:
     /// higher first.
     pub priority: i32,
+    /// Where this replica's app can be reached, stored in the row with
+    /// each takeover and reported as `leader_address`.
+    pub advertise: Option<String>,
     /// `exec` only: how long before the local deadline a child is told to
     /// stop when renewals fail.
     pub stop_grace: Duration,
@@ -271,6 +275,16 @@ fn validate(
             }
         },
     };
+    let advertise = match layers.get("advertise") {
+        None => Some(None),
+        Some(s) => match check_advertise(&s.value) {
+            Ok(a) => Some(Some(a)),
+            Err(e) => {
+                problem(problems, "advertise", s, &s.value, e);
+                None
+            }
+        },
+    };
     let stop_grace = match (timing, layers.get("stop_grace")) {
         (Some(t), None) => Some(t.default_stop_grace()),
         (Some(t), Some(s)) => duration_key(layers, "stop_grace", Duration::ZERO, problems)
@@ -310,6 +324,7 @@ fn validate(
         app_health: app_health?,
         app_health_failures: app_health_failures?,
         priority: priority?,
+        advertise: advertise?,
         stop_grace: stop_grace?,
         exec: exec?.into(),
         secret_env,
@@ -871,6 +886,34 @@ mod tests {
         );
         let msg = problems(&["--stop-grace", "soon"], &env(&[]));
         assert!(msg.contains("`stop_grace`"), "{msg}");
+    }
+
+    #[test]
+    fn advertise_is_free_text_of_at_most_255_characters() {
+        assert_eq!(load(&[], &env(&[])).unwrap().advertise, None);
+        let url = "http://10.1.2.3:8080/ü";
+        let s = load(&["--advertise", url], &env(&[])).unwrap();
+        assert_eq!(s.advertise.as_deref(), Some(url));
+        let s = load(&[], &env(&[("LEADERD_ADVERTISE", "grpc://a:9")])).unwrap();
+        assert_eq!(s.advertise.as_deref(), Some("grpc://a:9"));
+        let longest = "é".repeat(255);
+        assert!(load(&["--advertise", &longest], &env(&[])).is_ok());
+        for (bad, says) in [
+            ("", "1 to 255 characters, got 0"),
+            (&*"a".repeat(256), "got 256"),
+            ("http://a\n:80", "control characters"),
+            (" http://a:80", "white space"),
+            (
+                "http://$(POD_IP):8080",
+                "$(POD_IP), a Kubernetes variable that was not expanded",
+            ),
+        ] {
+            let msg = problems(&["--advertise", bad], &env(&[]));
+            assert!(
+                msg.contains("`advertise`") && msg.contains(says),
+                "{bad:?}: {msg}"
+            );
+        }
     }
 
     #[test]

@@ -35,6 +35,7 @@ pub async fn run(mut conn: Connection, json: bool) -> anyhow::Result<()> {
                 serde_json::json!({
                     "election": r.name,
                     "holder": holder,
+                    "leader_address": r.live_address(),
                     "token": r.token,
                     "lease_remaining_ms": if holder.is_some() { r.remaining_us / 1000 } else { 0 },
                     "fence": fence,
@@ -45,7 +46,7 @@ pub async fn run(mut conn: Connection, json: bool) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&list)?);
     } else {
         println!(
-            "{:<30} {:<30} {:>20} {:>12}",
+            "{:<30} {:<30} {:>20} {:>12}  ADDRESS",
             "ELECTION", "HOLDER", "TOKEN", "REMAINING"
         );
         for r in &rows {
@@ -54,9 +55,15 @@ pub async fn run(mut conn: Connection, json: bool) -> anyhow::Result<()> {
                 (None, Some(_)) => ("(expired)", "-".to_owned()),
                 (None, None) => ("(free)", "-".to_owned()),
             };
+            // Last: an address may be long, and the columns before it
+            // stay aligned.
             println!(
-                "{:<30} {:<30} {:>20} {:>12}",
-                r.name, holder, r.token, remaining
+                "{:<30} {:<30} {:>20} {:>12}  {}",
+                r.name,
+                holder,
+                r.token,
+                remaining,
+                r.live_address().unwrap_or("-")
             );
         }
         // Beside the table, not in it: stdout stays one line per election.
@@ -101,6 +108,7 @@ mod tests {
             remaining_us,
             instance: holder.map(|h| format!("0/{h}")),
             held_us: 0,
+            address: None,
         }
     }
 

@@ -53,6 +53,18 @@ Usage, from a parent chart that has this one as a dependency:
       value: {{ .Values.listen | quote }}
     - name: LEADERD_PRIORITY
       value: {{ .Values.priority | quote }}
+    {{- with .Values.advertise }}
+    {{- if or .value .port }}
+    # Defined before LEADERD_ADVERTISE: Kubernetes expands $(POD_IP) only
+    # from variables defined earlier in the list.
+    - name: POD_IP
+      valueFrom:
+        fieldRef:
+          fieldPath: status.podIP
+    - name: LEADERD_ADVERTISE
+      value: {{ .value | default (printf "%s://$(POD_IP):%v" .scheme .port) | quote }}
+    {{- end }}
+    {{- end }}
     - name: LEADERD_HEARTBEAT
       value: {{ .Values.heartbeat | quote }}
     - name: LEADERD_TTL

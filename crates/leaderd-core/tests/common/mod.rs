@@ -153,6 +153,7 @@ impl Db {
             instance: row.instance.clone(),
             token: row.token,
             remaining_us: row.expires - now,
+            address: None,
         })
     }
 

@@ -20,6 +20,8 @@ pub struct LeaderBody<'a> {
     id: &'a str,
     is_leader: bool,
     leader: Option<String>,
+    /// Where the leader's app can be reached, as it advertised it.
+    leader_address: Option<String>,
     token: Option<i64>,
     lease_remaining_ms: Option<u64>,
     ttl_ms: u64,
@@ -40,6 +42,7 @@ pub fn leader_fields(shared: &Shared, view: leaderd_core::View) -> LeaderBody<'_
         id: &shared.id,
         is_leader: view.is_leader,
         leader: view.leader,
+        leader_address: view.leader_address,
         token: view.token,
         lease_remaining_ms: view.lease_remaining.map(millis),
         ttl_ms: millis(timing.ttl()),

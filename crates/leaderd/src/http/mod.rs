@@ -324,6 +324,7 @@ mod tests {
                         let _ = reply.send(Err(leaderd_core::View {
                             is_leader: false,
                             leader: None,
+                            leader_address: None,
                             token: None,
                             lease_remaining: None,
                         }));

@@ -269,6 +269,7 @@ impl Keeper {
             ttl: self.settings.timing.ttl(),
             held_token,
             daemon: None,
+            address: None,
         };
         let until = boot_now() + self.settings.timing.heartbeat();
         self.link.attempt(req, until).await.map_err(|f| f.reason)
@@ -409,6 +410,7 @@ mod tests {
             remaining_us,
             instance: holder.map(|h| format!("0/{h}")),
             held_us: 0,
+            address: None,
         }
     }
 

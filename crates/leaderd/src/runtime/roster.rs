@@ -289,6 +289,7 @@ mod tests {
             remaining_us: remaining_ms * 1000,
             instance: Some(instance.into()),
             held_us: held_s * 1_000_000,
+            address: None,
         }
     }
 

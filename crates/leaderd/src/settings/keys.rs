@@ -127,6 +127,36 @@ pub(super) fn name_key(
     }
 }
 
+/// The most characters `advertise` may hold (the column's width).
+pub(super) const MAX_ADVERTISE_CHARS: usize = 255;
+
+/// `advertise`: free text of 1–255 characters, no control characters, no
+/// outer white space; and no `$(VAR)` left unexpanded (Kubernetes leaves
+/// one as it is when `VAR` is not defined earlier in the container's `env`,
+/// and every follower would be told to reach `$(POD_IP)`).
+pub(super) fn check_advertise(value: &str) -> Result<String, String> {
+    let chars = value.chars().count();
+    if chars == 0 || chars > MAX_ADVERTISE_CHARS {
+        return Err(format!(
+            "must be 1 to {MAX_ADVERTISE_CHARS} characters, got {chars}"
+        ));
+    }
+    if value.chars().any(char::is_control) {
+        return Err("must not contain control characters".into());
+    }
+    if value.trim() != value {
+        return Err("must not start or end with white space".into());
+    }
+    if let Some(start) = value.find("$(") {
+        let var = value[start..].split(')').next().unwrap_or_default();
+        return Err(format!(
+            "holds {var}), a Kubernetes variable that was not expanded: define it earlier \
+             in the container's env than the variable that uses it"
+        ));
+    }
+    Ok(value.to_owned())
+}
+
 /// A name (`id`, an election): 1–100 characters, no control characters, no
 /// outer white space.
 pub(super) fn check_name(key: &str, s: &Sourced, problems: &mut Vec<String>) -> Option<String> {

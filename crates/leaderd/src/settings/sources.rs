@@ -130,6 +130,7 @@ pub(super) fn layer(
         ("app_health", args.app_health.clone()),
         ("app_health_failures", args.app_health_failures.clone()),
         ("priority", args.priority.clone()),
+        ("advertise", args.advertise.clone()),
         ("stop_grace", args.stop_grace.clone()),
         (
             "exec",

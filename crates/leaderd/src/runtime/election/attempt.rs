@@ -183,6 +183,7 @@ impl Db {
             // it (named from a look just before it drained) waits out its
             // window for the others.
             daemon: (!draining).then(|| shared.roster.daemon().clone()),
+            address: shared.advertise.clone(),
         };
         self.reached = Reached::Database;
         self.link.attempt(req, until).await.map_err(|failure| {

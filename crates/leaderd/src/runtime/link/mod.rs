@@ -66,6 +66,8 @@ pub struct Request {
     pub held_token: Option<i64>,
     /// The daemon's instance, as releases name successors.
     pub daemon: Option<Arc<str>>,
+    /// `advertise`, written to the row with a takeover.
+    pub address: Option<Arc<str>>,
 }
 
 impl Request {
@@ -77,6 +79,7 @@ impl Request {
             ttl: self.ttl,
             held_token: self.held_token,
             daemon: self.daemon.as_deref(),
+            address: self.address.as_deref(),
         }
     }
 }

@@ -1,0 +1,11 @@
+-- Where the holder's app can be reached (its `advertise` setting), written
+-- with each takeover together with the instance that wrote it, and cleared
+-- at release. A reader reports `address` only while `address_instance` is
+-- the row's `instance`: a daemon of an earlier version, which writes
+-- neither, takes the row over without leaving the address of the previous holder
+-- address to be read as its own.
+-- Adding nullable columns rewrites nothing. leaderd runs this only when the
+-- columns are missing (a check of its own), under the migration's lock.
+ALTER TABLE service_leader_lock
+    ADD COLUMN IF NOT EXISTS address VARCHAR(255),
+    ADD COLUMN IF NOT EXISTS address_instance VARCHAR(64);

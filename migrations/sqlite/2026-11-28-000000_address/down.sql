@@ -1,0 +1,2 @@
+ALTER TABLE service_leader_lock DROP COLUMN address_instance;
+ALTER TABLE service_leader_lock DROP COLUMN address;
