@@ -16,6 +16,7 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 
 pub mod certs;
 pub mod checker;
+pub mod galera;
 pub mod mariadbserver;
 pub mod pgbouncer;
 pub mod pgserver;

@@ -273,16 +273,22 @@ fn a_skewed_wall_clock_changes_nothing(db: TempDb, shift: &str) {
             .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
             .start(),
     );
-    // Stable for several leases: the live leader keeps it.
+    // Stable for several leases: the skewed daemon never leads while the
+    // leader keeps its lease. (A sample may miss the leader's answer on a
+    // loaded machine; a renewal stalled past the lease, a slow disk's, may
+    // even end it, and then the skewed daemon may take over: not a theft.)
     let mut checker = Checker::default();
     let refs: Vec<&Daemon> = ds.iter().collect();
     let until = Instant::now() + TTL * 3;
     while Instant::now() < until {
-        assert_eq!(
-            checker.sample(&refs),
-            vec![0],
-            "the skewed daemon took a live lease"
-        );
+        let leaders = checker.sample(&refs);
+        assert!(leaders.len() <= 1, "two leaders at once: {leaders:?}");
+        if leaders == [1] {
+            assert!(
+                ds[0].log_text().contains("lost leadership"),
+                "the skewed daemon took a live lease"
+            );
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
     // And it takes over normally when the leader dies.

@@ -304,6 +304,10 @@ pub(crate) struct Plan {
     /// stops, postponed, rather than run beside another. The server never
     /// waits for it, so a migration given up leaves no session waiting.
     pub try_lock: &'static str,
+    /// Run before each `try_lock` where the lock is a row to claim rather
+    /// than a lock of the server's (a Galera cluster, whose nodes share no
+    /// lock: see `mysql`). A failed claim is a try that did not get it.
+    pub claim: Option<&'static str>,
     /// Undoes `lock` (commits).
     pub unlock: &'static str,
     /// The idempotent steps, in order.
@@ -359,18 +363,28 @@ pub(crate) const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs
 /// The pause between tries of the migration's lock.
 const LOCK_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// Tries `try_lock` until it is granted or [`LOCK_WAIT`] has passed.
-async fn take_lock<M: Migrator>(conn: &mut M, try_lock: &'static str) -> Result<(), StoreError> {
+/// Tries the plan's lock (its claim first, where it has one) until it is
+/// granted or [`LOCK_WAIT`] has passed.
+async fn take_lock<M: Migrator>(conn: &mut M, plan: &Plan) -> Result<(), StoreError> {
     let until = tokio::time::Instant::now() + LOCK_WAIT;
-    while !conn.flag(try_lock).await? {
+    let mut claim_failed = None;
+    loop {
+        if let Some(claim) = plan.claim {
+            // Two nodes' claims at once: one commits, the other is refused
+            // (a duplicate key, or a deadlock error from certification).
+            claim_failed = conn.batch(claim).await.err();
+        }
+        if conn.flag(plan.try_lock).await? {
+            return Ok(());
+        }
         if tokio::time::Instant::now() + LOCK_PAUSE >= until {
+            let why = claim_failed.map_or_else(String::new, |e| format!(" (the last claim: {e})"));
             return Err(StoreError::MigrationBusy(format!(
-                "another session kept the migration's lock for {LOCK_WAIT:?}"
+                "another session kept the migration's lock for {LOCK_WAIT:?}{why}"
             )));
         }
         tokio::time::sleep(LOCK_PAUSE).await;
     }
-    Ok(())
 }
 
 /// How long the steps are tried again after a lock they did not get, where
@@ -412,7 +426,7 @@ pub(crate) async fn run<M: Migrator>(conn: &mut M, plan: &Plan) -> Result<Migrat
     let mut stepped = false;
     if !conn.flag(plan.current).await? {
         conn.batch(plan.lock).await?;
-        take_lock(conn, plan.try_lock).await?;
+        take_lock(conn, plan).await?;
         if !conn.flag(plan.steps_current).await? {
             batch_retrying(conn, &plan.steps.concat(), plan.retry_busy)
                 .await
@@ -422,10 +436,13 @@ pub(crate) async fn run<M: Migrator>(conn: &mut M, plan: &Plan) -> Result<Migrat
         }
         for column in plan.columns {
             if !conn.flag(column.present).await? {
-                batch_retrying(conn, column.add, plan.retry_busy)
-                    .await
-                    .map_err(refusal)?;
-                result = Migrated::Applied;
+                match batch_retrying(conn, column.add, plan.retry_busy).await {
+                    Ok(()) => result = Migrated::Applied,
+                    Err(e) if !again_current(conn, plan, column.present).await => {
+                        return Err(refusal(e))
+                    }
+                    Err(_) => {}
+                }
             }
         }
         for part in plan.extra.iter().chain(&plan.fence) {
@@ -519,6 +536,17 @@ async fn batch_retrying<M: Migrator>(
     ran
 }
 
+/// After a statement of the migration failed: whether what it was to make
+/// is there now, made by another migration. On MySQL/MariaDB only (each
+/// statement its own, nothing left aborted): there the migration's lock
+/// (`GET_LOCK`) serialises the migrations of one server, but a Galera
+/// cluster does not share it between its nodes, so two migrations on two
+/// nodes run together and the later one finds a column the other just
+/// added ("Duplicate column name").
+async fn again_current<M: Migrator>(conn: &mut M, plan: &Plan, check: &'static str) -> bool {
+    plan.retry_busy && conn.flag(check).await.unwrap_or(false)
+}
+
 /// Whether a step was refused because a lock it needs was not granted
 /// within the plan's bound: PostgreSQL's `lock_not_available` (55P03),
 /// MySQL's lock wait timeout (1205).
@@ -575,6 +603,11 @@ async fn install<M: Migrator>(
         }
         Err(e) if refused_by_server(&e) => {
             conn.batch(part.undo).await?;
+            if retry_busy && conn.flag(part.current).await.unwrap_or(false) {
+                // Another migration installed it meanwhile (see
+                // `again_current`): nothing to say.
+                return Ok(false);
+            }
             if !part.said.swap(true, Ordering::Relaxed) {
                 tracing::warn!(error = %e, "{}", part.refused);
             }

@@ -269,6 +269,7 @@ const MIGRATION: migrate::Plan = migrate::Plan {
         innodb_lock_wait_timeout = 1",
     // Tried, never waited for on the server: anyone may hold the name.
     try_lock: "SELECT COALESCE(GET_LOCK('leaderd_migrate', 0), 0) = 1",
+    claim: None,
     unlock: "DO RELEASE_LOCK('leaderd_migrate')",
     steps: migrate::MYSQL,
     columns: &[migrate::MYSQL_SUCCESSOR, migrate::MYSQL_ADDRESS],
@@ -286,6 +287,43 @@ const MIGRATION: migrate::Plan = migrate::Plan {
 const MIGRATION_MARIADB: migrate::Plan = migrate::Plan {
     fence: Some(migrate::MARIADB_FENCE),
     ..MIGRATION
+};
+
+/// How long a Galera migration's claim lasts: a migration that died
+/// holding it postpones the others' for at most this long.
+macro_rules! galera_claim_seconds {
+    () => {
+        "30"
+    };
+}
+
+/// MariaDB in a Galera cluster: `GET_LOCK` is each node's own, so
+/// migrations on two nodes ran together (one failed on a column the other
+/// had just added, and two `CREATE TRIGGER`s at once left a node's
+/// replication waiting on a metadata lock for good). The migration claims
+/// a row instead: committed writes are certified across the cluster, so of
+/// two claims made at once on two nodes one commits and the other is
+/// refused. A claim lasts [`galera_claim_seconds`] by the server's clock,
+/// is renewed at each try of its owner (a session's random id), and is
+/// deleted when the migration ends.
+const MIGRATION_GALERA: migrate::Plan = migrate::Plan {
+    claim: Some(concat!(
+        "CREATE TABLE IF NOT EXISTS service_leader_migration (\
+            id INT NOT NULL PRIMARY KEY, owner VARCHAR(36) NOT NULL, \
+            until DATETIME(6) NOT NULL) ENGINE = InnoDB; \
+        SET @leaderd_claim = COALESCE(@leaderd_claim, UUID()); \
+        INSERT INTO service_leader_migration (id, owner, until) \
+        VALUES (1, @leaderd_claim, UTC_TIMESTAMP(6) + INTERVAL ",
+        galera_claim_seconds!(),
+        " SECOND) \
+        ON DUPLICATE KEY UPDATE \
+            owner = IF(until < UTC_TIMESTAMP(6), VALUES(owner), owner), \
+            until = IF(owner = VALUES(owner), VALUES(until), until)"
+    )),
+    try_lock: "SELECT EXISTS (SELECT 1 FROM service_leader_migration \
+        WHERE id = 1 AND owner = @leaderd_claim)",
+    unlock: "DELETE FROM service_leader_migration WHERE id = 1 AND owner = @leaderd_claim",
+    ..MIGRATION_MARIADB
 };
 
 migrate::diesel_migrator!(AsyncMysqlConnection);
@@ -505,8 +543,21 @@ impl MysqlStore {
     }
 
     pub(crate) async fn migrate(mut self) -> Result<Migrated, StoreError> {
-        let plan = self.plan();
+        // A server without wsrep compiled in has no such variable: not Galera.
+        let plan = if self.mariadb && self.galera().await.unwrap_or(false) {
+            &MIGRATION_GALERA
+        } else {
+            self.plan()
+        };
         migrate::run(&mut self.conn, plan).await
+    }
+
+    /// Whether this MariaDB server is a node of a Galera cluster.
+    async fn galera(&mut self) -> Result<bool, StoreError> {
+        let on: i64 = Stmt::<BigInt>::new("SELECT @@wsrep_on + 0", [])
+            .get_result(&mut self.conn)
+            .await?;
+        Ok(on != 0)
     }
 
     pub(crate) async fn fence_status(&mut self) -> Result<FenceStatus, StoreError> {

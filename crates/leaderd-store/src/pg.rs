@@ -123,6 +123,7 @@ const MIGRATION: migrate::Plan = migrate::Plan {
     lock: "BEGIN; SET LOCAL lock_timeout = '100ms'",
     // Tried, never waited for: any role that may connect can hold the key.
     try_lock: "SELECT pg_try_advisory_xact_lock(30510766455353956)",
+    claim: None,
     unlock: "COMMIT",
     steps: migrate::POSTGRES,
     columns: &[migrate::POSTGRES_SUCCESSOR, migrate::POSTGRES_ADDRESS],

@@ -65,6 +65,7 @@ const MIGRATION: migrate::Plan = migrate::Plan {
     // The write lock, waited for 5 s at most by the busy timeout.
     lock: "PRAGMA busy_timeout = 5000; BEGIN IMMEDIATE",
     try_lock: "SELECT 1",
+    claim: None,
     unlock: "COMMIT",
     steps: migrate::SQLITE,
     columns: &[migrate::SQLITE_SUCCESSOR, migrate::SQLITE_ADDRESS],
