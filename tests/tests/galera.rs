@@ -69,5 +69,13 @@ fn concurrent_migrations_on_three_nodes_all_succeed() {
                 "node {n}: the migration's claim is left behind"
             );
         }
+        // `leaderd status` says which node it asked.
+        let url = cluster.url(2, &db);
+        let (code, _, err) = run_cli_within(
+            &["status", "--database-url", url.as_str()],
+            Duration::from_secs(30),
+        );
+        assert_eq!(code, 0, "{err}");
+        assert!(err.contains("MariaDB Galera, node node2"), "{err}");
     }
 }

@@ -226,8 +226,6 @@ mod postgres {
                 daemon.name
             ),
         ]);
-        let mut leader = connect(&db.url).await;
-        let token = acquire(&mut leader, &req("e", "a"), Duration::from_secs(5)).await;
         // A deleted row's token kept: the floor's table has a row to compare.
         admin
             .batch_execute(
@@ -262,8 +260,11 @@ mod postgres {
             .await
             .unwrap();
 
-        // The upgrade.
+        // The upgrade, then a leader (this daemon's statements need the
+        // schema it installs).
         connect(&db.url).await.migrate().await.unwrap();
+        let mut leader = connect(&db.url).await;
+        let token = acquire(&mut leader, &req("e", "a"), Duration::from_secs(5)).await;
         let functions = installed(&admin).await;
         let names: Vec<&str> = functions.iter().map(|f| f.0.as_str()).collect();
         assert_eq!(

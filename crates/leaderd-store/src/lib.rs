@@ -378,6 +378,15 @@ impl Connection {
         }
     }
 
+    /// The node's name when the database is a node of a MariaDB Galera
+    /// cluster (read at connect); `None` elsewhere.
+    pub fn galera_node(&self) -> Option<&str> {
+        match self {
+            Connection::Mysql(c) => c.galera_node(),
+            Connection::Postgres(_) | Connection::Sqlite(_) => None,
+        }
+    }
+
     /// A handle that cancels this connection's statement in flight, on
     /// backends that have cancel requests (PostgreSQL). MySQL and SQLite
     /// bound their waits inside each statement instead.

@@ -401,6 +401,9 @@ fn ssl_opts(verify: Verify, files: &Files) -> mysql_async::SslOpts {
 pub struct MysqlStore {
     conn: AsyncMysqlConnection,
     mariadb: bool,
+    /// The node's name when the server is a node of a MariaDB Galera
+    /// cluster (`@@wsrep_on`).
+    galera_node: Option<String>,
 }
 
 opaque_debug!(MysqlStore);
@@ -429,7 +432,21 @@ impl MysqlStore {
                  10.6 or later (JSON_TABLE)"
             )));
         }
-        Ok(Self { conn, mariadb })
+        let galera_node = if mariadb {
+            galera_node(&mut conn).await
+        } else {
+            None
+        };
+        Ok(Self {
+            conn,
+            mariadb,
+            galera_node,
+        })
+    }
+
+    /// The Galera node this connection is on, if the server is one.
+    pub(crate) fn galera_node(&self) -> Option<&str> {
+        self.galera_node.as_deref()
     }
 
     /// Runs each batch statement once on nothing (`[]`: no row read,
@@ -543,21 +560,12 @@ impl MysqlStore {
     }
 
     pub(crate) async fn migrate(mut self) -> Result<Migrated, StoreError> {
-        // A server without wsrep compiled in has no such variable: not Galera.
-        let plan = if self.mariadb && self.galera().await.unwrap_or(false) {
+        let plan = if self.galera_node.is_some() {
             &MIGRATION_GALERA
         } else {
             self.plan()
         };
         migrate::run(&mut self.conn, plan).await
-    }
-
-    /// Whether this MariaDB server is a node of a Galera cluster.
-    async fn galera(&mut self) -> Result<bool, StoreError> {
-        let on: i64 = Stmt::<BigInt>::new("SELECT @@wsrep_on + 0", [])
-            .get_result(&mut self.conn)
-            .await?;
-        Ok(on != 0)
     }
 
     pub(crate) async fn fence_status(&mut self) -> Result<FenceStatus, StoreError> {
@@ -572,6 +580,18 @@ impl MysqlStore {
             &MIGRATION
         }
     }
+}
+
+/// The node's name when this MariaDB server is a node of a Galera cluster
+/// (`@@wsrep_on`); `None` otherwise, and on a server built without wsrep,
+/// which has no such variable.
+async fn galera_node(conn: &mut AsyncMysqlConnection) -> Option<String> {
+    let (on, name): (i64, String) =
+        Stmt::<(BigInt, Text)>::new("SELECT @@wsrep_on + 0, COALESCE(@@wsrep_node_name, '')", [])
+            .get_result(conn)
+            .await
+            .ok()?;
+    (on != 0).then_some(name)
 }
 
 /// A row-lock wait that the statement's own bound cut short (error 1205):

@@ -22,6 +22,7 @@ pub async fn run(mut conn: Connection, json: bool) -> anyhow::Result<()> {
         .into_iter()
         .partition(|r| r.name.starts_with(PRESENCE_PREFIX));
     let old = without_presence(&presence, &rows);
+    let galera = conn.galera_node().map(str::to_owned);
     let fence = conn
         .fence_status()
         .await
@@ -40,6 +41,7 @@ pub async fn run(mut conn: Connection, json: bool) -> anyhow::Result<()> {
                     "lease_remaining_ms": if holder.is_some() { r.remaining_us / 1000 } else { 0 },
                     "fence": fence,
                     "holder_predates_presence": holder.is_some_and(|h| old.contains(&h)),
+                    "galera_node": galera,
                 })
             })
             .collect();
@@ -68,6 +70,11 @@ pub async fn run(mut conn: Connection, json: bool) -> anyhow::Result<()> {
         }
         // Beside the table, not in it: stdout stays one line per election.
         eprintln!("fenced writes (docs/integrating.md, \"Fenced writes\"): {fence}");
+        if let Some(node) = &galera {
+            eprintln!(
+                "database: MariaDB Galera, node {node} (docs/databases.md, \"Galera clusters\")"
+            );
+        }
     }
     if !old.is_empty() {
         eprintln!(

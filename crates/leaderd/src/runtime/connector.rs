@@ -193,10 +193,27 @@ async fn open(
         }
     }
     let mut conn = Connection::connect(&url).await.map_err(|e| e.to_string())?;
+    say_galera(&conn);
     match conn.prepare_batches().await {
         // Answered (no table yet, say): prepared at first use instead.
         Err(e) if !e.answered() => Err(e.to_string()),
         _ => Ok(conn),
+    }
+}
+
+/// Says once per process that the database is a Galera node, and what
+/// that changes.
+fn say_galera(conn: &Connection) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if let Some(node) = conn.galera_node() {
+        if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            info!(
+                node,
+                "the database is a node of a MariaDB Galera cluster: keep every daemon and \
+                 fenced app on one node, through a single-writer proxy \
+                 (docs/databases.md, \"Galera clusters\")"
+            );
+        }
     }
 }
 
