@@ -6,6 +6,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::mariadbserver::install_data_dir;
 use crate::{free_port, Kind, Scratch};
 
 /// The wsrep provider the nodes load.
@@ -46,8 +47,8 @@ impl Galera {
                 sst: free_port(),
             })
             .collect();
-        for i in 1..=3 {
-            install(&dir, i);
+        for n in 1..=3 {
+            install_data_dir(&dir.path(&format!("n{n}")));
         }
         dir.chown_if_root("mysql:mysql");
         let cluster: Vec<String> = ports
@@ -174,28 +175,6 @@ pub fn value(url: &str, sql: &str) -> Option<String> {
         let rows: Vec<V> = diesel::sql_query(&sql).load(&mut c).await.ok()?;
         rows.into_iter().next().map(|r| r.v)
     })
-}
-
-/// Makes node `n`'s data directory.
-fn install(dir: &Scratch, n: usize) {
-    let out = Command::new("mariadb-install-db")
-        .args([
-            "--no-defaults",
-            "--user=mysql",
-            "--auth-root-authentication-method=normal",
-            "--skip-test-db",
-        ])
-        .arg(format!(
-            "--datadir={}",
-            dir.path(&format!("n{n}")).display()
-        ))
-        .output()
-        .expect("mariadb-install-db");
-    assert!(
-        out.status.success(),
-        "mariadb-install-db: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 impl Drop for Galera {

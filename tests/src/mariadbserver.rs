@@ -74,20 +74,7 @@ impl MariaDbServer {
         let tls_only = options.iter().any(|o| o == "--require-secure-transport=ON");
         let dir = Scratch::new();
         dir.chown_if_root("mysql:mysql");
-        let out = Command::new("mariadb-install-db")
-            .args([
-                "--user=mysql",
-                "--auth-root-authentication-method=normal",
-                "--skip-test-db",
-            ])
-            .arg(format!("--datadir={}", dir.path("data").display()))
-            .output()
-            .expect("mariadb-install-db");
-        assert!(
-            out.status.success(),
-            "mariadb-install-db: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        install_data_dir(&dir.path("data"));
         let mut server = MariaDbServer {
             port: free_port(),
             dir,
@@ -191,6 +178,25 @@ impl MariaDbServer {
         self.stop();
         self.start_again();
     }
+}
+
+/// Makes a server's data directory at `datadir` (run as the `mysql`
+/// user; root without a password).
+pub(crate) fn install_data_dir(datadir: &std::path::Path) {
+    let out = Command::new("mariadb-install-db")
+        .args([
+            "--user=mysql",
+            "--auth-root-authentication-method=normal",
+            "--skip-test-db",
+        ])
+        .arg(format!("--datadir={}", datadir.display()))
+        .output()
+        .expect("mariadb-install-db");
+    assert!(
+        out.status.success(),
+        "mariadb-install-db: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 impl Drop for MariaDbServer {

@@ -311,12 +311,30 @@ impl Engine {
         }
         match &self.other {
             // Never name ourselves while not leading: the row may carry our id
-            // from another process, or our own lapsed lease.
-            Some(o) if o.holder != self.id => {
+            // from another process, or our own lapsed lease. Nor a holder
+            // we have no fresh word of (see `known_until`).
+            Some(o) if o.holder != self.id && now < self.known_until(o) => {
                 (false, Some(&o.holder), Some(o.token), Some(o.until))
             }
             _ => (false, None, None, None),
         }
+    }
+
+    /// Until when `o`, the holder last seen, is still named. A replica that
+    /// asks keeps naming it until a renew interval past its next ask (or
+    /// past the lease's end, if later), time enough for the answer: the
+    /// name does not blink at each end of a lease the holder renews, even
+    /// for a replica that asks late on purpose (yielding, draining). One
+    /// that does not ask (its app unhealthy), or whose asks fail (the
+    /// database out of reach), names it until a renew interval past the
+    /// end of the lease it saw, not for as long as that lasts.
+    fn known_until(&self, o: &OtherHolder) -> BootTime {
+        let asked_by = if self.competing && self.failures == 0 {
+            self.next_attempt.max(o.until)
+        } else {
+            o.until
+        };
+        asked_by + self.timing.renew_every()
     }
 
     /// When the loop must wake up next: the next attempt (not before a hold
@@ -696,6 +714,16 @@ mod tests {
         })
     }
 
+    fn refused_at(holder: &str, token: i64, remaining_ms: i64, address: &str) -> Attempt {
+        match refused(holder, token, remaining_ms) {
+            Attempt::Refused(seen) => Attempt::Refused(Observed {
+                address: Some(address.into()),
+                ..seen
+            }),
+            other => other,
+        }
+    }
+
     fn refused(holder: &str, token: i64, remaining_ms: i64) -> Attempt {
         Attempt::Refused(Observed {
             holder: Some(holder.into()),
@@ -819,6 +847,35 @@ mod tests {
         // Leading: nobody else holds it.
         e.on_attempt(at(500), at(505), Attempt::Granted { token: 6 });
         assert_eq!(e.other_holder(at(506)), None);
+    }
+
+    #[test]
+    fn a_holder_whose_lease_ended_is_not_reported_past_a_renew_interval() {
+        let mut e = engine();
+        e.on_attempt(at(0), at(10), refused_at("pod-b", 4, 300, "http://b:8080"));
+        let v = e.view(at(309));
+        assert_eq!(v.leader.as_deref(), Some("pod-b"));
+        assert_eq!(v.leader_address.as_deref(), Some("http://b:8080"));
+        // Not asked again (the app unhealthy, say): still named while the
+        // answer to an ask at its end would be on its way...
+        e.set_competing(at(320), false, "inst-a-2");
+        let renew_every = e.timing().renew_every();
+        let end = at(310) + renew_every;
+        assert_eq!(
+            e.view(end - Duration::from_millis(1)).leader.as_deref(),
+            Some("pod-b")
+        );
+        // ...then neither it nor its address.
+        let v = e.view(end);
+        assert_eq!((v.leader, v.leader_address, v.token), (None, None, None));
+        assert_eq!(e.leadership(end), (false, None, None));
+        // A replica that asks late on purpose (yielding: a heartbeat after
+        // the lease's end) names the holder until its ask is answered.
+        let mut y = engine();
+        y.set_yielding(at(0), true);
+        y.on_attempt(at(0), at(10), refused("pod-b", 4, 300));
+        assert!(!y.attempt_due(at(1310)));
+        assert_eq!(y.view(at(1310)).leader.as_deref(), Some("pod-b"));
     }
 
     #[test]

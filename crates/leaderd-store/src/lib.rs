@@ -170,6 +170,26 @@ impl LeaseRequest<'_> {
     }
 }
 
+/// The most characters an address may hold (the column's width).
+pub const MAX_ADDRESS_CHARS: usize = 255;
+
+/// Refuses an address the column cannot hold, before anything is sent: a
+/// backend would cut it short (MySQL's `JSON_TABLE`, with a warning) or
+/// fail the whole batch.
+fn check_address(reqs: &[LeaseRequest<'_>]) -> Result<(), StoreError> {
+    match reqs
+        .iter()
+        .filter_map(|r| r.address)
+        .find(|a| a.chars().count() > MAX_ADDRESS_CHARS)
+    {
+        Some(a) => Err(StoreError::Local(format!(
+            "an address of {} characters (at most {MAX_ADDRESS_CHARS})",
+            a.chars().count()
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// One lease to free.
 #[derive(Debug, Clone, Copy)]
 pub struct Release<'a> {
@@ -426,6 +446,7 @@ impl Connection {
         &mut self,
         req: &LeaseRequest<'_>,
     ) -> Result<Attempt, StoreError> {
+        check_address(std::slice::from_ref(req))?;
         match self {
             Connection::Postgres(c) => c.acquire_or_renew(req).await,
             Connection::Mysql(c) => cas::acquire_or_renew(c, req).await,
@@ -450,6 +471,7 @@ impl Connection {
         &mut self,
         reqs: &[LeaseRequest<'_>],
     ) -> Result<Vec<Result<Attempt, StoreError>>, StoreError> {
+        check_address(reqs)?;
         let mut results = match self {
             Connection::Postgres(c) => c.acquire_or_renew_many(reqs).await?,
             Connection::Mysql(c) => cas::acquire_or_renew_many_read_together(c, reqs).await,

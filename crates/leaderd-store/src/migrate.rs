@@ -271,18 +271,32 @@ pub(crate) const SQLITE_SUCCESSOR: Column = Column {
     add: include_str!("../../../migrations/sqlite/2026-11-27-000000_successor/up.sql"),
 };
 
-/// The holder's advertised address and the instance that wrote it, per
-/// backend (both added by one step: the second stands for the pair).
+/// The holder's advertised address and the instance that wrote it: both
+/// there, per backend (one step adds both; one alone, left by hand, reads
+/// as missing, and the step then fails naming the column).
+macro_rules! address_present {
+    ($present:ident) => {
+        concat!(
+            "SELECT (",
+            $crate::migrate::$present!("address"),
+            ") AND (",
+            $crate::migrate::$present!("address_instance"),
+            ")"
+        )
+    };
+}
+pub(crate) use address_present;
+
 pub(crate) const POSTGRES_ADDRESS: Column = Column {
-    present: postgres_column_present!("address_instance"),
+    present: address_present!(postgres_column_present),
     add: include_str!("../../../migrations/postgres/2026-11-28-000000_address/up.sql"),
 };
 pub(crate) const MYSQL_ADDRESS: Column = Column {
-    present: mysql_column_present!("address_instance"),
+    present: address_present!(mysql_column_present),
     add: include_str!("../../../migrations/mysql/2026-11-28-000000_address/up.sql"),
 };
 pub(crate) const SQLITE_ADDRESS: Column = Column {
-    present: sqlite_column_present!("address_instance"),
+    present: address_present!(sqlite_column_present),
     add: include_str!("../../../migrations/sqlite/2026-11-28-000000_address/up.sql"),
 };
 

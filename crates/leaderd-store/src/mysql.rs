@@ -252,7 +252,7 @@ const MIGRATION: migrate::Plan = migrate::Plan {
         ") AND (",
         migrate::mysql_column_present!("successor"),
         ") AND (",
-        migrate::mysql_column_present!("address_instance"),
+        migrate::address_present!(mysql_column_present),
         ") AND (",
         migrate::mysql_fence_current!(),
         ") AND (",

@@ -110,7 +110,7 @@ const MIGRATION: migrate::Plan = migrate::Plan {
         ") AND (",
         migrate::postgres_column_present!("successor"),
         ") AND (",
-        migrate::postgres_column_present!("address_instance"),
+        migrate::address_present!(postgres_column_present),
         ") AND (",
         migrate::postgres_fence_current!(),
         ")"

@@ -58,7 +58,7 @@ const MIGRATION: migrate::Plan = migrate::Plan {
         ") AND (",
         migrate::sqlite_column_present!("successor"),
         ") AND (",
-        migrate::sqlite_column_present!("address_instance"),
+        migrate::address_present!(sqlite_column_present),
         ")"
     ),
     steps_current: schema_current!(),

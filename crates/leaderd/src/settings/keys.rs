@@ -127,8 +127,7 @@ pub(super) fn name_key(
     }
 }
 
-/// The most characters `advertise` may hold (the column's width).
-pub(super) const MAX_ADVERTISE_CHARS: usize = 255;
+use leaderd_store::MAX_ADDRESS_CHARS as MAX_ADVERTISE_CHARS;
 
 /// `advertise`: free text of 1–255 characters, no control characters, no
 /// outer white space; and no `$(VAR)` left unexpanded (Kubernetes leaves
