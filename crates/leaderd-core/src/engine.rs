@@ -23,6 +23,7 @@
 //!   is to take it (a spread hand-over's holds off two heartbeats), yet an
 //!   election nobody else takes is not left leaderless for the whole hold.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::time::{BootTime, Timing};
@@ -143,8 +144,9 @@ pub struct Engine {
     timing: Timing,
     id: String,
     instance: String,
-    /// This replica's own `advertise`, reported while it leads.
-    address: Option<String>,
+    /// This replica's own `advertise`: reported while it leads, and
+    /// written to the row with its takeovers.
+    address: Option<Arc<str>>,
     role: Role,
     other: Option<OtherHolder>,
     next_attempt: BootTime,
@@ -230,9 +232,14 @@ impl Engine {
     }
 
     /// Reports `address` as this replica's own while it leads.
-    pub fn with_address(mut self, address: Option<String>) -> Self {
-        self.address = address;
+    pub fn with_address(mut self, address: Option<&str>) -> Self {
+        self.address = address.map(Arc::from);
         self
+    }
+
+    /// This replica's own `advertise`, for its attempts to write.
+    pub fn address(&self) -> Option<&Arc<str>> {
+        self.address.as_ref()
     }
 
     pub fn timing(&self) -> &Timing {
@@ -279,7 +286,7 @@ impl Engine {
     pub fn view(&self, now: BootTime) -> View {
         let (is_leader, leader, token, until) = self.reported(now);
         let leader_address = if is_leader {
-            self.address.clone()
+            self.address.as_deref().map(str::to_owned)
         } else {
             leader
                 .and(self.other.as_ref())

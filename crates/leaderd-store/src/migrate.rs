@@ -452,7 +452,7 @@ pub(crate) async fn run<M: Migrator>(conn: &mut M, plan: &Plan) -> Result<Migrat
             if !conn.flag(column.present).await? {
                 match batch_retrying(conn, column.add, plan.retry_busy).await {
                     Ok(()) => result = Migrated::Applied,
-                    Err(e) if !again_current(conn, plan, column.present).await => {
+                    Err(e) if !again_current(conn, plan.retry_busy, column.present).await => {
                         return Err(refusal(e))
                     }
                     Err(_) => {}
@@ -551,14 +551,15 @@ async fn batch_retrying<M: Migrator>(
 }
 
 /// After a statement of the migration failed: whether what it was to make
-/// is there now, made by another migration. On MySQL/MariaDB only (each
-/// statement its own, nothing left aborted): there the migration's lock
+/// (`check`) is there now, made by another migration. Only where the plan
+/// runs each statement on its own (`retry_busy`: MySQL/MariaDB, nothing
+/// left aborted): there the migration's lock
 /// (`GET_LOCK`) serialises the migrations of one server, but a Galera
 /// cluster does not share it between its nodes, so two migrations on two
 /// nodes run together and the later one finds a column the other just
 /// added ("Duplicate column name").
-async fn again_current<M: Migrator>(conn: &mut M, plan: &Plan, check: &'static str) -> bool {
-    plan.retry_busy && conn.flag(check).await.unwrap_or(false)
+async fn again_current<M: Migrator>(conn: &mut M, retry_busy: bool, check: &'static str) -> bool {
+    retry_busy && conn.flag(check).await.unwrap_or(false)
 }
 
 /// Whether a step was refused because a lock it needs was not granted
@@ -617,9 +618,8 @@ async fn install<M: Migrator>(
         }
         Err(e) if refused_by_server(&e) => {
             conn.batch(part.undo).await?;
-            if retry_busy && conn.flag(part.current).await.unwrap_or(false) {
-                // Another migration installed it meanwhile (see
-                // `again_current`): nothing to say.
+            if again_current(conn, retry_busy, part.current).await {
+                // Another migration installed it meanwhile: nothing to say.
                 return Ok(false);
             }
             if !part.said.swap(true, Ordering::Relaxed) {

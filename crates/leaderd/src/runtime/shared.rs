@@ -45,8 +45,6 @@ pub enum Control {
 pub struct Shared {
     pub election: String,
     pub id: String,
-    /// `advertise`: written to the row with each takeover.
-    pub advertise: Option<Arc<str>>,
     /// The daemon's, shared by its elections: who is named at a release.
     pub roster: Arc<Roster>,
     /// Fixed for the process; kept here so readers need not lock the engine.
@@ -98,7 +96,7 @@ impl Shared {
         let instance = uuid::Uuid::new_v4().to_string();
         let now = boot_now();
         let mut engine = Engine::new(settings.timing, settings.id.clone(), instance, now)
-            .with_address(settings.advertise.clone());
+            .with_address(settings.advertise.as_deref());
         if settings.app_health.is_some() {
             // Not before the app's first check passes: an app that never
             // became healthy never leads.
@@ -107,7 +105,6 @@ impl Shared {
         Self {
             election: settings.election.clone(),
             id: settings.id.clone(),
-            advertise: settings.advertise.as_deref().map(Arc::from),
             roster,
             timing: settings.timing,
             engine: Mutex::new(engine),

@@ -168,10 +168,16 @@ impl Db {
     ) -> Result<leaderd_core::Attempt, String> {
         // The token we hold as of the send time, the instant the timeout was
         // computed for.
-        let (held_token, instance, draining) = {
+        let (held_token, instance, draining, address) = {
             let engine = shared.engine();
             let held = engine.lease(sent_at).map(|(token, _)| token);
-            (held, engine.instance().to_owned(), engine.draining(sent_at))
+            let address = engine.address().cloned();
+            (
+                held,
+                engine.instance().to_owned(),
+                engine.draining(sent_at),
+                address,
+            )
         };
         let req = Request {
             election: shared.election.clone(),
@@ -183,7 +189,7 @@ impl Db {
             // it (named from a look just before it drained) waits out its
             // window for the others.
             daemon: (!draining).then(|| shared.roster.daemon().clone()),
-            address: shared.advertise.clone(),
+            address,
         };
         self.reached = Reached::Database;
         self.link.attempt(req, until).await.map_err(|failure| {
