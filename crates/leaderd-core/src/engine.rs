@@ -336,12 +336,12 @@ impl Engine {
     /// database out of reach), names it until a renew interval past the
     /// end of the lease it saw, not for as long as that lasts.
     fn known_until(&self, o: &OtherHolder) -> BootTime {
-        let asked_by = if self.competing && self.failures == 0 {
-            self.next_attempt.max(o.until)
+        if self.competing && self.failures == 0 {
+            // An ask may take up to its bound, a heartbeat, to be answered.
+            self.next_attempt.max(o.until) + self.timing.heartbeat()
         } else {
-            o.until
-        };
-        asked_by + self.timing.renew_every()
+            o.until + self.timing.renew_every()
+        }
     }
 
     /// When the loop must wake up next: the next attempt (not before a hold
@@ -451,6 +451,19 @@ impl Engine {
             self.next_attempt = self.next_attempt.min(now);
         }
         self.yielding = yielding;
+        self.stop_watching_take(now);
+    }
+
+    /// A replica that now comes late (yielding, draining) stops watching
+    /// for a successor's take: its next ask, due within [`TAKE_WATCH`],
+    /// could land just past the window and be granted the row it leaves
+    /// to others. It comes late instead, as after any answer.
+    fn stop_watching_take(&mut self, now: BootTime) {
+        let late = self.yield_delay(now);
+        if self.watching_take && !late.is_zero() {
+            self.watching_take = false;
+            self.next_attempt = self.next_attempt.max(now + late);
+        }
     }
 
     /// The whole replica drains until `now + hold` (a release with a hold
@@ -464,6 +477,7 @@ impl Engine {
         self.draining_until = Some(self.draining_until.map_or(until, |d| d.max(until)));
         // Polls go on as scheduled (a held row is only read): the drained
         // replica keeps knowing who leads; only free rows wait.
+        self.stop_watching_take(now);
     }
 
     /// Whether this replica drains at `now` (see [`Engine::drain`]): it
@@ -857,6 +871,23 @@ mod tests {
     }
 
     #[test]
+    fn a_replica_that_starts_to_come_late_while_watching_a_take_stops_watching() {
+        for late in ["drain", "yield"] {
+            let mut e = engine();
+            e.on_release_notice(at(0));
+            e.on_attempt(at(0), at(1), released(4, 10));
+            assert!(e.attempt_due(at(1) + TAKE_WATCH), "{late}: watching");
+            match late {
+                "drain" => e.drain(at(5), Duration::from_secs(30)),
+                _ => e.set_yielding(at(5), true),
+            }
+            // Its ask would land just past the 10 ms window: not now.
+            assert!(!e.attempt_due(at(1) + TAKE_WATCH), "{late}");
+            assert!(!e.attempt_due(at(500)), "{late}");
+        }
+    }
+
+    #[test]
     fn a_holder_whose_lease_ended_is_not_reported_past_a_renew_interval() {
         let mut e = engine();
         e.on_attempt(at(0), at(10), refused_at("pod-b", 4, 300, "http://b:8080"));
@@ -883,6 +914,12 @@ mod tests {
         y.on_attempt(at(0), at(10), refused("pod-b", 4, 300));
         assert!(!y.attempt_due(at(1310)));
         assert_eq!(y.view(at(1310)).leader.as_deref(), Some("pod-b"));
+        // An ask slower than a renew interval (up to its bound, a
+        // heartbeat) does not blank the name of a holder that renews.
+        let mut s = engine();
+        s.on_attempt(at(0), at(10), refused("pod-b", 7, 1000));
+        assert!(s.attempt_due(at(1011)));
+        assert_eq!(s.leadership(at(1500)), (false, Some("pod-b"), Some(7)));
     }
 
     #[test]
