@@ -144,6 +144,13 @@ impl Galera {
         }
     }
 
+    /// Kills node `n` (from 1) at once, as a crashed machine would go.
+    pub fn kill_node(&mut self, n: usize) {
+        let child = &mut self.children[n - 1];
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
     /// Root on node `n` (from 1), database `mysql`.
     pub fn admin_url(&self, n: usize) -> String {
         format!("mysql://root@127.0.0.1:{}/mysql", self.ports[n - 1])

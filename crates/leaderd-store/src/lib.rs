@@ -32,6 +32,7 @@ macro_rules! opaque_debug {
 
 mod cas;
 mod clock;
+mod galera;
 mod migrate;
 mod mysql;
 mod pg;

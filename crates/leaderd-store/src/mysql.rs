@@ -585,7 +585,7 @@ impl MysqlStore {
 /// The node's name when this MariaDB server is a node of a Galera cluster
 /// (`@@wsrep_on`); `None` otherwise, and on a server built without wsrep,
 /// which has no such variable.
-async fn galera_node(conn: &mut AsyncMysqlConnection) -> Option<String> {
+pub(crate) async fn galera_node(conn: &mut AsyncMysqlConnection) -> Option<String> {
     let (on, name): (i64, String) =
         Stmt::<(BigInt, Text)>::new("SELECT @@wsrep_on + 0, COALESCE(@@wsrep_node_name, '')", [])
             .get_result(conn)
@@ -938,16 +938,16 @@ pub struct LockWaiter {
 opaque_debug!(LockWaiter);
 
 impl LockWaiter {
-    pub(crate) async fn connect(
-        url: &DatabaseUrl,
+    pub(crate) fn new(
+        conn: AsyncMysqlConnection,
         election: &str,
         wait: std::time::Duration,
-    ) -> Result<Self, StoreError> {
-        Ok(Self {
-            conn: establish(url).await?,
+    ) -> Self {
+        Self {
+            conn,
             election: election.to_owned(),
             wait,
-        })
+        }
     }
 
     /// Returns when a leader's lock was freed.
@@ -1019,21 +1019,18 @@ pub struct LocksWatcher {
 opaque_debug!(LocksWatcher);
 
 impl LocksWatcher {
-    pub(crate) async fn connect(
-        url: &DatabaseUrl,
-        elections: &[String],
-    ) -> Result<Self, StoreError> {
+    pub(crate) fn new(conn: AsyncMysqlConnection, elections: &[String]) -> Self {
         // Each look asks for every election's lock: keep the looks per
         // second bounded.
         let every =
             IDLE_SOON * u32::try_from(elections.len().div_ceil(200).max(1)).unwrap_or(u32::MAX);
-        Ok(Self {
-            conn: establish(url).await?,
+        Self {
+            conn,
             elections: elections.to_vec(),
             held: std::collections::HashSet::new(),
             freed: std::collections::VecDeque::new(),
             every,
-        })
+        }
     }
 
     /// The next election whose leader's lock was freed, among those

@@ -13,12 +13,15 @@
 //!   daemon of several elections looks at all the locks together (one
 //!   connection, one statement every 20 ms), as `GET_LOCK` waits for one
 //!   lock per session.
+//!   On a MariaDB Galera node, where each node has its own named locks, a
+//!   follower reads its elections' rows instead, every 40 ms
+//!   ([`crate::galera`]).
 //! - SQLite: inotify on the database's directory for a file that a release
 //!   rewrites beside the database (processes on one host).
 
 use std::time::Duration;
 
-use crate::{mysql, pg, sqlite, Backend, DatabaseUrl, StoreError};
+use crate::{galera, mysql, pg, sqlite, Backend, DatabaseUrl, StoreError};
 
 /// The follower side: waits for releases of a daemon's elections, on one
 /// connection (or file watch) for all of them.
@@ -27,6 +30,7 @@ pub enum Waiter {
     Postgres(pg::Listener),
     Mysql(mysql::LockWaiter),
     MysqlSeveral(mysql::LocksWatcher),
+    Galera(galera::RowsWatcher),
     Sqlite(sqlite::FileWaiter),
 }
 
@@ -40,12 +44,15 @@ impl Waiter {
     ) -> Result<Self, StoreError> {
         Ok(match (url.backend(), elections) {
             (Backend::Postgres, _) => Waiter::Postgres(pg::Listener::connect(url).await?),
-            (Backend::Mysql, [one]) => {
-                Waiter::Mysql(mysql::LockWaiter::connect(url, one, heartbeat).await?)
-            }
-            (Backend::Mysql, several) => {
-                Waiter::MysqlSeveral(mysql::LocksWatcher::connect(url, several).await?)
-            }
+            (Backend::Mysql, _) => match (galera::connect_if_galera(url).await?, elections) {
+                ((conn, true), all) => Waiter::Galera(galera::RowsWatcher::new(conn, all)),
+                ((conn, false), [one]) => {
+                    Waiter::Mysql(mysql::LockWaiter::new(conn, one, heartbeat))
+                }
+                ((conn, false), several) => {
+                    Waiter::MysqlSeveral(mysql::LocksWatcher::new(conn, several))
+                }
+            },
             (Backend::Sqlite, _) => Waiter::Sqlite(sqlite::FileWaiter::watch(url)?),
         })
     }
@@ -55,10 +62,12 @@ impl Waiter {
     pub async fn probe(&mut self, within: Duration, nonce: &str) -> Result<pg::Probe, StoreError> {
         match self {
             Waiter::Postgres(l) => l.probe(within, nonce).await,
-            Waiter::Mysql(_) | Waiter::MysqlSeveral(_) | Waiter::Sqlite(_) => Ok(pg::Probe {
-                delivered: true,
-                others: Vec::new(),
-            }),
+            Waiter::Mysql(_) | Waiter::MysqlSeveral(_) | Waiter::Galera(_) | Waiter::Sqlite(_) => {
+                Ok(pg::Probe {
+                    delivered: true,
+                    others: Vec::new(),
+                })
+            }
         }
     }
 
@@ -81,6 +90,7 @@ impl Waiter {
             Waiter::Postgres(l) => l.next().await,
             Waiter::Mysql(w) => w.next().await,
             Waiter::MysqlSeveral(w) => w.next(wanted).await,
+            Waiter::Galera(w) => w.next(wanted).await,
             Waiter::Sqlite(w) => w.next().await,
         }
     }
