@@ -156,6 +156,19 @@ impl Replicas {
     }
 }
 
+/// The daemon's warnings that its election's replicas sit on different
+/// nodes.
+fn spread_warnings(d: &Daemon) -> Vec<leaderd_tests::Value> {
+    let mut said = d.log_events();
+    said.retain(|e| {
+        e["level"] == "WARN"
+            && e["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("different Galera nodes"))
+    });
+    said
+}
+
 /// Rows the node behind `url` has read since it started (`Rows_read`).
 fn rows_read(url: &str) -> u64 {
     value(
@@ -189,6 +202,14 @@ fn daemons_on_three_nodes_hand_over_in_milliseconds_and_never_lead_together() {
         "CREATE TABLE app_log (seq BIGINT AUTO_INCREMENT PRIMARY KEY, token BIGINT NOT NULL)",
     );
     let mut r = Replicas::start(&cluster, db);
+    // Another election's replicas, both on node 2.
+    let together: Vec<Daemon> = ["s1", "s2"]
+        .iter()
+        .map(|id| {
+            let url = cluster.url(2, db);
+            Daemon::start(&url, id, &r.dir, &["--election", "together"])
+        })
+        .collect();
 
     // SIGTERM: the replica on another node leads within milliseconds.
     let mut took = Vec::new();
@@ -205,6 +226,40 @@ fn daemons_on_three_nodes_hand_over_in_milliseconds_and_never_lead_together() {
         r.replace(&cluster, leader);
     }
     check_handovers("Galera SIGTERM", &took, HANDOVER);
+
+    // Replicas on three nodes: each says so (again when a node joined
+    // later), naming the nodes; those on one node do not.
+    for d in r.daemons() {
+        let said = wait_for(
+            Duration::from_secs(10),
+            "the different-nodes warning",
+            || {
+                let said = spread_warnings(d);
+                (!said.is_empty()).then_some(said)
+            },
+        );
+        let named: std::collections::BTreeSet<&str> = said
+            .iter()
+            .flat_map(|e| e["nodes"].as_str().unwrap_or_default().split(", "))
+            .collect();
+        assert!(said.len() <= 2, "{}: {said:?}", d.id);
+        assert_eq!(
+            Vec::from_iter(named),
+            ["node1", "node2", "node3"],
+            "{}",
+            d.id
+        );
+    }
+    for d in &together {
+        assert!(d.is_leader() || d.leader().is_some_and(|(_, b)| b["leader"].is_string()));
+        assert_eq!(
+            spread_warnings(d),
+            Vec::<leaderd_tests::Value>::new(),
+            "{}",
+            d.id
+        );
+    }
+    drop(together);
 
     // `leaderd release`, the releaser staying out for its hold.
     let mut took = Vec::new();

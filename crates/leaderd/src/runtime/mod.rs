@@ -3,7 +3,7 @@
 //! daemon's elections together (`daemon`), and the parts around the loops:
 //! the one connection (`link`, opened by `connector`), release wake-ups
 //! (`wakeups`), the presence rows (`presence`) and who they show live
-//! (`roster`, which names successors), the spread across replicas
+//! (`roster`, which names successors) and on which Galera nodes (`nodes`), the spread across replicas
 //! (`spread`), requests to a loop (`inbox`) and the app-health gate
 //! (`app_health`).
 //!
@@ -16,6 +16,7 @@ pub mod daemon;
 pub mod election;
 pub mod inbox;
 pub mod link;
+pub mod nodes;
 pub mod presence;
 pub mod roster;
 pub mod shared;

@@ -14,6 +14,10 @@
 //! its health check, or that drains, keeps no presence: it is not waiting
 //! for anything, and must be neither named nor given an election.
 //!
+//! On a Galera node the row's address holds the node the daemon is
+//! connected to, and the group's rows are read every few seconds to see
+//! where the replicas are (see `nodes`).
+//!
 //! (Not the wake-up presence of `wakeups`, MySQL's named lock that a
 //! leader holds.)
 
@@ -29,9 +33,16 @@ use tracing::{debug, info};
 use crate::clock::boot_now;
 use crate::runtime::daemon::Daemon;
 use crate::runtime::link::{Link, Request};
+use crate::runtime::nodes::Nodes;
 use crate::runtime::roster::{fnv1a, Heir, Roster};
 use crate::runtime::spread::Spread;
 use crate::settings::Settings;
+
+/// How often (in rounds) a daemon that reads the group's rows only to see
+/// the replicas' Galera nodes reads them: a few seconds, since a spread
+/// over nodes is worth a warning, not a hurry, and each read costs the
+/// node a range of rows.
+const NODES_EVERY: u64 = 10;
 
 /// How long shutdown gives the presence release: with the loops' own
 /// budgets, shutdown stays within its 2 s.
@@ -115,6 +126,7 @@ pub async fn run(daemon: Arc<Daemon>, settings: Settings, link: Link, shutdown: 
         reads: spreading,
         presence_name: None,
         held_token: None,
+        rounds: 0,
         link,
         daemon,
         settings,
@@ -122,6 +134,7 @@ pub async fn run(daemon: Arc<Daemon>, settings: Settings, link: Link, shutdown: 
     // At a fixed rate, not a pause after each round: the others count this
     // replica out when its presence misses two renewals (see
     // `leaderd_core::spread::present`), and a slow round must not look so.
+    let mut nodes = Nodes::default();
     let mut every = tokio::time::interval(keeper.settings.timing.renew_every());
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -147,6 +160,8 @@ pub async fn run(daemon: Arc<Daemon>, settings: Settings, link: Link, shutdown: 
         }
         match round {
             Ok(Some(rows)) => {
+                let own = keeper.link.galera_node();
+                nodes.see(own.as_deref(), roster.live(&rows).map(|(_, row)| row));
                 if let Some(spread) = &mut spread {
                     let leads = spread.act(&rows).await;
                     keeper.daemon.roster().count_leads(leads);
@@ -175,6 +190,8 @@ struct Keeper {
     presence_name: Option<String>,
     /// The presence row's token while this instance holds it.
     held_token: Option<i64>,
+    /// Rounds so far (see [`Keeper::nodes_round`]).
+    rounds: u64,
     /// The daemon's connection: the presence renewal and the read go over
     /// it, with whatever the loops have pending.
     link: Link,
@@ -219,11 +236,20 @@ impl Keeper {
         }
         let presence = match presence {
             Some(rows) => rows,
-            None if self.reads => self.link.read(self.daemon.roster().prefix()).await?,
+            None if self.reads || self.nodes_round() => {
+                self.link.read(self.daemon.roster().prefix()).await?
+            }
             None => return Ok(None),
         };
         self.daemon.roster().see(&presence, boot_now());
         Ok(Some(presence))
+    }
+
+    /// Whether this round reads the group's rows to see on which Galera
+    /// nodes the replicas are: every [`NODES_EVERY`] rounds, on Galera.
+    fn nodes_round(&mut self) -> bool {
+        self.rounds = self.rounds.wrapping_add(1);
+        self.link.galera_node().is_some() && self.rounds % NODES_EVERY == 1
     }
 
     /// Takes or renews the presence slot; a slot row made just now (the
@@ -269,7 +295,8 @@ impl Keeper {
             ttl: self.settings.timing.ttl(),
             held_token,
             daemon: None,
-            address: None,
+            // A presence row's address is its daemon's Galera node.
+            address: self.link.galera_node(),
         };
         let until = boot_now() + self.settings.timing.heartbeat();
         self.link.attempt(req, until).await.map_err(|f| f.reason)

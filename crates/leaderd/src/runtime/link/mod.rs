@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leaderd_core::{Attempt, BootTime};
-use leaderd_store::{Connection, ElectionRow, LeaseRequest};
+use leaderd_store::{Connection, ElectionRow, LeaseRequest, MAX_ADDRESS_CHARS};
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
 use crate::clock::boot_now;
@@ -112,6 +112,9 @@ pub struct State {
     /// How many connections were opened: what a session held (MySQL's
     /// named locks) went with the connection of its generation.
     pub generation: u64,
+    /// The Galera node the connection is on, when the database is one
+    /// (see `nodes`).
+    pub node: Option<Arc<str>>,
 }
 
 type AttemptReply = oneshot::Sender<Result<Attempt, Failure>>;
@@ -204,6 +207,12 @@ impl Link {
     /// Whether a connection is open now.
     pub fn connected(&self) -> bool {
         self.state.borrow().connected
+    }
+
+    /// The Galera node of the last connection opened, if the database is
+    /// one.
+    pub fn galera_node(&self) -> Option<Arc<str>> {
+        self.state.borrow().node.clone()
     }
 
     /// Asks for a connection (opened in the background; see
@@ -392,12 +401,19 @@ impl Task {
         match opened {
             // One beside it may have been quicker; keep that one.
             Ok(conn) if self.conn.is_none() => {
+                // A name the row's address column cannot hold is not
+                // recorded (an attempt carrying it would be refused).
+                let node = conn
+                    .galera_node()
+                    .filter(|n| !n.is_empty() && n.chars().count() <= MAX_ADDRESS_CHARS)
+                    .map(Arc::from);
                 self.conn = Some(conn);
                 self.wanted = false;
                 self.state.send_modify(|s| {
                     s.connected = true;
                     s.error = None;
                     s.generation += 1;
+                    s.node = node;
                 });
             }
             Ok(_) => {}
