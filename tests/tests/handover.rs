@@ -47,18 +47,26 @@ fn handed_over(ds: &[Daemon], leader: usize, from: Instant) -> (Vec<&Daemon>, us
 /// learns of a take by watching the released row, not at its next
 /// heartbeat's poll).
 fn followers_name(others: &[&Daemon], new: usize) -> Duration {
+    let watchers: Vec<&Daemon> = (0..others.len())
+        .filter(|&i| i != new)
+        .map(|i| others[i])
+        .collect();
+    named_by(&watchers, others[new])
+}
+
+/// How long, from now, until each of `watchers` names `leader` on
+/// `/leader`, with the address it advertises.
+fn named_by(watchers: &[&Daemon], leader: &Daemon) -> Duration {
     let from = Instant::now();
-    let id = others[new].id.as_str();
+    let id = leader.id.as_str();
     let address = address_of(id);
     wait_for(
         Duration::from_secs(5),
         "the followers to name the new leader",
         || {
-            others
+            watchers
                 .iter()
-                .enumerate()
-                .filter(|(i, _)| *i != new)
-                .all(|(_, d)| {
+                .all(|d| {
                     d.leader().is_some_and(|(_, body)| {
                         body["leader"] == id && body["leader_address"] == address.as_str()
                     })
@@ -128,7 +136,7 @@ fn release_hands_over_at_once(db: TempDb) {
         .map(|id| start(&db, &dir, id))
         .collect();
     let refs: Vec<&Daemon> = ds.iter().collect();
-    let (mut took, mut named) = (Vec::new(), Vec::new());
+    let (mut took, mut named, mut releaser_named) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
         let leader = wait_single_leader(&refs, Duration::from_secs(10));
         // Past the last releaser's hold, and the followers settled.
@@ -142,6 +150,8 @@ fn release_hands_over_at_once(db: TempDb) {
         assert_eq!(body["is_leader"], false, "{out}");
         let (others, new, t) = handed_over(&ds, leader, sent);
         named.push(followers_name(&others, new));
+        // The releaser too, though its hold keeps it from asking: it looks.
+        releaser_named.push(named_by(&[&ds[leader]], others[new]));
         took.push(t);
         if t > HANDOVER {
             eprintln!(
@@ -162,6 +172,10 @@ fn release_hands_over_at_once(db: TempDb) {
     }
     check_handovers("release", &took);
     check_handovers("release: the other follower naming the new leader", &named);
+    check_handovers(
+        "release: the releaser naming the new leader",
+        &releaser_named,
+    );
 }
 
 /// Releases `d` once it leads, with `hold`, and checks through the hold

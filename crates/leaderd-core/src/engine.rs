@@ -21,7 +21,11 @@
 //! - a draining replica (released as a whole, with a hold) comes three
 //!   heartbeats late to a free row it does not lead: after any replica that
 //!   is to take it (a spread hand-over's holds off two heartbeats), yet an
-//!   election nobody else takes is not left leaderless for the whole hold.
+//!   election nobody else takes is not left leaderless for the whole hold;
+//! - a replica that may not ask for a row whose successor is about to take
+//!   it (it has just released it, or comes late) looks at it instead, with
+//!   reads that take nothing, so it names the new leader as soon as the
+//!   others do.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -160,6 +164,11 @@ pub struct Engine {
     /// [`TAKE_WATCH`]). Not at a new row's first block, which no release
     /// precedes.
     watching_take: bool,
+    /// Until when this replica looks at the row, read-only, every
+    /// [`TAKE_WATCH`] (see [`Engine::look_due`]); `None`: no looks.
+    look_until: Option<BootTime>,
+    /// When the next look is due, while looking.
+    next_look: BootTime,
     /// No attempt before this instant (after a release on request).
     hold_until: Option<BootTime>,
     /// Whether this replica competes (its app is healthy).
@@ -223,6 +232,8 @@ impl Engine {
             failures: 0,
             expired_refusals: 0,
             watching_take: false,
+            look_until: None,
+            next_look: now,
             hold_until: None,
             competing: true,
             yielding: false,
@@ -354,8 +365,66 @@ impl Engine {
         };
         match self.role {
             Role::Leader { deadline, .. } => attempt.min(deadline),
+            _ if self.look_until.is_some() => attempt.min(self.next_look),
             _ => attempt,
         }
+    }
+
+    /// When the holder named at `now` stops being named (see
+    /// `known_until`), if it is named: the loop wakes then to announce it
+    /// to watchers, as `/leader` shows it at once.
+    pub fn naming_until(&self, now: BootTime) -> Option<BootTime> {
+        let (false, Some(_), _, _) = self.reported(now) else {
+            return None;
+        };
+        self.other.as_ref().map(|o| self.known_until(o))
+    }
+
+    /// Whether a look is due at `now`: a read of the row that takes
+    /// nothing, every [`TAKE_WATCH`] for a heartbeat, by a replica that may
+    /// not ask for the row now (it has just released it, or comes late:
+    /// yielding, draining) yet should name the successor that takes it as
+    /// soon as the others do. Ends at the first holder seen.
+    pub fn look_due(&self, now: BootTime) -> bool {
+        self.role == Role::Follower
+            && self.look_until.is_some_and(|until| now < until)
+            && now >= self.next_look
+    }
+
+    /// Feeds a look's answer, read at `received_at`: the row (`None` when
+    /// there is none). A live holder is named from now on, and the looks
+    /// end; else the next comes in [`TAKE_WATCH`], if still within their
+    /// heartbeat.
+    pub fn on_look(&mut self, received_at: BootTime, seen: Option<Observed>) {
+        if let Some(seen) = seen.filter(|s| s.remaining_us > 0) {
+            if let Some(holder) = seen.holder {
+                let remaining = Duration::from_micros(seen.remaining_us.unsigned_abs());
+                self.other = Some(OtherHolder {
+                    holder,
+                    token: seen.token,
+                    address: seen.address,
+                    until: received_at + remaining,
+                });
+                self.look_until = None;
+                return;
+            }
+        }
+        self.next_look = received_at + TAKE_WATCH;
+        if self.look_until.is_some_and(|until| self.next_look >= until) {
+            self.look_until = None;
+        }
+    }
+
+    /// A look failed (no connection, a timeout): no more looks; the next
+    /// attempt, as scheduled, says who leads.
+    pub fn on_look_failed(&mut self) {
+        self.look_until = None;
+    }
+
+    /// Looks for a heartbeat from `now` (see [`Engine::look_due`]).
+    fn look_for_take(&mut self, now: BootTime) {
+        self.look_until = Some(now + self.timing.heartbeat());
+        self.next_look = now + TAKE_WATCH;
     }
 
     /// Whether an attempt is due at `now`.
@@ -389,6 +458,8 @@ impl Engine {
         }
         self.role = Role::Follower;
         self.hold(now, hold);
+        // Its successor takes within milliseconds: named at once here too.
+        self.look_for_take(now);
         let released_instance = std::mem::replace(&mut self.instance, fresh_instance.into());
         if self.past_instances.len() == PAST_INSTANCES {
             self.past_instances.remove(0);
@@ -463,6 +534,7 @@ impl Engine {
         if self.watching_take && !late.is_zero() {
             self.watching_take = false;
             self.next_attempt = self.next_attempt.max(now + late);
+            self.look_for_take(now);
         }
     }
 
@@ -517,6 +589,9 @@ impl Engine {
 
     /// Steps down if the local deadline passed by `now`.
     pub fn poll(&mut self, now: BootTime) -> Option<Event> {
+        if self.look_until.is_some_and(|until| now >= until) {
+            self.look_until = None;
+        }
         if !self.competing && self.next_attempt <= now {
             // Not competing: nothing to attempt; look again in a heartbeat.
             self.next_attempt = now + self.timing.heartbeat();
@@ -553,6 +628,9 @@ impl Engine {
             };
             self.next_attempt = self.next_attempt.min(now + late);
             self.watching_take = true;
+            if !late.is_zero() {
+                self.look_for_take(now);
+            }
         }
     }
 
@@ -578,6 +656,7 @@ impl Engine {
             Attempt::Granted { token } => {
                 let deadline = sent_at + self.timing.local_lease();
                 self.other = None;
+                self.look_until = None;
                 self.next_attempt = sent_at + self.timing.renew_every();
                 if received_at >= deadline {
                     // Too late to use: stay follower and try again now. The row
@@ -639,10 +718,16 @@ impl Engine {
                 // its take, then come as before once the window ends.
                 // Not a replica that comes late (yielding, draining): an ask
                 // that lands just after the window would be granted the row
-                // it leaves to others; it learns at its next poll instead.
-                let watch =
-                    watching_take && late.is_zero() && seen.holder.is_none() && wait > TAKE_WATCH;
+                // it leaves to others; it looks instead (reads that take
+                // nothing).
+                let waits_for_take = watching_take && seen.holder.is_none() && wait > TAKE_WATCH;
+                let watch = waits_for_take && late.is_zero();
                 self.watching_take = watch;
+                if waits_for_take && !watch {
+                    self.look_for_take(received_at);
+                } else if seen.holder.is_some() {
+                    self.look_until = None;
+                }
                 self.next_attempt = if watch {
                     received_at + TAKE_WATCH
                 } else {
@@ -777,6 +862,135 @@ mod tests {
         fresh.on_attempt(at(0), at(5), released(0, 1000));
         assert!(!fresh.attempt_due(at(5) + TAKE_WATCH));
         assert!(fresh.attempt_due(at(1006)));
+    }
+
+    /// The row as a look reads it.
+    fn row(attempt: Attempt) -> Option<Observed> {
+        match attempt {
+            Attempt::Refused(seen) => Some(seen),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_releaser_looks_for_its_successors_take_and_names_it_without_asking() {
+        let mut e = engine();
+        e.on_attempt(at(0), at(5), Attempt::Granted { token: 4 });
+        e.release(at(100), Duration::from_secs(5), "inst-2")
+            .unwrap();
+        // Held for 5 s: no ask, but a look every take watch.
+        assert!(!e.look_due(at(105)));
+        assert!(e.look_due(at(100) + TAKE_WATCH));
+        assert_eq!(e.next_wakeup(), at(100) + TAKE_WATCH);
+        assert!(!e.attempt_due(at(110)));
+        // Free, waiting for the successor: look again.
+        e.on_look(at(112), row(released(4, 990)));
+        assert_eq!(e.view(at(112)).leader, None);
+        assert!(!e.look_due(at(121)));
+        assert!(e.look_due(at(122)));
+        // Taken: named, with its address, and no more looks.
+        e.on_look(at(124), row(refused_at("pod-c", 5, 1200, "http://c:8080")));
+        let v = e.view(at(125));
+        assert_eq!(
+            (v.leader.as_deref(), v.token, v.leader_address.as_deref()),
+            (Some("pod-c"), Some(5), Some("http://c:8080"))
+        );
+        assert!(!v.is_leader);
+        assert!(!e.look_due(at(140)));
+        assert!(!e.attempt_due(at(140)), "the hold still holds");
+        // A look never names this replica, whatever the row says.
+        let mut e = engine();
+        e.on_attempt(at(0), at(5), Attempt::Granted { token: 4 });
+        e.release(at(100), Duration::from_secs(5), "inst-2")
+            .unwrap();
+        e.on_look(at(112), row(refused("pod-a", 5, 1200)));
+        assert_eq!(e.view(at(113)).leader, None);
+    }
+
+    #[test]
+    fn looks_last_a_heartbeat_and_end_at_a_failure_or_a_shutdown() {
+        let mut e = engine();
+        e.on_attempt(at(0), at(5), Attempt::Granted { token: 4 });
+        e.release(at(100), Duration::from_secs(5), "inst-2")
+            .unwrap();
+        let mut now = at(100);
+        let mut looks = 0;
+        while e.look_due(now + TAKE_WATCH) {
+            now = now + TAKE_WATCH;
+            e.on_look(now, row(released(4, 990)));
+            looks += 1;
+        }
+        assert_eq!(looks, 99, "one every take watch for a heartbeat");
+        assert!(!e.look_due(at(1100) + TAKE_WATCH));
+        let mut failed = engine();
+        failed.on_attempt(at(0), at(5), Attempt::Granted { token: 4 });
+        failed
+            .release(at(100), Duration::from_secs(5), "inst-2")
+            .unwrap();
+        failed.on_look_failed();
+        assert!(!failed.look_due(at(110)));
+        let mut down = engine();
+        down.on_attempt(at(0), at(5), Attempt::Granted { token: 4 });
+        down.release(at(100), Duration::from_secs(5), "inst-2")
+            .unwrap();
+        down.shutdown(at(101));
+        assert!(!down.look_due(at(110)));
+    }
+
+    #[test]
+    fn a_late_follower_looks_for_the_take_where_others_ask() {
+        // Draining: a release notice brings a look, not an ask.
+        let mut e = engine();
+        e.on_attempt(at(0), at(5), refused("pod-b", 4, 800));
+        e.drain(at(50), Duration::from_secs(10));
+        e.on_release_notice(at(100));
+        assert!(!e.attempt_due(at(100) + TAKE_WATCH));
+        assert!(e.look_due(at(100) + TAKE_WATCH));
+        // Yielding: asked at the notice, refused (the row waits for
+        // another replica): looks, and asks only after the window, late.
+        let mut y = engine();
+        y.set_yielding(at(0), true);
+        y.on_attempt(at(0), at(5), refused("pod-b", 4, 5000));
+        y.on_release_notice(at(100));
+        y.on_attempt(at(100), at(103), released(4, 990));
+        assert!(!y.attempt_due(at(103) + TAKE_WATCH));
+        assert!(y.look_due(at(103) + TAKE_WATCH));
+        y.on_look(at(115), row(refused("pod-c", 5, 1200)));
+        assert_eq!(y.view(at(116)).leader.as_deref(), Some("pod-c"));
+        // Watching when the yield began: it stops asking, and looks.
+        let mut w = engine();
+        w.on_attempt(at(0), at(5), refused("pod-b", 4, 800));
+        w.on_release_notice(at(100));
+        w.on_attempt(at(100), at(103), released(4, 990));
+        w.set_yielding(at(104), true);
+        assert!(!w.attempt_due(at(103) + TAKE_WATCH));
+        assert!(w.look_due(at(104) + TAKE_WATCH));
+        // A replica that asks (not late) watches by asking, not looking.
+        let mut a = engine();
+        a.on_attempt(at(0), at(5), refused("pod-b", 4, 800));
+        a.on_release_notice(at(100));
+        a.on_attempt(at(100), at(103), released(4, 990));
+        assert!(a.attempt_due(at(103) + TAKE_WATCH));
+        assert!(!a.look_due(at(103) + TAKE_WATCH));
+    }
+
+    #[test]
+    fn the_loop_wakes_when_a_holder_stops_being_named() {
+        let mut e = engine();
+        // Not asking (app unhealthy): named until a renew interval after
+        // the lease seen ends.
+        e.on_attempt(at(0), at(5), refused("pod-b", 4, 800));
+        e.set_competing(at(10), false, "inst-2");
+        let until = e.naming_until(at(10)).expect("named");
+        assert_eq!(until, at(805) + e.timing().renew_every());
+        assert_eq!(e.view(until).leader, None);
+        assert!(e.view(at(804)).leader.is_some());
+        assert_eq!(e.naming_until(until), None);
+        // Leading, or naming nobody: nothing to wake for.
+        let mut l = engine();
+        assert_eq!(l.naming_until(at(0)), None);
+        l.on_attempt(at(0), at(5), Attempt::Granted { token: 1 });
+        assert_eq!(l.naming_until(at(6)), None);
     }
 
     #[test]
@@ -1304,6 +1518,10 @@ mod tests {
         for t in [100, 500, 5000] {
             e.poll(at(t));
             assert!(!e.attempt_due(at(t)));
+            // As the loop does: a look due is made (the row, free).
+            if e.look_due(at(t)) {
+                e.on_look(at(t), None);
+            }
             assert!(e.next_wakeup() > at(t), "no busy loop while idle");
         }
         assert_eq!(e.set_competing(at(6000), true, "unused"), None);

@@ -300,6 +300,12 @@ impl Sim {
         if matches!(rep.flight, Flight::Idle) && rep.engine.attempt_due(rep.clock.boot(self.now)) {
             self.send(r);
         }
+        // A look reads the row at once (it decides nothing safety rests on).
+        let now = self.replicas[r].clock.boot(self.now);
+        if self.replicas[r].engine.look_due(now) {
+            let seen = self.db.observe(self.db_clock.at(self.now), ROW);
+            self.replicas[r].engine.on_look(now, seen);
+        }
         self.schedule(r);
     }
 

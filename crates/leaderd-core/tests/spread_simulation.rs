@@ -366,6 +366,14 @@ impl Sim {
             if lane.flight.is_none() && lane.engine.attempt_due(now) {
                 self.send(r, e);
             }
+            // A look reads the row at once (it decides nothing safety
+            // rests on).
+            if self.replicas[r].lanes[e].engine.look_due(now) {
+                let seen = self
+                    .db
+                    .observe(self.db_clock.at(self.now), &self.elections[e]);
+                self.replicas[r].lanes[e].engine.on_look(now, seen);
+            }
         }
         self.schedule(r);
     }

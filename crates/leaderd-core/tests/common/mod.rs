@@ -157,6 +157,17 @@ impl Db {
         })
     }
 
+    /// The row as a read that takes nothing sees it (a follower's look).
+    pub fn observe(&self, now: Us, name: &str) -> Option<Observed> {
+        self.rows.get(name).map(|row| Observed {
+            holder: row.holder.clone(),
+            instance: row.instance.clone(),
+            token: row.token,
+            remaining_us: row.expires - now,
+            address: None,
+        })
+    }
+
     /// Whether the row was released (only by its holding instance),
     /// naming `successor` (a daemon, and its window) if given.
     pub fn release(

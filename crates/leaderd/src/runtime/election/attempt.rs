@@ -87,6 +87,7 @@ impl Loop {
         let lease = engine.lease(now);
         if !due {
             let at = engine.next_wakeup();
+            let at = engine.naming_until(now).map_or(at, |until| at.min(until));
             return match lease {
                 Some(_) => (at, true),
                 // At least once per heartbeat: a loose wait (a hold of up

@@ -14,7 +14,8 @@
 //! released on the same connection, all within a fixed budget.
 //!
 //! This file sets a loop up and turns it; its concerns are beside it:
-//! `attempt` (attempting, and the connection side), `requests` (requests,
+//! `attempt` (attempting, and the connection side), `look` (reading the
+//! row without asking for it), `requests` (requests,
 //! wake-ups, connects), `release` (releasing the row), `report` (logs,
 //! metrics, flag file).
 
@@ -34,6 +35,7 @@ use crate::runtime::{presence, wakeups};
 use crate::settings::Settings;
 
 mod attempt;
+mod look;
 mod release;
 mod report;
 mod requests;
@@ -244,6 +246,9 @@ impl Loop {
             self.shared.progress(now);
             let events: Vec<Event> = self.shared.engine().poll(now).into_iter().collect();
             self.report.handle(&self.shared, events);
+            // A holder no longer named (by time) is announced now, as
+            // `/leader` shows it (the loop wakes then; see `wakeup`).
+            self.shared.publish();
             self.sync_presence();
             // Shutdown before any request still queued (a request handled
             // meanwhile, say a long release, may have let it come).
@@ -273,6 +278,14 @@ impl Loop {
                 // election) holds a pointer, not the attempt's state.
                 if Box::pin(self.attempt(shutdown)).await {
                     return;
+                }
+                continue;
+            }
+            if !due && self.shared.engine().look_due(now) {
+                if self.db.link.connected() {
+                    Box::pin(self.look(shutdown)).await;
+                } else {
+                    self.shared.engine().on_look_failed();
                 }
                 continue;
             }

@@ -1,0 +1,45 @@
+//! Looking: a read of the election's row that takes nothing, for a
+//! replica that may not ask for the row now (it has just released it, or
+//! comes late) yet should name the successor that takes it as soon as the
+//! others do (`Engine::look_due`).
+
+use leaderd_core::Observed;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::boot_now;
+
+use super::Loop;
+
+impl Loop {
+    /// One look, answered within a heartbeat (one statement on the
+    /// daemon's connection, queued with the others'); a look that fails or
+    /// is cut ends the looks. Shutdown does not wait for it.
+    pub(super) async fn look(&mut self, shutdown: &CancellationToken) {
+        let election = self.shared.election.as_str();
+        let budget = self.shared.timing.heartbeat();
+        let read = tokio::select! {
+            () = shutdown.cancelled() => return,
+            read = tokio::time::timeout(budget, self.db.link.read(election)) => read,
+        };
+        let received_at = boot_now();
+        match read {
+            // The read is by prefix: other elections' names may start
+            // with this one's.
+            Ok(Ok(rows)) => {
+                let seen = rows
+                    .into_iter()
+                    .find(|r| r.name == election)
+                    .map(|r| Observed {
+                        holder: r.holder,
+                        instance: r.instance,
+                        token: r.token,
+                        remaining_us: r.remaining_us,
+                        address: r.address,
+                    });
+                self.shared.engine().on_look(received_at, seen);
+            }
+            Ok(Err(_)) | Err(_) => self.shared.engine().on_look_failed(),
+        }
+        self.shared.publish();
+    }
+}
