@@ -2,7 +2,7 @@
 //! by side with the common lock-row recipe, in one run.
 //!
 //! ```text
-//! cargo run --release -p leaderd-bench -- [--smoke] [--plots DIR] [heartbeat|scale|failover|views|busy|budget|exec|serve|footprint|elections|batch|release|fence|rolling]...
+//! cargo run --release -p leaderd-bench -- [--smoke] [--plots DIR] [heartbeat|scale|failover|views|views-busy|busy|budget|exec|serve|footprint|elections|batch|release|fence|rolling]...
 //! ```
 //!
 //! With no part named, all run but `rolling` (hours: name it). `--smoke` shrinks every part to seconds so
@@ -56,6 +56,7 @@ const PARTS: &[&str] = &[
     "scale",
     "failover",
     "views",
+    "views-busy",
     "busy",
     "budget",
     "exec",
@@ -141,7 +142,8 @@ fn main() -> Result<()> {
                     &|p| plot::scale(p, &steps),
                 )?;
             }
-            "views" => rt.block_on(failover::views(size))?,
+            "views" => rt.block_on(failover::views(size, false))?,
+            "views-busy" => rt.block_on(failover::views(size, true))?,
             "failover" => {
                 let cases = rt.block_on(failover::run(size))?;
                 plot(
