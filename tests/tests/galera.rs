@@ -1,18 +1,20 @@
 //! leaderd on a real three-node MariaDB Galera cluster (started by the
-//! test; see `leaderd_tests::galera`).
+//! test; see `leaderd_tests::galera`), one cluster at a time.
 //!
 //! Galera's nodes share no lock: `GET_LOCK`, which serialises migrations on
-//! one server, is each node's own. Migrations started together on three
-//! nodes failed ("Duplicate column name"), and two `CREATE TRIGGER`s at
-//! once left a node's replication waiting on a metadata lock for good; the
-//! migration now claims a row, which the cluster certifies.
+//! one server and wakes followers at a release, is each node's own.
+//! Migrations started together on three nodes failed ("Duplicate column
+//! name"), and two `CREATE TRIGGER`s at once left a node's replication
+//! waiting on a metadata lock for good; the migration now claims a row,
+//! which the cluster certifies. Followers on other nodes than the leader's
+//! learned of a release only at their next poll; they now read their rows.
 
 use std::time::{Duration, Instant};
 
 use leaderd_tests::galera::{value, Galera};
 use leaderd_tests::{
-    check_handovers, checker, run_cli, run_cli_within, wait_for, wait_single_leader, Daemon,
-    Scratch,
+    check_handovers, checker, run_cli, run_cli_within, serial, wait_for, wait_single_leader,
+    Daemon, Scratch,
 };
 
 /// Three `leaderd migrate` at once, one per node, on an empty database,
@@ -20,6 +22,8 @@ use leaderd_tests::{
 /// whole schema, and the claim is gone.
 #[test]
 fn concurrent_migrations_on_three_nodes_all_succeed() {
+    // One cluster at a time: the other test times handovers.
+    let _s = serial();
     let cluster = Galera::start();
     for round in 0..3 {
         let db = format!("galera_migrate_{round}");
@@ -188,6 +192,7 @@ fn rows_read(url: &str) -> u64 {
 /// leaves one leader, and no two replicas ever led at once.
 #[test]
 fn daemons_on_three_nodes_hand_over_in_milliseconds_and_never_lead_together() {
+    let _s = serial();
     let mut cluster = Galera::start();
     let db = "galera_lead";
     leaderd_tests::galera::exec(&cluster.admin_url(1), &format!("CREATE DATABASE {db}"));

@@ -170,6 +170,12 @@ const OBSERVE_ALL: Sql = bounded!(
     STRAIGHT_JOIN service_leader_lock l FORCE INDEX (service_leader_lock_name) ON l.name = j.n"
 );
 
+/// The most rows one takeover statement carries: a row's JSON is at most
+/// about 1.5 KB (an address of 255 characters is up to 1 KB of UTF-8), so
+/// 6 MB for 4,096, well within `max_allowed_packet` (16 MiB by default on
+/// MariaDB 10.11). More go in several, in name order.
+const TAKE_MANY_MAX: usize = 4_096;
+
 /// [`TAKE`] for several expired rows in one statement, each on the token
 /// seen. Binds: a JSON array of `[name, holder, instance, token seen,
 /// daemon, address]`,
@@ -778,6 +784,40 @@ impl CasBatch for MysqlStore {
         &mut self,
         items: &[(&LeaseRequest<'_>, i64)],
     ) -> Result<Vec<bool>, StoreError> {
+        if items.len() <= TAKE_MANY_MAX {
+            return self.take_part(items).await;
+        }
+        // In name order across the parts too, as each part locks its rows.
+        let mut order: Vec<usize> = (0..items.len()).collect();
+        order.sort_unstable_by_key(|&i| items[i].0.election.as_bytes());
+        let mut out = vec![false; items.len()];
+        for part in order.chunks(TAKE_MANY_MAX) {
+            let chunk: Vec<(&LeaseRequest<'_>, i64)> = part.iter().map(|&i| items[i]).collect();
+            for (&i, took) in part.iter().zip(self.take_part(&chunk).await?) {
+                out[i] = took;
+            }
+        }
+        Ok(out)
+    }
+
+    async fn create_all(&mut self, reqs: &[&LeaseRequest<'_>]) -> Result<(), StoreError> {
+        let rows: Vec<(&str, i64)> = reqs.iter().map(|r| (r.election, r.block_us())).collect();
+        let rows = serde_json::to_string(&rows).expect("strings serialize");
+        Stmt::<()>::new(self.sql(&CREATE_ALL), [Bind::Text(&rows)])
+            .execute(&mut self.conn)
+            .await
+            .map_err(busy_or)?;
+        Ok(())
+    }
+}
+
+impl MysqlStore {
+    /// [`CasOps::take_all`] for at most [`TAKE_MANY_MAX`] rows: one
+    /// statement.
+    async fn take_part(
+        &mut self,
+        items: &[(&LeaseRequest<'_>, i64)],
+    ) -> Result<Vec<bool>, StoreError> {
         if let [(req, seen)] = items {
             return Ok(vec![self.take(req, *seen).await?]);
         }
@@ -836,16 +876,6 @@ impl CasBatch for MysqlStore {
             .iter()
             .map(|(req, _)| confirmed.contains(req.election))
             .collect())
-    }
-
-    async fn create_all(&mut self, reqs: &[&LeaseRequest<'_>]) -> Result<(), StoreError> {
-        let rows: Vec<(&str, i64)> = reqs.iter().map(|r| (r.election, r.block_us())).collect();
-        let rows = serde_json::to_string(&rows).expect("strings serialize");
-        Stmt::<()>::new(self.sql(&CREATE_ALL), [Bind::Text(&rows)])
-            .execute(&mut self.conn)
-            .await
-            .map_err(busy_or)?;
-        Ok(())
     }
 }
 
@@ -1259,6 +1289,53 @@ mod tests {
             .into_iter()
             .map(|o| o.expect("created").token)
             .collect()
+    }
+
+    /// More expired rows than one takeover statement carries, with long
+    /// multi-byte addresses: all taken, each answer in its request's place
+    /// (the parts go in name order, not the requests').
+    #[tokio::test]
+    async fn a_takeover_of_more_rows_than_a_statement_carries_goes_in_parts() {
+        let (url, _sql, dropper) = migrated().await;
+        let mut a = MysqlStore::connect(&url).await.unwrap();
+        let address = "日".repeat(crate::MAX_ADDRESS_CHARS);
+        // Names in reverse order, so the parts' order is not the requests'.
+        let names: Vec<String> = (0..TAKE_MANY_MAX + 3)
+            .rev()
+            .map(|i| format!("e{i:05}"))
+            .collect();
+        let reqs: Vec<LeaseRequest<'_>> = names
+            .iter()
+            .map(|n| LeaseRequest {
+                address: Some(&address),
+                ..req(n, "a", "ia")
+            })
+            .collect();
+        let refs: Vec<&LeaseRequest<'_>> = reqs.iter().collect();
+        let seen = expired_rows(&mut a, &refs).await;
+        // One row is taken by another first: answered false, in its place.
+        let mut b = MysqlStore::connect(&url).await.unwrap();
+        let stolen = 7;
+        assert!(b
+            .take(&req(&names[stolen], "b", "ib"), seen[stolen])
+            .await
+            .unwrap());
+        let items: Vec<(&LeaseRequest<'_>, i64)> = refs.iter().copied().zip(seen).collect();
+        let took = a.take_all(&items).await.unwrap();
+        assert_eq!(took.len(), items.len());
+        for (i, t) in took.iter().enumerate() {
+            assert_eq!(*t, i != stolen, "{}", names[i]);
+        }
+        let now = a.observe_all(&refs).await.unwrap();
+        for (i, row) in now.iter().enumerate() {
+            let row = row.as_ref().expect("the row");
+            let holder = if i == stolen { "ib" } else { "ia" };
+            assert_eq!(row.instance.as_deref(), Some(holder), "{}", names[i]);
+            if i != stolen {
+                assert_eq!(row.address.as_deref(), Some(address.as_str()));
+            }
+        }
+        dropper.drop_now().await;
     }
 
     /// A batch take that loses one row to another taker between its read
