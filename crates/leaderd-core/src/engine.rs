@@ -169,6 +169,9 @@ pub struct Engine {
     look_until: Option<BootTime>,
     /// When the next look is due, while looking.
     next_look: BootTime,
+    /// Until when looks come every [`TAKE_WATCH`] (a heartbeat from a
+    /// release); after that, at a poll's pace.
+    look_fast_until: BootTime,
     /// No attempt before this instant (after a release on request).
     hold_until: Option<BootTime>,
     /// Whether this replica competes (its app is healthy).
@@ -234,6 +237,7 @@ impl Engine {
             watching_take: false,
             look_until: None,
             next_look: now,
+            look_fast_until: now,
             hold_until: None,
             competing: true,
             yielding: false,
@@ -347,7 +351,13 @@ impl Engine {
     /// database out of reach), names it until a renew interval past the
     /// end of the lease it saw, not for as long as that lasts.
     fn known_until(&self, o: &OtherHolder) -> BootTime {
-        if self.competing && self.failures == 0 {
+        // Held off asking (a release's hold, a drain) until past the end
+        // of the lease seen: it cannot learn of a renewal in time, and
+        // names the holder only as long as one that does not ask (its
+        // looks, at a poll's pace, keep the name fresh meanwhile).
+        let held_past = self.hold_until.is_some_and(|h| h > o.until)
+            || self.draining_until.is_some_and(|d| d > o.until);
+        if self.competing && self.failures == 0 && !held_past {
             // An ask may take up to its bound, a heartbeat, to be answered.
             self.next_attempt.max(o.until) + self.timing.heartbeat()
         } else {
@@ -384,7 +394,9 @@ impl Engine {
     /// nothing, every [`TAKE_WATCH`] for a heartbeat, by a replica that may
     /// not ask for the row now (it has just released it, or comes late:
     /// yielding, draining) yet should name the successor that takes it as
-    /// soon as the others do. Ends at the first holder seen.
+    /// soon as the others do. Ends at the first holder seen, unless this
+    /// replica will not ask before that holder's lease ends (see
+    /// [`Engine::on_look`]).
     pub fn look_due(&self, now: BootTime) -> bool {
         self.role == Role::Follower
             && self.look_until.is_some_and(|until| now < until)
@@ -393,23 +405,39 @@ impl Engine {
 
     /// Feeds a look's answer, read at `received_at`: the row (`None` when
     /// there is none). A live holder is named from now on, and the looks
-    /// end; else the next comes in [`TAKE_WATCH`], if still within their
-    /// heartbeat.
+    /// end, unless this replica will not ask before that holder's lease
+    /// ends (held, draining): then it goes on looking at a poll's pace
+    /// (when the lease seen ends, at least once a heartbeat) until it asks
+    /// again, and names the holder only while it knows the lease. Else the
+    /// next look comes in [`TAKE_WATCH`], if still within their heartbeat.
     pub fn on_look(&mut self, received_at: BootTime, seen: Option<Observed>) {
         if let Some(seen) = seen.filter(|s| s.remaining_us > 0) {
             if let Some(holder) = seen.holder {
                 let remaining = Duration::from_micros(seen.remaining_us.unsigned_abs());
+                let until = received_at + remaining;
                 self.other = Some(OtherHolder {
                     holder,
                     token: seen.token,
                     address: seen.address,
-                    until: received_at + remaining,
+                    until,
                 });
-                self.look_until = None;
+                let asks_at = self.next_wakeup_to_ask();
+                if asks_at > until {
+                    self.look_until = Some(asks_at);
+                    self.next_look =
+                        received_at + remaining.min(self.timing.heartbeat()) + EXPIRY_SLACK;
+                } else {
+                    self.look_until = None;
+                }
                 return;
             }
         }
-        self.next_look = received_at + TAKE_WATCH;
+        let pace = if received_at < self.look_fast_until {
+            TAKE_WATCH
+        } else {
+            self.timing.heartbeat()
+        };
+        self.next_look = received_at + pace;
         if self.look_until.is_some_and(|until| self.next_look >= until) {
             self.look_until = None;
         }
@@ -421,9 +449,20 @@ impl Engine {
         self.look_until = None;
     }
 
-    /// Looks for a heartbeat from `now` (see [`Engine::look_due`]).
-    fn look_for_take(&mut self, now: BootTime) {
-        self.look_until = Some(now + self.timing.heartbeat());
+    /// When this replica next asks, its hold included.
+    fn next_wakeup_to_ask(&self) -> BootTime {
+        match self.hold_until {
+            Some(h) => self.next_attempt.max(h),
+            None => self.next_attempt,
+        }
+    }
+
+    /// Looks for a heartbeat from `now` (see [`Engine::look_due`]): also
+    /// after a release that took a while (under `exec`, waiting for the
+    /// command to stop), so the looks are not spent before the row is free.
+    pub fn look_for_take(&mut self, now: BootTime) {
+        self.look_fast_until = now + self.timing.heartbeat();
+        self.look_until = Some(self.look_fast_until);
         self.next_look = now + TAKE_WATCH;
     }
 
@@ -898,6 +937,19 @@ mod tests {
         assert!(!v.is_leader);
         assert!(!e.look_due(at(140)));
         assert!(!e.attempt_due(at(140)), "the hold still holds");
+        // Held past that lease: it looks again at a poll's pace, and names
+        // pod-c only while it knows the lease (pod-c stops renewing).
+        assert!(!e.look_due(at(1124)));
+        assert!(e.look_due(at(1125)));
+        e.on_look(at(1126), row(refused("pod-c", 5, 1200)));
+        assert_eq!(e.view(at(2300)).leader.as_deref(), Some("pod-c"));
+        assert!(e.look_due(at(2127)));
+        e.on_look(at(2127), row(refused("pod-c", 5, 199)));
+        e.on_look(at(2327), row(refused("pod-c", 5, -1)));
+        let dead = at(2326) + e.timing().renew_every();
+        assert_eq!(e.view(dead).leader, None, "named past the lease seen");
+        assert!(!e.look_due(at(2327) + TAKE_WATCH), "looks at a poll's pace");
+        assert!(e.look_due(at(3327)));
         // A look never names this replica, whatever the row says.
         let mut e = engine();
         e.on_attempt(at(0), at(5), Attempt::Granted { token: 4 });

@@ -71,7 +71,8 @@ pub struct RowsWatcher {
     seen: HashMap<String, Option<String>>,
     /// Released ones not yet returned.
     freed: VecDeque<String>,
-    every: Duration,
+    /// The looks, at a fixed rate (a slow look does not space the next).
+    every: tokio::time::Interval,
 }
 
 opaque_debug!(RowsWatcher);
@@ -83,7 +84,11 @@ impl RowsWatcher {
             elections: elections.to_vec(),
             seen: HashMap::new(),
             freed: VecDeque::new(),
-            every: period(elections.len()),
+            every: {
+                let mut every = tokio::time::interval(period(elections.len()));
+                every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                every
+            },
         }
     }
 
@@ -98,10 +103,8 @@ impl RowsWatcher {
             if let Some(name) = self.freed.pop_front() {
                 return Ok(name);
             }
+            self.every.tick().await;
             self.look(wanted).await?;
-            if self.freed.is_empty() {
-                tokio::time::sleep(self.every).await;
-            }
         }
     }
 

@@ -12,10 +12,17 @@ use super::Loop;
 
 impl Loop {
     /// One look, answered within a heartbeat (one statement on the
-    /// daemon's connection, queued with the others'); a look that fails or
-    /// is cut ends the looks. Shutdown does not wait for it.
+    /// daemon's connection, queued with the others', and one look of the
+    /// daemon's at a time); a look that fails or is cut ends the looks.
+    /// Shutdown does not wait for it.
     pub(super) async fn look(&mut self, shutdown: &CancellationToken) {
         let election = self.shared.election.as_str();
+        // Another election's look is being read: this one comes a take
+        // watch later, as if it had seen the row still free.
+        let Some(_turn) = self.db.link.look_turn() else {
+            self.shared.engine().on_look(boot_now(), None);
+            return;
+        };
         let budget = self.shared.timing.heartbeat();
         let read = tokio::select! {
             () = shutdown.cancelled() => return,

@@ -53,6 +53,9 @@ impl Loop {
                 info!(election = %self.shared.election, hold = ?hold, "stepping down on request");
                 self.step_down(step_down, drain).await;
                 self.shared.engine().hold(boot_now(), hold);
+                // The release may have taken a while (an `exec` command
+                // stopping): the successor's take comes from now.
+                self.shared.engine().look_for_take(boot_now());
                 if drain {
                     self.shared.engine().drain(boot_now(), hold);
                 }

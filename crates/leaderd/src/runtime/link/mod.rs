@@ -169,6 +169,18 @@ pub struct Link {
     jobs: mpsc::UnboundedSender<Job>,
     state: watch::Receiver<State>,
     want: Arc<Notify>,
+    /// A look is being read (see [`Link::look_turn`]).
+    looking: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// The daemon's one look in flight; the next may go once it drops.
+#[derive(Debug)]
+pub struct LookTurn(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for LookTurn {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::Release);
+    }
 }
 
 impl Link {
@@ -201,12 +213,35 @@ impl Link {
             elections,
         };
         tokio::spawn(task.run());
-        Link { jobs, state, want }
+        Link {
+            jobs,
+            state,
+            want,
+            looking: Arc::default(),
+        }
     }
 
     /// Whether a connection is open now.
     pub fn connected(&self) -> bool {
         self.state.borrow().connected
+    }
+
+    /// The turn to read a look, if no other election's look is being
+    /// read: the daemon's looks go one at a time, so that however many
+    /// elections look at once (a spread's hand-over, several releases),
+    /// the renewals behind them on the connection wait for one read at
+    /// most.
+    pub fn look_turn(&self) -> Option<LookTurn> {
+        let free = self
+            .looking
+            .compare_exchange(
+                false,
+                true,
+                std::sync::atomic::Ordering::Acquire,
+                std::sync::atomic::Ordering::Relaxed,
+            )
+            .is_ok();
+        free.then(|| LookTurn(self.looking.clone()))
     }
 
     /// The Galera node of the last connection opened, if the database is
