@@ -351,12 +351,13 @@ impl Engine {
     /// database out of reach), names it until a renew interval past the
     /// end of the lease it saw, not for as long as that lasts.
     fn known_until(&self, o: &OtherHolder) -> BootTime {
-        // Held off asking (a release's hold, a drain) until past the end
-        // of the lease seen: it cannot learn of a renewal in time, and
+        // Held off asking (a release's hold, up to an hour) until past the
+        // end of the lease seen: it cannot learn of a renewal in time, and
         // names the holder only as long as one that does not ask (its
-        // looks, at a poll's pace, keep the name fresh meanwhile).
-        let held_past = self.hold_until.is_some_and(|h| h > o.until)
-            || self.draining_until.is_some_and(|d| d > o.until);
+        // looks, at a poll's pace, keep the name fresh meanwhile). A
+        // replica that only comes late (draining, yielding) still asks
+        // within a few heartbeats, and keeps the name until then.
+        let held_past = self.hold_until.is_some_and(|h| h > o.until);
         if self.competing && self.failures == 0 && !held_past {
             // An ask may take up to its bound, a heartbeat, to be answered.
             self.next_attempt.max(o.until) + self.timing.heartbeat()
@@ -1075,6 +1076,17 @@ mod tests {
         e.on_attempt(at(4401), at(4410), refused("pod-b", 4, -5));
         assert!(!e.attempt_due(at(4500)));
         assert!(e.attempt_due(at(5420)));
+    }
+
+    #[test]
+    fn a_draining_follower_keeps_naming_a_renewing_holder_until_it_asks() {
+        let mut e = engine();
+        e.drain(at(0), Duration::from_secs(30));
+        // 800 ms left: asked again three heartbeats after it ends, and
+        // named until that ask is answered (no blink while it renews).
+        e.on_attempt(at(0), at(5), refused("pod-b", 4, 800));
+        assert_eq!(e.view(at(2000)).leader.as_deref(), Some("pod-b"));
+        assert!(e.attempt_due(at(3806)));
     }
 
     #[test]
