@@ -904,6 +904,15 @@ mod tests {
         assert!(fresh.attempt_due(at(1006)));
     }
 
+    /// A replica that led and released at 100 ms, held for 5 s.
+    fn released_at_100() -> Engine {
+        let mut e = engine();
+        e.on_attempt(at(0), at(5), Attempt::Granted { token: 4 });
+        e.release(at(100), Duration::from_secs(5), "inst-2")
+            .unwrap();
+        e
+    }
+
     /// The row as a look reads it.
     fn row(attempt: Attempt) -> Option<Observed> {
         match attempt {
@@ -914,10 +923,7 @@ mod tests {
 
     #[test]
     fn a_releaser_looks_for_its_successors_take_and_names_it_without_asking() {
-        let mut e = engine();
-        e.on_attempt(at(0), at(5), Attempt::Granted { token: 4 });
-        e.release(at(100), Duration::from_secs(5), "inst-2")
-            .unwrap();
+        let mut e = released_at_100();
         // Held for 5 s: no ask, but a look every take watch.
         assert!(!e.look_due(at(105)));
         assert!(e.look_due(at(100) + TAKE_WATCH));
@@ -952,20 +958,14 @@ mod tests {
         assert!(!e.look_due(at(2327) + TAKE_WATCH), "looks at a poll's pace");
         assert!(e.look_due(at(3327)));
         // A look never names this replica, whatever the row says.
-        let mut e = engine();
-        e.on_attempt(at(0), at(5), Attempt::Granted { token: 4 });
-        e.release(at(100), Duration::from_secs(5), "inst-2")
-            .unwrap();
+        let mut e = released_at_100();
         e.on_look(at(112), row(refused("pod-a", 5, 1200)));
         assert_eq!(e.view(at(113)).leader, None);
     }
 
     #[test]
     fn looks_last_a_heartbeat_and_end_at_a_failure_or_a_shutdown() {
-        let mut e = engine();
-        e.on_attempt(at(0), at(5), Attempt::Granted { token: 4 });
-        e.release(at(100), Duration::from_secs(5), "inst-2")
-            .unwrap();
+        let mut e = released_at_100();
         let mut now = at(100);
         let mut looks = 0;
         while e.look_due(now + TAKE_WATCH) {
@@ -975,17 +975,10 @@ mod tests {
         }
         assert_eq!(looks, 99, "one every take watch for a heartbeat");
         assert!(!e.look_due(at(1100) + TAKE_WATCH));
-        let mut failed = engine();
-        failed.on_attempt(at(0), at(5), Attempt::Granted { token: 4 });
-        failed
-            .release(at(100), Duration::from_secs(5), "inst-2")
-            .unwrap();
+        let mut failed = released_at_100();
         failed.on_look_failed();
         assert!(!failed.look_due(at(110)));
-        let mut down = engine();
-        down.on_attempt(at(0), at(5), Attempt::Granted { token: 4 });
-        down.release(at(100), Duration::from_secs(5), "inst-2")
-            .unwrap();
+        let mut down = released_at_100();
         down.shutdown(at(101));
         assert!(!down.look_due(at(110)));
     }

@@ -19,7 +19,7 @@ use std::time::Duration;
 use diesel::sql_types::{Nullable, Text};
 use diesel_async::{AsyncMysqlConnection, RunQueryDsl};
 
-use crate::mysql::{establish, galera_node};
+use crate::mysql::{establish, galera_node, names_json, wanted_of};
 use crate::sql::{Bind, Stmt};
 use crate::{DatabaseUrl, StoreError};
 
@@ -59,7 +59,7 @@ pub(crate) async fn connect_if_galera(
     let version: String = Stmt::<Text>::new("SELECT VERSION()", [])
         .get_result(&mut conn)
         .await?;
-    let galera = version.contains("MariaDB") && galera_node(&mut conn).await.is_some();
+    let galera = galera_node(&mut conn, &version).await.is_some();
     Ok((conn, galera))
 }
 
@@ -110,16 +110,11 @@ impl RowsWatcher {
 
     /// One look at the rows of the elections `wanted` now.
     async fn look(&mut self, wanted: &(dyn Fn(&str) -> bool + Sync)) -> Result<(), StoreError> {
-        let looked: Vec<&str> = self
-            .elections
-            .iter()
-            .map(String::as_str)
-            .filter(|e| wanted(e))
-            .collect();
+        let looked = wanted_of(&self.elections, wanted);
         let now: HashMap<String, Option<String>> = if looked.is_empty() {
             HashMap::new()
         } else {
-            let names = serde_json::to_string(&looked).expect("strings serialize");
+            let names = names_json(&looked);
             Stmt::<(Text, Nullable<Text>)>::new(HOLDERS, [Bind::Text(&names)])
                 .load::<(String, Option<String>)>(&mut self.conn)
                 .await?

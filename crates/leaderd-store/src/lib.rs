@@ -241,6 +241,17 @@ pub struct ElectionRow {
 }
 
 impl ElectionRow {
+    /// The row as an attempt's refusal would report it (a look's answer).
+    pub fn into_observed(self) -> Observed {
+        Observed {
+            holder: self.holder,
+            instance: self.instance,
+            token: self.token,
+            remaining_us: self.remaining_us,
+            address: self.address,
+        }
+    }
+
     /// The holder while its lease is live by the database's clock.
     pub fn live_holder(&self) -> Option<&str> {
         self.holder.as_deref().filter(|_| self.remaining_us > 0)

@@ -438,11 +438,7 @@ impl MysqlStore {
                  10.6 or later (JSON_TABLE)"
             )));
         }
-        let galera_node = if mariadb {
-            galera_node(&mut conn).await
-        } else {
-            None
-        };
+        let galera_node = galera_node(&mut conn, &version).await;
         Ok(Self {
             conn,
             mariadb,
@@ -588,10 +584,14 @@ impl MysqlStore {
     }
 }
 
-/// The node's name when this MariaDB server is a node of a Galera cluster
-/// (`@@wsrep_on`); `None` otherwise, and on a server built without wsrep,
-/// which has no such variable.
-pub(crate) async fn galera_node(conn: &mut AsyncMysqlConnection) -> Option<String> {
+/// The node's name when this server (its `VERSION()`) is a MariaDB node of
+/// a Galera cluster (`@@wsrep_on`); `None` otherwise (MySQL, Percona
+/// included, is not asked), and on a server built without wsrep, which has
+/// no such variable.
+pub(crate) async fn galera_node(conn: &mut AsyncMysqlConnection, version: &str) -> Option<String> {
+    if !version.contains("MariaDB") {
+        return None;
+    }
     let (on, name): (i64, String) =
         Stmt::<(BigInt, Text)>::new("SELECT @@wsrep_on + 0, COALESCE(@@wsrep_node_name, '')", [])
             .get_result(conn)
@@ -1073,12 +1073,7 @@ impl LocksWatcher {
             if let Some(name) = self.freed.pop_front() {
                 return Ok(name);
             }
-            let looked: Vec<&str> = self
-                .elections
-                .iter()
-                .map(String::as_str)
-                .filter(|e| wanted(e))
-                .collect();
+            let looked = wanted_of(&self.elections, wanted);
             let held: std::collections::HashSet<String> = if looked.is_empty() {
                 std::collections::HashSet::new()
             } else {
@@ -1179,9 +1174,22 @@ fn has_json_table(version: &str, mariadb: bool) -> bool {
     }
 }
 
+/// The elections of `elections` that `wanted` says to look at now (a
+/// release waiter's look, see `wake`).
+pub(crate) fn wanted_of<'a>(
+    elections: &'a [String],
+    wanted: &(dyn Fn(&str) -> bool + Sync),
+) -> Vec<&'a str> {
+    elections
+        .iter()
+        .map(String::as_str)
+        .filter(|e| wanted(e))
+        .collect()
+}
+
 /// Names as a JSON array, for `JSON_TABLE`: one bind, one statement text,
 /// whatever their number.
-fn names_json(elections: &[&str]) -> String {
+pub(crate) fn names_json(elections: &[&str]) -> String {
     serde_json::to_string(elections).expect("strings serialize")
 }
 

@@ -3,7 +3,7 @@
 //! comes late) yet should name the successor that takes it as soon as the
 //! others do (`Engine::look_due`).
 
-use leaderd_core::Observed;
+use leaderd_store::ElectionRow;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::boot_now;
@@ -36,13 +36,7 @@ impl Loop {
                 let seen = rows
                     .into_iter()
                     .find(|r| r.name == election)
-                    .map(|r| Observed {
-                        holder: r.holder,
-                        instance: r.instance,
-                        token: r.token,
-                        remaining_us: r.remaining_us,
-                        address: r.address,
-                    });
+                    .map(ElectionRow::into_observed);
                 self.shared.engine().on_look(received_at, seen);
             }
             Ok(Err(_)) | Err(_) => self.shared.engine().on_look_failed(),
