@@ -433,6 +433,9 @@ impl Engine {
                 return;
             }
         }
+        // Nobody holds the row now: a holder named before is not named
+        // any more (an attempt's refusal does the same).
+        self.other = None;
         let pace = if received_at < self.look_fast_until {
             TAKE_WATCH
         } else {
@@ -442,6 +445,13 @@ impl Engine {
         if self.look_until.is_some_and(|until| self.next_look >= until) {
             self.look_until = None;
         }
+    }
+
+    /// Another election's look is being read (the daemon's looks go one at
+    /// a time): this one is tried again in [`TAKE_WATCH`], its window
+    /// unchanged.
+    pub fn look_later(&mut self, now: BootTime) {
+        self.next_look = now + TAKE_WATCH;
     }
 
     /// A look failed (no connection, a timeout): no more looks; the next
@@ -668,7 +678,9 @@ impl Engine {
             };
             self.next_attempt = self.next_attempt.min(now + late);
             self.watching_take = true;
-            if !late.is_zero() {
+            // Held (it released with a hold) or late: it may not ask, so
+            // it looks for the successor's take.
+            if !late.is_zero() || self.hold_until.is_some_and(|h| h > now) {
                 self.look_for_take(now);
             }
         }
@@ -961,6 +973,25 @@ mod tests {
         let mut e = released_at_100();
         e.on_look(at(112), row(refused("pod-a", 5, 1200)));
         assert_eq!(e.view(at(113)).leader, None);
+    }
+
+    #[test]
+    fn a_held_replica_looks_at_a_release_notice_and_drops_a_holder_it_sees_gone() {
+        let mut e = released_at_100();
+        e.on_look(at(112), row(refused("pod-c", 5, 1200)));
+        assert_eq!(e.view(at(113)).leader.as_deref(), Some("pod-c"));
+        // pod-c releases in turn: still held, this replica looks at once.
+        e.on_release_notice(at(500));
+        assert!(e.look_due(at(500) + TAKE_WATCH));
+        assert!(!e.attempt_due(at(510)));
+        // The row free: pod-c is not named any more.
+        e.on_look(at(511), row(released(5, 990)));
+        assert_eq!(e.view(at(512)).leader, None);
+        // A turn given to another election's look: tried again in a take
+        // watch, still looking.
+        e.look_later(at(521));
+        assert!(!e.look_due(at(530)));
+        assert!(e.look_due(at(531)));
     }
 
     #[test]
@@ -1524,7 +1555,8 @@ mod tests {
         // Neither the schedule nor a release notice brings it back early.
         e.on_release_notice(at(200));
         assert!(!e.attempt_due(at(2099)));
-        assert_eq!(e.next_wakeup(), at(2100));
+        // It looks for the take meanwhile (reads that take nothing).
+        assert_eq!(e.next_wakeup(), at(200) + TAKE_WATCH);
         assert!(e.attempt_due(at(2100)));
         // A follower has nothing to release.
         let mut f = engine();

@@ -18,9 +18,9 @@ impl Loop {
     pub(super) async fn look(&mut self, shutdown: &CancellationToken) {
         let election = self.shared.election.as_str();
         // Another election's look is being read: this one comes a take
-        // watch later, as if it had seen the row still free.
+        // watch later.
         let Some(_turn) = self.db.link.look_turn() else {
-            self.shared.engine().on_look(boot_now(), None);
+            self.shared.engine().look_later(boot_now());
             return;
         };
         let budget = self.shared.timing.heartbeat();
