@@ -33,9 +33,11 @@ macro_rules! opaque_debug {
 mod cas;
 mod clock;
 mod galera;
+mod held_off;
 mod migrate;
 mod mysql;
 mod pg;
+mod pg_session;
 mod sql;
 mod sqlite;
 mod tls;
@@ -44,6 +46,7 @@ mod wake;
 
 use std::time::Duration;
 
+pub use held_off::warned_total as takeovers_held_off_total;
 pub use clock::{boot_id, boot_now};
 pub use leaderd_core::{Attempt, Observed};
 pub use pg::{Listener, Probe};
@@ -416,6 +419,17 @@ impl Connection {
         match self {
             Connection::Mysql(c) => c.galera_node(),
             Connection::Postgres(_) | Connection::Sqlite(_) => None,
+        }
+    }
+
+    /// PostgreSQL: the rights this connection's role has beyond what the
+    /// daemon needs (a superuser, the lock table's owner, CREATE in a
+    /// schema on its search_path), one phrase each, read at connect. Empty
+    /// elsewhere, and for the least-privilege daemon role.
+    pub fn excess_rights(&self) -> &[String] {
+        match self {
+            Connection::Postgres(c) => c.excess_rights(),
+            Connection::Mysql(_) | Connection::Sqlite(_) => &[],
         }
     }
 

@@ -39,13 +39,17 @@ pub(crate) const POSTGRES: &[&str] = &[
 macro_rules! postgres_fence_current {
     () => {
         "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_proc p \
-        WHERE p.proname = 'leaderd_fence' \
-        AND p.pronamespace = (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = current_schema()) \
-        AND obj_description(p.oid, 'pg_proc') ~ '^leaderd fence [0-9]+$' \
-        AND split_part(obj_description(p.oid, 'pg_proc'), ' ', 3)::int >= 4) \
-        AND (SELECT count(*) FROM pg_catalog.pg_trigger t \
-        WHERE t.tgrelid = pg_catalog.to_regclass(pg_catalog.format('%I.service_leader_lock', current_schema())) \
-        AND t.tgname IN ('service_leader_take', 'service_leader_take_new')) = 2"
+        WHERE p.proname OPERATOR(pg_catalog.=) 'leaderd_fence' \
+        AND p.pronamespace OPERATOR(pg_catalog.=) (SELECT n.oid FROM pg_catalog.pg_namespace n \
+        WHERE n.nspname OPERATOR(pg_catalog.=) pg_catalog.current_schema()) \
+        AND pg_catalog.obj_description(p.oid, 'pg_proc') OPERATOR(pg_catalog.~) '^leaderd fence [0-9]+$' \
+        AND pg_catalog.split_part(pg_catalog.obj_description(p.oid, 'pg_proc'), ' ', 3)::int \
+        OPERATOR(pg_catalog.>=) 5) \
+        AND (SELECT pg_catalog.count(*) FROM pg_catalog.pg_trigger t \
+        WHERE t.tgrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(pg_catalog.format('%I.service_leader_lock', \
+        pg_catalog.current_schema())) \
+        AND t.tgname OPERATOR(pg_catalog.=) ANY (ARRAY['service_leader_take', \
+        'service_leader_take_new']::pg_catalog.name[])) OPERATOR(pg_catalog.=) 2"
     };
 }
 pub(crate) use postgres_fence_current;
@@ -222,11 +226,13 @@ macro_rules! postgres_column_present {
     ($column:literal) => {
         concat!(
             "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a \
-            JOIN pg_catalog.pg_class c ON c.oid = a.attrelid \
-            WHERE c.relname = 'service_leader_lock' AND a.attname = '",
+            JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) a.attrelid \
+            WHERE c.relname OPERATOR(pg_catalog.=) 'service_leader_lock' \
+            AND a.attname OPERATOR(pg_catalog.=) '",
             $column,
-            "' AND NOT a.attisdropped AND c.relnamespace = \
-            (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = current_schema()))"
+            "' AND NOT a.attisdropped AND c.relnamespace OPERATOR(pg_catalog.=) \
+            (SELECT n.oid FROM pg_catalog.pg_namespace n \
+            WHERE n.nspname OPERATOR(pg_catalog.=) pg_catalog.current_schema()))"
         )
     };
 }

@@ -20,6 +20,7 @@
 //! (a Unix socket, NAT, a proxy of any kind, no `/proc`) counts as not
 //! direct: slower, never wrong.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -27,7 +28,9 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, Client, Row};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+use crate::held_off::{self, HeldOff};
 use crate::migrate;
+use crate::pg_session::Session;
 use crate::tls::{self, Verify};
 use crate::url::TlsMode;
 use crate::{
@@ -47,10 +50,11 @@ pub const CHANNEL: &str = "leaderd";
 macro_rules! schema_current {
     () => {
         "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t \
-        JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid \
-        WHERE t.tgname = 'service_leader_keep_token' AND c.relname = 'service_leader_lock' \
-        AND c.relnamespace = \
-        (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = current_schema()))"
+        JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) t.tgrelid \
+        WHERE t.tgname OPERATOR(pg_catalog.=) 'service_leader_keep_token' \
+        AND c.relname OPERATOR(pg_catalog.=) 'service_leader_lock' \
+        AND c.relnamespace OPERATOR(pg_catalog.=) (SELECT n.oid FROM pg_catalog.pg_namespace n \
+        WHERE n.nspname OPERATOR(pg_catalog.=) pg_catalog.current_schema()))"
     };
 }
 
@@ -73,7 +77,8 @@ macro_rules! trusted_by_a_superuser {
         JOIN pg_catalog.pg_roles o ON o.oid OPERATOR(pg_catalog.=) p.proowner \
         WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(pg_catalog.quote_ident(pg_catalog.current_schema())) \
         AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['service_leader_keep_token', 'service_leader_seed_token', \
-        'service_leader_token_floor', 'leaderd_fence']::pg_catalog.name[]) \
+        'service_leader_token_floor', 'service_leader_take', 'service_leader_take_key', \
+        'leaderd_fence']::pg_catalog.name[]) \
         AND NOT o.rolsuper) \
         AND EXISTS (SELECT 1 FROM pg_catalog.pg_namespace n \
         JOIN pg_catalog.pg_roles o ON o.oid OPERATOR(pg_catalog.=) n.nspowner \
@@ -122,7 +127,7 @@ const MIGRATION: migrate::Plan = migrate::Plan {
     // leaders lose their leases.
     lock: "BEGIN; SET LOCAL lock_timeout = '100ms'",
     // Tried, never waited for: any role that may connect can hold the key.
-    try_lock: "SELECT pg_try_advisory_xact_lock(30510766455353956)",
+    try_lock: "SELECT pg_catalog.pg_try_advisory_xact_lock(30510766455353956)",
     claim: None,
     unlock: "COMMIT",
     steps: migrate::POSTGRES,
@@ -160,12 +165,14 @@ const MIGRATION: migrate::Plan = migrate::Plan {
 /// (14,780 against 18,102 tps) and 26–45 % slower in the heartbeat bench
 /// (named, unnamed and through PgBouncer). The other statements serve one
 /// election as arrays of one: there the difference was within noise.
-const RENEW: &str = "WITH c AS (SELECT id FROM service_leader_lock \
-      WHERE name = $1 AND instance = $2 AND token = $3 AND expires_at > now() \
+const RENEW: &str = "WITH c AS (SELECT id FROM {t} \
+      WHERE name OPERATOR(pg_catalog.=) $1 AND instance OPERATOR(pg_catalog.=) $2 \
+        AND token OPERATOR(pg_catalog.=) $3 AND expires_at OPERATOR(pg_catalog.>) pg_catalog.now() \
       FOR NO KEY UPDATE SKIP LOCKED) \
-    UPDATE service_leader_lock l SET renewed_at = now(), \
-      expires_at = GREATEST(l.expires_at, now() + $4 * INTERVAL '1 microsecond') \
-    FROM c WHERE l.id = c.id RETURNING 1::bigint, l.token";
+    UPDATE {t} l SET renewed_at = pg_catalog.now(), \
+      expires_at = GREATEST(l.expires_at, pg_catalog.now() OPERATOR(pg_catalog.+) \
+                                          ($4 OPERATOR(pg_catalog.*) INTERVAL '1 microsecond')) \
+    FROM c WHERE l.id OPERATOR(pg_catalog.=) c.id RETURNING 1::bigint, l.token";
 const RENEW_TYPES: &[Type] = &[Type::VARCHAR, Type::VARCHAR, Type::INT8, Type::INT8];
 
 /// [`RENEW`] for several elections in one statement: the renewed ones'
@@ -173,17 +180,20 @@ const RENEW_TYPES: &[Type] = &[Type::VARCHAR, Type::VARCHAR, Type::INT8, Type::I
 /// two daemons' batches cannot deadlock on each other's rows. Binds: names,
 /// instances, tokens (arrays), ttl in microseconds.
 const RENEW_MANY: &str = "\
-WITH i AS (SELECT * FROM unnest($1::varchar[], $2::varchar[], $3::bigint[])
+WITH i AS (SELECT * FROM ROWS FROM (pg_catalog.unnest($1::varchar[]), pg_catalog.unnest($2::varchar[]),
+                                    pg_catalog.unnest($3::bigint[]))
            WITH ORDINALITY AS i(name, inst, token, n)),
 c AS (
-  SELECT l.id, i.n FROM service_leader_lock l JOIN i
-      ON l.name = i.name AND l.instance = i.inst AND l.token = i.token
-   WHERE l.expires_at > now()
+  SELECT l.id, i.n FROM {t} l JOIN i
+      ON l.name OPERATOR(pg_catalog.=) i.name AND l.instance OPERATOR(pg_catalog.=) i.inst
+     AND l.token OPERATOR(pg_catalog.=) i.token
+   WHERE l.expires_at OPERATOR(pg_catalog.>) pg_catalog.now()
    FOR NO KEY UPDATE OF l SKIP LOCKED
 )
-UPDATE service_leader_lock l SET renewed_at = now(),
-  expires_at = GREATEST(l.expires_at, now() + $4 * INTERVAL '1 microsecond')
-FROM c WHERE l.id = c.id RETURNING c.n, l.token";
+UPDATE {t} l SET renewed_at = pg_catalog.now(),
+  expires_at = GREATEST(l.expires_at, pg_catalog.now() OPERATOR(pg_catalog.+)
+                                      ($4 OPERATOR(pg_catalog.*) INTERVAL '1 microsecond'))
+FROM c WHERE l.id OPERATOR(pg_catalog.=) c.id RETURNING c.n, l.token";
 const RENEW_MANY_TYPES: &[Type] = &[
     Type::VARCHAR_ARRAY,
     Type::VARCHAR_ARRAY,
@@ -230,58 +240,64 @@ const RENEW_MANY_TYPES: &[Type] = &[
 /// Binds: names, instances, holders (arrays), ttl in microseconds, daemons,
 /// addresses (arrays).
 const ACQUIRE_MANY: &str = "\
-WITH p AS (SELECT * FROM unnest($1::varchar[], $2::varchar[], $3::varchar[], $5::varchar[],
-                                $6::varchar[])
+WITH p AS (SELECT * FROM ROWS FROM (pg_catalog.unnest($1::varchar[]), pg_catalog.unnest($2::varchar[]),
+                                    pg_catalog.unnest($3::varchar[]), pg_catalog.unnest($5::varchar[]),
+                                    pg_catalog.unnest($6::varchar[]))
            WITH ORDINALITY AS p(name, inst, holder, daemon, addr, n)),
 r AS (
   SELECT l.id, p.n, p.inst AS want_inst, p.holder AS want_holder, p.daemon AS want_daemon,
          p.addr AS want_addr, l.holder, l.instance, l.token, l.expires_at,
-         CASE WHEN l.address_instance = l.instance THEN l.address END AS address,
-         (l.instance IS NULL AND l.successor = p.daemon) AS heir,
-         (l.expires_at <= now() OR l.instance = p.inst
-          OR (l.instance IS NULL AND l.successor = p.daemon)) AS open
-    FROM service_leader_lock l JOIN p ON l.name = p.name
+         CASE WHEN l.address_instance OPERATOR(pg_catalog.=) l.instance THEN l.address END AS address,
+         (l.instance IS NULL AND l.successor OPERATOR(pg_catalog.=) p.daemon) AS heir,
+         (l.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now() OR l.instance OPERATOR(pg_catalog.=) p.inst
+          OR (l.instance IS NULL AND l.successor OPERATOR(pg_catalog.=) p.daemon)) AS open
+    FROM {t} l JOIN p ON l.name OPERATOR(pg_catalog.=) p.name
 ),
 k AS (
   SELECT l.id, r.n, r.want_inst, r.want_holder, r.want_addr
-    FROM service_leader_lock l JOIN r ON l.id = r.id
-   WHERE r.open AND l.instance = r.want_inst AND l.expires_at > now()
+    FROM {t} l JOIN r ON l.id OPERATOR(pg_catalog.=) r.id
+   WHERE r.open AND l.instance OPERATOR(pg_catalog.=) r.want_inst
+     AND l.expires_at OPERATOR(pg_catalog.>) pg_catalog.now()
    FOR NO KEY UPDATE OF l SKIP LOCKED
 ),
 t AS (
   SELECT l.id, r.n, r.want_inst, r.want_holder, r.want_addr
-    FROM service_leader_lock l JOIN r ON l.id = r.id
-   WHERE r.open AND (l.expires_at <= now()
-                     OR (l.instance IS NULL AND l.successor = r.want_daemon))
+    FROM {t} l JOIN r ON l.id OPERATOR(pg_catalog.=) r.id
+   WHERE r.open AND (l.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now()
+                     OR (l.instance IS NULL AND l.successor OPERATOR(pg_catalog.=) r.want_daemon))
    FOR UPDATE OF l SKIP LOCKED
    LIMIT 512
 ),
 c AS (SELECT * FROM k UNION ALL SELECT * FROM t),
 u AS (
-  UPDATE service_leader_lock l SET
-    token = CASE WHEN l.instance = c.want_inst AND l.expires_at > now() THEN l.token ELSE l.token + 1 END,
-    acquired_at = CASE WHEN l.instance = c.want_inst AND l.expires_at > now() THEN l.acquired_at ELSE now() END,
+  UPDATE {t} l SET
+    token = CASE WHEN l.instance OPERATOR(pg_catalog.=) c.want_inst
+                  AND l.expires_at OPERATOR(pg_catalog.>) pg_catalog.now()
+                 THEN l.token ELSE l.token OPERATOR(pg_catalog.+) 1 END,
+    acquired_at = CASE WHEN l.instance OPERATOR(pg_catalog.=) c.want_inst
+                        AND l.expires_at OPERATOR(pg_catalog.>) pg_catalog.now()
+                       THEN l.acquired_at ELSE pg_catalog.now() END,
     holder = c.want_holder,
     instance = c.want_inst,
     address = c.want_addr,
     address_instance = c.want_inst,
     successor = NULL,
-    renewed_at = now(),
-    expires_at = GREATEST(l.expires_at, now() + $4 * INTERVAL '1 microsecond')
+    renewed_at = pg_catalog.now(),
+    expires_at = GREATEST(l.expires_at, pg_catalog.now() OPERATOR(pg_catalog.+)
+                                        ($4 OPERATOR(pg_catalog.*) INTERVAL '1 microsecond'))
   FROM c
-  WHERE l.id = c.id
+  WHERE l.id OPERATOR(pg_catalog.=) c.id
   RETURNING c.n, l.holder, l.instance, l.token, l.expires_at, l.address
 )
-SELECT TRUE, u.n, u.holder, u.instance, u.token,
-       (EXTRACT(EPOCH FROM u.expires_at - now()) * 1000000)::bigint, u.address
+SELECT TRUE, u.n, u.holder, u.instance, u.token, (EXTRACT(EPOCH FROM u.expires_at OPERATOR(pg_catalog.-) pg_catalog.now()) OPERATOR(pg_catalog.*) 1000000)::bigint, u.address
   FROM u
 UNION ALL
 SELECT FALSE, r.n, r.holder, r.instance, r.token,
-       CASE WHEN r.heir THEN LEAST(0, (EXTRACT(EPOCH FROM r.expires_at - now()) * 1000000)::bigint)
-            ELSE (EXTRACT(EPOCH FROM r.expires_at - now()) * 1000000)::bigint END,
+       CASE WHEN r.heir THEN LEAST(0, (EXTRACT(EPOCH FROM r.expires_at OPERATOR(pg_catalog.-) pg_catalog.now()) OPERATOR(pg_catalog.*) 1000000)::bigint)
+            ELSE (EXTRACT(EPOCH FROM r.expires_at OPERATOR(pg_catalog.-) pg_catalog.now()) OPERATOR(pg_catalog.*) 1000000)::bigint END,
        r.address
   FROM r
- WHERE NOT EXISTS (SELECT 1 FROM u WHERE u.n = r.n)";
+ WHERE NOT EXISTS (SELECT 1 FROM u WHERE u.n OPERATOR(pg_catalog.=) r.n)";
 /// The most rows [`ACQUIRE_MANY`] takes over in one statement (its `LIMIT`).
 const TAKE_LIMIT: usize = 512;
 
@@ -300,10 +316,10 @@ const ACQUIRE_MANY_TYPES: &[Type] = &[
 /// microseconds, raised above any a deleted row of the election carried by
 /// the table's trigger (`service_leader_seed_token`), so tokens never go
 /// backwards. Binds: names, blocks in microseconds (arrays).
-const CREATE_MANY: &str = "INSERT INTO service_leader_lock (name, token, expires_at) \
-    SELECT c.n, (EXTRACT(EPOCH FROM now()) * 1000000)::bigint, \
-           now() + c.b * INTERVAL '1 microsecond' \
-      FROM unnest($1::varchar[], $2::bigint[]) AS c(n, b) \
+const CREATE_MANY: &str = "INSERT INTO {t} (name, token, expires_at) \
+    SELECT c.n, (EXTRACT(EPOCH FROM pg_catalog.now()) OPERATOR(pg_catalog.*) 1000000)::bigint, \
+           pg_catalog.now() OPERATOR(pg_catalog.+) (c.b OPERATOR(pg_catalog.*) INTERVAL '1 microsecond') \
+      FROM ROWS FROM (pg_catalog.unnest($1::varchar[]), pg_catalog.unnest($2::bigint[])) AS c(n, b) \
     ON CONFLICT (name) DO NOTHING";
 const CREATE_MANY_TYPES: &[Type] = &[Type::VARCHAR_ARRAY, Type::INT8_ARRAY];
 
@@ -313,15 +329,17 @@ const CREATE_MANY_TYPES: &[Type] = &[Type::VARCHAR_ARRAY, Type::INT8_ARRAY];
 /// Binds: names, instances, successors, windows in microseconds (0 with
 /// no successor).
 const RELEASE_MANY: &str = "\
-WITH p AS (SELECT * FROM unnest($1::varchar[], $2::varchar[], $3::varchar[], $4::bigint[])
+WITH p AS (SELECT * FROM ROWS FROM (pg_catalog.unnest($1::varchar[]), pg_catalog.unnest($2::varchar[]),
+                                    pg_catalog.unnest($3::varchar[]), pg_catalog.unnest($4::bigint[]))
            AS p(name, inst, succ, win)),
 r AS (
-  UPDATE service_leader_lock l SET holder = NULL, instance = NULL, successor = p.succ,
+  UPDATE {t} l SET holder = NULL, instance = NULL, successor = p.succ,
          address = NULL, address_instance = NULL,
-         expires_at = now() + p.win * INTERVAL '1 microsecond'
-    FROM p WHERE l.name = p.name AND l.instance = p.inst RETURNING l.name
+         expires_at = pg_catalog.now() OPERATOR(pg_catalog.+) (p.win OPERATOR(pg_catalog.*) INTERVAL '1 microsecond')
+    FROM p WHERE l.name OPERATOR(pg_catalog.=) p.name AND l.instance OPERATOR(pg_catalog.=) p.inst
+  RETURNING l.name
 )
-SELECT r.name, pg_notify('leaderd', r.name) IS NULL FROM r";
+SELECT r.name, pg_catalog.pg_notify('leaderd', r.name) IS NULL FROM r";
 const RELEASE_MANY_TYPES: &[Type] = &[
     Type::VARCHAR_ARRAY,
     Type::VARCHAR_ARRAY,
@@ -331,10 +349,13 @@ const RELEASE_MANY_TYPES: &[Type] = &[
 
 /// The rows whose name starts with the bind (every row for `''`).
 const ELECTIONS: &str = "SELECT name, holder, token, \
-    (EXTRACT(EPOCH FROM expires_at - now()) * 1000000)::bigint, instance, \
-    CASE WHEN instance IS NOT NULL THEN (EXTRACT(EPOCH FROM now() - acquired_at) * 1000000)::bigint END, \
-    CASE WHEN address_instance = instance THEN address END \
-    FROM service_leader_lock WHERE starts_with(name COLLATE \"C\", $1) ORDER BY name";
+    (EXTRACT(EPOCH FROM expires_at OPERATOR(pg_catalog.-) pg_catalog.now()) \
+     OPERATOR(pg_catalog.*) 1000000)::bigint, instance, \
+    CASE WHEN instance IS NOT NULL THEN \
+      (EXTRACT(EPOCH FROM pg_catalog.now() OPERATOR(pg_catalog.-) acquired_at) \
+       OPERATOR(pg_catalog.*) 1000000)::bigint END, \
+    CASE WHEN address_instance OPERATOR(pg_catalog.=) instance THEN address END \
+    FROM {t} WHERE pg_catalog.starts_with(name COLLATE \"C\", $1) ORDER BY name";
 
 /// A tokio-postgres error with its causes: its own `Display` says only
 /// "db error" or "error performing TLS handshake", leaving out the server's
@@ -360,6 +381,8 @@ pub(crate) fn describe(e: &tokio_postgres::Error) -> String {
 struct Opened {
     client: Client,
     cancel: CancelHandle,
+    /// Who held takeovers off, as the connection heard.
+    held_off: HeldOff,
     notifications: Option<mpsc::UnboundedReceiver<Result<String, tokio_postgres::Error>>>,
 }
 
@@ -459,6 +482,7 @@ async fn open_one(url: &DatabaseUrl, raw: &str, listen: bool) -> Result<Opened, 
         .parse()
         .map_err(|e: tokio_postgres::Error| StoreError::InvalidUrl(e.to_string()))?;
     let want = url.tls();
+    let held_off = HeldOff::default();
     let (tx, rx) = if listen {
         let (tx, rx) = mpsc::unbounded_channel();
         (Some(tx), Some(rx))
@@ -488,18 +512,19 @@ async fn open_one(url: &DatabaseUrl, raw: &str, listen: bool) -> Result<Opened, 
                 .connect(tokio_postgres::NoTls)
                 .await
                 .map_err(failed)?;
-            tokio::spawn(drive(connection, tx));
+            tokio::spawn(drive(connection, tx, held_off.ear()));
             (client, None)
         }
         Some((ssl_mode, verify)) => {
             config.ssl_mode(ssl_mode);
             let tls = MakeRustlsConnect::new(tls::client_config(verify, &want.files)?);
             let (client, connection) = config.connect(tls.clone()).await.map_err(failed)?;
-            tokio::spawn(drive(connection, tx));
+            tokio::spawn(drive(connection, tx, held_off.ear()));
             (client, Some(tls))
         }
     };
     Ok(Opened {
+        held_off,
         cancel: CancelHandle {
             token: client.cancel_token(),
             tls,
@@ -510,10 +535,12 @@ async fn open_one(url: &DatabaseUrl, raw: &str, listen: bool) -> Result<Opened, 
 }
 
 /// Polls a connection until it closes, forwarding notifications (and the
-/// error that ends it) to `tx`.
+/// error that ends it) to `tx`, and the takeover trigger's notices of who
+/// held a takeover off to `ear`.
 async fn drive<S, T>(
     mut connection: tokio_postgres::Connection<S, T>,
     tx: Option<mpsc::UnboundedSender<Result<String, tokio_postgres::Error>>>,
+    ear: Arc<Mutex<Vec<String>>>,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
@@ -525,8 +552,11 @@ async fn drive<S, T>(
                     let _ = tx.send(Ok(n.payload().to_owned()));
                 }
             }
-            // Notices (e.g. "there is no transaction in progress"): nothing
-            // to act on.
+            Some(Ok(AsyncMessage::Notice(n))) if n.code().code() == held_off::CODE => {
+                HeldOff::hear(&ear, n.message());
+            }
+            // Other notices (e.g. "there is no transaction in progress"):
+            // nothing to act on.
             Some(Ok(_)) => {}
             Some(Err(e)) => {
                 if let Some(tx) = &tx {
@@ -537,90 +567,6 @@ async fn drive<S, T>(
             None => return,
         }
     }
-}
-
-/// Starts finding out whether `client` talks to the server directly: the
-/// server sees as its peer a TCP socket that this process holds. Through a
-/// pooler or any proxy the server's peer is the proxy's socket, found in no
-/// file descriptor of ours. Every doubt (a Unix socket, no `/proc`, a failed
-/// query) is `false`. The server is asked now (one round trip); the lookup in
-/// `/proc`, which reads every TCP socket of the host's network namespace
-/// (tens of milliseconds with many thousands in TIME_WAIT), runs on a
-/// blocking thread meanwhile, so that it never delays an attempt: statements
-/// stay unnamed until it answers.
-async fn direct(client: &Client) -> Option<tokio::task::JoinHandle<bool>> {
-    const SEEN: &str = "SELECT host(inet_client_addr()), inet_client_port(), \
-        host(inet_server_addr()), inet_server_port()";
-    let rows = client.query_typed(SEEN, &[]).await.ok()?;
-    let row = rows.first()?;
-    let addr = |i: usize, j: usize| -> Option<std::net::SocketAddr> {
-        let ip: String = row.try_get::<_, Option<String>>(i).ok()??;
-        let port: i32 = row.try_get::<_, Option<i32>>(j).ok()??;
-        Some(std::net::SocketAddr::new(
-            ip.parse().ok()?,
-            u16::try_from(port).ok()?,
-        ))
-    };
-    let (ours, theirs) = (addr(0, 1)?, addr(2, 3)?);
-    Some(tokio::task::spawn_blocking(move || {
-        own_socket(ours, theirs)
-    }))
-}
-
-/// Whether this process holds a TCP socket from `local` to `remote`: among
-/// the sockets of `/proc/self/fd`, one that `/proc/self/net/tcp{,6}` shows
-/// with these addresses.
-fn own_socket(local: std::net::SocketAddr, remote: std::net::SocketAddr) -> bool {
-    let Ok(fds) = std::fs::read_dir("/proc/self/fd") else {
-        return false;
-    };
-    // Our sockets' inodes first (a handful), so that only their lines of
-    // the (possibly huge) tables are parsed.
-    let ours: Vec<String> = fds
-        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-        .filter_map(|t| {
-            let t = t.to_str()?;
-            Some(t.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
-        })
-        .collect();
-    if ours.is_empty() {
-        return false;
-    }
-    ["/proc/self/net/tcp", "/proc/self/net/tcp6"]
-        .iter()
-        .filter_map(|p| std::fs::read_to_string(p).ok())
-        .any(|table| {
-            table.lines().skip(1).any(|line| {
-                let f: Vec<&str> = line.split_whitespace().take(10).collect();
-                f.len() == 10
-                    && ours.iter().any(|i| i == f[9])
-                    && proc_addr(f[1]) == Some(local)
-                    && proc_addr(f[2]) == Some(remote)
-            })
-        })
-}
-
-/// An address as `/proc/net/tcp` prints it: each 32-bit word of the address
-/// in the host's byte order, in hex, then `:` and the port in hex. IPv4
-/// addresses mapped into IPv6 compare as IPv4, as the server reports them.
-fn proc_addr(text: &str) -> Option<std::net::SocketAddr> {
-    let (ip, port) = text.split_once(':')?;
-    let port = u16::from_str_radix(port, 16).ok()?;
-    let mut bytes = Vec::with_capacity(16);
-    for i in (0..ip.len()).step_by(8) {
-        let word = u32::from_str_radix(ip.get(i..i + 8)?, 16).ok()?;
-        bytes.extend_from_slice(&word.to_ne_bytes());
-    }
-    let ip = match bytes.len() {
-        4 => std::net::IpAddr::from(<[u8; 4]>::try_from(bytes).ok()?),
-        16 => {
-            let v6 = std::net::Ipv6Addr::from(<[u8; 16]>::try_from(bytes).ok()?);
-            v6.to_ipv4_mapped()
-                .map_or(std::net::IpAddr::V6(v6), std::net::IpAddr::V4)
-        }
-        _ => return None,
-    };
-    Some(std::net::SocketAddr::new(ip, port))
 }
 
 /// What cancels a statement on one connection: its cancel token and the TLS
@@ -642,14 +588,58 @@ impl CancelHandle {
     }
 }
 
+/// The lock-table statements with the table named with its schema
+/// (`{t}` in their text filled in): made once per schema and kept for the
+/// process's life, so that they are `'static` like the other statements.
+#[derive(Debug)]
+struct Statements {
+    renew: &'static str,
+    renew_many: &'static str,
+    acquire_many: &'static str,
+    create_many: &'static str,
+    release_many: &'static str,
+    elections: &'static str,
+}
+
+impl Statements {
+    /// The statements for `table` (schema-qualified, quoted).
+    fn naming(table: &str) -> &'static Statements {
+        static MADE: std::sync::Mutex<Vec<(String, &'static Statements)>> =
+            std::sync::Mutex::new(Vec::new());
+        let mut made = MADE.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, s)) = made.iter().find(|(t, _)| t == table) {
+            return s;
+        }
+        let fill = |sql: &str| -> &'static str {
+            Box::leak(sql.replace("{t}", table).into_boxed_str())
+        };
+        let s: &'static Statements = Box::leak(Box::new(Statements {
+            renew: fill(RENEW),
+            renew_many: fill(RENEW_MANY),
+            acquire_many: fill(ACQUIRE_MANY),
+            create_many: fill(CREATE_MANY),
+            release_many: fill(RELEASE_MANY),
+            elections: fill(ELECTIONS),
+        }));
+        made.push((table.to_owned(), s));
+        s
+    }
+}
+
 /// A PostgreSQL connection running the lock-table statements.
 pub struct PgStore {
     client: Client,
     cancel: CancelHandle,
+    /// Its statements, naming the lock table where this connection found it.
+    stmts: &'static Statements,
+    /// What this role may do beyond the daemon's needs (see `pg_session`).
+    excess: Vec<String>,
+    /// Who held this connection's takeovers off, and since when.
+    held_off: HeldOff,
     /// Named statements prepared once on this connection, once it is known
     /// to be direct; `None`: unnamed statements, the pooler-safe default.
     named: Option<Vec<(&'static str, tokio_postgres::Statement)>>,
-    /// Whether the connection is direct, while [`direct`] finds out.
+    /// Whether the connection is direct, while `pg_session` finds out.
     finding: Option<tokio::task::JoinHandle<bool>>,
 }
 
@@ -658,20 +648,29 @@ opaque_debug!(PgStore);
 impl PgStore {
     pub(crate) async fn connect(url: &DatabaseUrl) -> Result<Self, StoreError> {
         let opened = open(url, false).await?;
-        let finding = direct(&opened.client).await;
+        let session = Session::read(&opened.client).await?;
         Ok(Self {
             client: opened.client,
             cancel: opened.cancel,
+            stmts: Statements::naming(&session.table),
+            held_off: opened.held_off,
+            excess: session.excess,
             named: None,
-            finding,
+            finding: session.finding,
         })
+    }
+
+    /// The rights this connection's role has beyond what the daemon needs,
+    /// one phrase each (none: it runs as the least-privilege daemon role).
+    pub(crate) fn excess_rights(&self) -> &[String] {
+        &self.excess
     }
 
     pub(crate) fn cancel_handle(&self) -> CancelHandle {
         self.cancel.clone()
     }
 
-    /// Takes [`direct`]'s answer once it is there.
+    /// Takes the answer to whether the connection is direct once it is there.
     fn settle(&mut self) {
         use futures_util::FutureExt;
         if let Some(finding) = &mut self.finding {
@@ -783,11 +782,11 @@ impl PgStore {
             let rows = match (&names[..], &insts[..], &tokens[..]) {
                 ([name], [inst], [token]) => {
                     let params: [&(dyn ToSql + Sync); 4] = [name, inst, token, &ttl_us];
-                    self.query(RENEW, RENEW_TYPES, &params).await?
+                    self.query(self.stmts.renew, RENEW_TYPES, &params).await?
                 }
                 _ => {
                     let params: [&(dyn ToSql + Sync); 4] = [&names, &insts, &tokens, &ttl_us];
-                    self.query(RENEW_MANY, RENEW_MANY_TYPES, &params).await?
+                    self.query(self.stmts.renew_many, RENEW_MANY_TYPES, &params).await?
                 }
             };
             for row in rows {
@@ -818,11 +817,14 @@ impl PgStore {
             let addresses: Vec<Option<&str>> = sent.iter().map(|&i| reqs[i].address).collect();
             let rows = self
                 .query(
-                    ACQUIRE_MANY,
+                    self.stmts.acquire_many,
                     ACQUIRE_MANY_TYPES,
                     &[&names, &insts, &holders, &ttl_us, &daemons, &addresses],
                 )
                 .await?;
+            // The trigger's notices came before the answer.
+            let lease = reqs.first().map_or(Duration::ZERO, |r| r.ttl);
+            self.held_off.review(lease, std::time::Instant::now());
             let mut taken = 0;
             for row in rows {
                 let i = place(&sent, row.try_get(1)?)?;
@@ -871,7 +873,7 @@ impl PgStore {
         if !missing.is_empty() {
             let names: Vec<&str> = missing.iter().map(|&i| reqs[i].election).collect();
             let blocks: Vec<i64> = missing.iter().map(|&i| reqs[i].block_us()).collect();
-            self.query(CREATE_MANY, CREATE_MANY_TYPES, &[&names, &blocks])
+            self.query(self.stmts.create_many, CREATE_MANY_TYPES, &[&names, &blocks])
                 .await?;
             for i in missing {
                 out[i] = Some(Ok(Attempt::Created));
@@ -895,7 +897,7 @@ impl PgStore {
         let windows: Vec<i64> = items.iter().map(Release::window_us).collect();
         let rows = self
             .query(
-                RELEASE_MANY,
+                self.stmts.release_many,
                 RELEASE_MANY_TYPES,
                 &[&names, &insts, &succs, &windows],
             )
@@ -915,7 +917,7 @@ impl PgStore {
     }
 
     pub(crate) async fn elections(&mut self, prefix: &str) -> Result<Vec<ElectionRow>, StoreError> {
-        let rows = self.query(ELECTIONS, &[Type::VARCHAR], &[&prefix]).await?;
+        let rows = self.query(self.stmts.elections, &[Type::VARCHAR], &[&prefix]).await?;
         rows.iter()
             .map(|r| {
                 Ok(ElectionRow::from((
@@ -958,14 +960,24 @@ impl migrate::Migrator for Client {
 
     async fn execute(&mut self, sql: &'static str, text: &str) -> Result<u64, StoreError> {
         let bind = [(&text as &(dyn ToSql + Sync), Type::VARCHAR)];
-        Ok(self.execute_typed(&sql.replace('?', "$1"), &bind).await?)
+        Ok(self.execute_typed(&bound_here(sql), &bind).await?)
     }
 
     async fn count(&mut self, sql: &'static str, text: &str) -> Result<i64, StoreError> {
         let bind = [(&text as &(dyn ToSql + Sync), Type::VARCHAR)];
-        let rows = self.query_typed(&sql.replace('?', "$1"), &bind).await?;
+        let rows = self.query_typed(&bound_here(sql), &bind).await?;
         Ok(rows.first().map(|r| r.try_get(0)).transpose()?.unwrap_or(0))
     }
+}
+
+/// A statement the backends share (`column = ?`, `column <> ?`,
+/// `COUNT(*)`) in PostgreSQL's form: its bind `$1`, and its operators and
+/// functions `pg_catalog`'s, not whatever the search_path finds (see
+/// `pg_session`).
+fn bound_here(sql: &str) -> String {
+    sql.replace(" = ?", " OPERATOR(pg_catalog.=) $1")
+        .replace(" <> ?", " OPERATOR(pg_catalog.<>) $1")
+        .replace("COUNT(*)", "pg_catalog.count(*)")
 }
 
 /// What [`Listener::probe`] found.
@@ -1019,7 +1031,7 @@ impl Listener {
         sender
             .client
             .query_typed(
-                "SELECT pg_notify($1, $2)::text",
+                "SELECT pg_catalog.pg_notify($1, $2)::text",
                 &[(&CHANNEL, Type::TEXT), (&payload, Type::TEXT)],
             )
             .await?;
@@ -1069,38 +1081,65 @@ mod tests {
     }
 
     #[test]
+    fn shared_statements_take_pg_catalogs_operators() {
+        assert_eq!(
+            bound_here(migrate::LEGACY_OTHERS),
+            "SELECT pg_catalog.count(*) FROM __diesel_schema_migrations \
+             WHERE version OPERATOR(pg_catalog.<>) $1"
+        );
+        assert!(!bound_here(migrate::LEGACY_DELETE).contains('?'));
+    }
+
+    #[test]
     fn the_take_limit_is_the_statements() {
         assert!(ACQUIRE_MANY.contains(&format!("LIMIT {TAKE_LIMIT}\n")));
     }
 
+    /// Every statement names the lock table through `{t}` only, and names
+    /// no operator or function that the search_path could resolve.
     #[test]
-    #[cfg(target_endian = "little")]
-    fn reads_proc_net_tcp_addresses() {
-        assert_eq!(
-            proc_addr("0100007F:1538"),
-            Some("127.0.0.1:5432".parse().unwrap())
-        );
-        assert_eq!(
-            proc_addr("00000000000000000000000001000000:D431"),
-            Some("[::1]:54321".parse().unwrap())
-        );
-        // IPv4 mapped into IPv6 (a dual-stack socket) compares as IPv4.
-        assert_eq!(
-            proc_addr("0000000000000000FFFF00000100007F:1538"),
-            Some("127.0.0.1:5432".parse().unwrap())
-        );
-        assert_eq!(proc_addr("nonsense"), None);
-        assert_eq!(proc_addr("0100007:1538"), None);
-    }
-
-    #[test]
-    fn a_socket_of_this_process_is_found_and_others_are_not() {
-        let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let ours = std::net::TcpStream::connect(server.local_addr().unwrap()).unwrap();
-        let (local, remote) = (ours.local_addr().unwrap(), ours.peer_addr().unwrap());
-        assert!(own_socket(local, remote));
-        let mut elsewhere = local;
-        elsewhere.set_port(if local.port() == 1 { 2 } else { 1 });
-        assert!(!own_socket(elsewhere, remote));
+    fn statements_resolve_nothing_through_the_search_path() {
+        let s = Statements::naming("\"s p\".service_leader_lock");
+        for sql in [
+            s.renew,
+            s.renew_many,
+            s.acquire_many,
+            s.create_many,
+            s.release_many,
+            s.elections,
+        ] {
+            assert!(!sql.contains("{t}"), "{sql}");
+            let bare = sql.replace("\"s p\".service_leader_lock", "");
+            assert!(!bare.contains("service_leader_lock"), "{sql}");
+            let unqualified = sql
+                .replace("OPERATOR(pg_catalog.", "")
+                .replace("pg_catalog.", "");
+            for op in [" = ", " <> ", " < ", " <= ", " > ", " >= ", " + ", " - ", " * "] {
+                for (at, _) in unqualified.match_indices(op) {
+                    // An `UPDATE … SET column = …` assigns; it compares nothing.
+                    let before = unqualified[..at].trim_end();
+                    let word = before.rsplit(|c: char| !c.is_ascii_alphanumeric() && c != '_' && c != '.');
+                    let assigned = op == " = "
+                        && word.clone().next().is_some_and(|w| {
+                            !w.contains('.')
+                                && [
+                                    "renewed_at", "expires_at", "token", "acquired_at", "holder",
+                                    "instance", "address", "address_instance", "successor",
+                                ]
+                                .contains(&w)
+                        });
+                    // `SELECT * FROM`: all columns, no operator.
+                    let star = op == " * " && unqualified[at + op.len()..].starts_with("FROM");
+                    assert!(assigned || star, "{op} at {at} in {sql}");
+                }
+            }
+            for f in ["now()", "unnest(", "pg_notify(", "starts_with("] {
+                assert!(
+                    !sql.replace(&format!("pg_catalog.{f}"), "").contains(f),
+                    "{f} in {sql}"
+                );
+            }
+        }
+        assert!(std::ptr::eq(s, Statements::naming("\"s p\".service_leader_lock")));
     }
 }

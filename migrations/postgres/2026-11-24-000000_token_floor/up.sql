@@ -74,6 +74,7 @@ BEGIN
          WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(s)
            AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['service_leader_keep_token', 'service_leader_seed_token',
                                                            'service_leader_token_floor', 'service_leader_take',
+                                                           'service_leader_take_key',
                                                            'leaderd_fence']::pg_catalog.name[])
            AND NOT (o.rolname OPERATOR(pg_catalog.=) CURRENT_USER OR o.rolsuper)) THEN
         RAISE EXCEPTION USING ERRCODE = 'LF010', MESSAGE = pg_catalog.format(

@@ -91,6 +91,49 @@ BEGIN
     -- ends, in the server's shared lock table: loading thousands of held
     -- rows in one statement would fill it (leaderd's own statements take
     -- over at most 512 rows at once).
+    --
+    -- The key cannot be kept secret (pg_locks shows it to every role, and
+    -- any role that may connect may lock any key), so a key held by
+    -- someone holds a takeover off only when that someone could have
+    -- fenced: a session (or a prepared transaction) of a role that may
+    -- execute leaderd_fence. A takeover that goes on past other holders
+    -- cannot be overtaken by a fence: the fence refuses a lease that is
+    -- expired or free by clock_timestamp(), and a takeover takes only such
+    -- a lease. The key's hash reads the name's bytes (COLLATE "C"),
+    -- whatever collation a caller's value carries.
+    EXECUTE pg_catalog.replace($sql$
+CREATE OR REPLACE FUNCTION {schema}.service_leader_take_key(election VARCHAR, seed BIGINT) RETURNS BOOLEAN
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    key BIGINT := hashtextextended(election COLLATE "C", seed);
+    holder RECORD;
+BEGIN
+    IF pg_try_advisory_xact_lock(key) THEN
+        RETURN true;
+    END IF;
+    FOR holder IN
+        SELECT k.pid, COALESCE((SELECT a.usesysid FROM pg_stat_get_activity(k.pid) a),
+                               (SELECT r.oid FROM pg_roles r JOIN pg_prepared_xacts x ON r.rolname = x.owner
+                                 WHERE k.pid IS NULL AND k.virtualtransaction = '-1/' || x.transaction::text)) AS role
+          FROM pg_locks k
+         WHERE k.locktype = 'advisory' AND k.granted AND k.objsubid = 1
+           AND k.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+           AND k.classid = ((key >> 32) & 4294967295)::oid AND k.objid = (key & 4294967295)::oid
+    LOOP
+        -- A holder nobody can name is taken for one that could fence.
+        IF holder.role IS NULL OR has_function_privilege(holder.role,
+               '{schema}.leaderd_fence(VARCHAR, BIGINT, INTERVAL)', 'EXECUTE') THEN
+            -- Said to the taker: leaderd logs who holds its takeover off.
+            RAISE NOTICE USING MESSAGE = format('leaderd: takeover of election "%s" held off by pid %s (role %s)',
+                election, COALESCE(holder.pid::text, 'of a prepared transaction'),
+                COALESCE((SELECT r.rolname::text FROM pg_roles r WHERE r.oid = holder.role), 'unknown')),
+                ERRCODE = 'LF012';
+            RETURN false;
+        END IF;
+    END LOOP;
+    RETURN true;
+END $fn$$sql$, '{schema}', s);
+    EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s.service_leader_take_key(VARCHAR, BIGINT) FROM PUBLIC', s);
     EXECUTE pg_catalog.replace($sql$
 CREATE OR REPLACE FUNCTION {schema}.service_leader_take() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
@@ -98,10 +141,10 @@ DECLARE
     seed BIGINT := (SELECT min(k.seed) FROM {schema}.service_leader_fence_key k);
 BEGIN
     IF TG_OP = 'UPDATE' AND OLD.name IS DISTINCT FROM NEW.name
-       AND NOT pg_try_advisory_xact_lock(hashtextextended(OLD.name, seed)) THEN
+       AND NOT {schema}.service_leader_take_key(OLD.name, seed) THEN
         RETURN NULL;
     END IF;
-    IF pg_try_advisory_xact_lock(hashtextextended(NEW.name, seed)) THEN
+    IF {schema}.service_leader_take_key(NEW.name, seed) THEN
         RETURN NEW;
     END IF;
     RETURN NULL;
@@ -140,12 +183,15 @@ DECLARE
     seed BIGINT;
     triggers BIGINT;
     ms BIGINT;
+    key BIGINT;
+    quiet TEXT;
 BEGIN
-    -- Alone in a query of its own that began the transaction: autocommit.
-    -- (A query that holds more, or one sent with the extended protocol,
+    -- One SELECT calling it, alone in a query of its own (comments before
+    -- it allowed) that began the transaction: autocommit. (A query that
+    -- holds more statements, or one sent with the extended protocol,
     -- whose statement time is its Execute's, cannot be told: README.)
     IF statement_timestamp() = transaction_timestamp()
-       AND current_query() ~* '^\s*select\s+(\*\s+from\s+)?([a-z0-9_"]+\.)?leaderd_fence\s*\([^;]*\)\s*;?\s*$' THEN
+       AND current_query() ~* '^\s*((/\*([^*]|\*+[^*/])*\*+/|--[^\n]*(\n|$))\s*)*select\s[^;]*leaderd_fence\s*\([^;]*;?\s*$' THEN
         RAISE EXCEPTION 'leaderd_fence: not in a transaction block (autocommit): its lock would end with this statement; BEGIN first'
             USING ERRCODE = 'LF004';
     END IF;
@@ -168,22 +214,62 @@ BEGIN
         RAISE EXCEPTION 'leaderd_fence: not installed (the takeover triggers on service_leader_lock are missing or disabled): run leaderd migrate'
             USING ERRCODE = 'LF007';
     END IF;
-    -- The key every takeover of the election needs; a takeover holding it
-    -- now is waited for (one statement of leaderd's; this wait is not
-    -- bounded: the bound applies from the next statement on).
-    PERFORM pg_advisory_xact_lock_shared(hashtextextended(election, seed));
+    -- The bound, from the lease as the row shows it when none is given.
+    IF bound IS NULL THEN
+        SELECT l.expires_at - COALESCE(l.renewed_at, l.acquired_at) INTO lease
+          FROM {schema}.service_leader_lock l
+         WHERE l.name = (election COLLATE "default");
+    END IF;
+    ms := ceil(EXTRACT(EPOCH FROM COALESCE(bound, lease, interval '1 second')) * 1000);
+    -- A bound the server's timeouts can hold (their limit: 2^31 - 1 ms).
+    IF ms IS NULL OR ms < 1 OR ms > 2147483647 THEN
+        RAISE EXCEPTION 'leaderd_fence: the bound must be a positive interval of at most 24 days, not %', bound
+            USING ERRCODE = '22023';
+    END IF;
+    -- A fenced transaction cannot be prepared (two-phase): a prepared one
+    -- would keep the key, and every takeover off, until someone resolved
+    -- it, past any bound. PREPARE TRANSACTION refuses a transaction that
+    -- used a temporary object ("cannot PREPARE a transaction that has
+    -- operated on temporary objects"); this makes one, once a session,
+    -- and names it again at each call (the notice that it exists is not
+    -- sent). Where the owner may not make temporary tables, nothing is
+    -- made (docs/security.md says what a prepared transaction does then).
+    IF has_database_privilege(current_database(), 'TEMPORARY') THEN
+        quiet := current_setting('client_min_messages');
+        PERFORM set_config('client_min_messages', 'warning', true);
+        CREATE TEMPORARY TABLE IF NOT EXISTS leaderd_fenced ();
+        PERFORM set_config('client_min_messages', quiet, true);
+    END IF;
+    -- The key every takeover of the election needs (its hash reads the
+    -- name's bytes, whatever collation the caller's value carries). A
+    -- takeover holding it now is waited for; so is a session holding it
+    -- exclusively, for the bound at most: any role that may connect can
+    -- take the key, and a wait without a bound would let it hold every
+    -- fenced transaction of the election, and a pool's connections.
+    key := hashtextextended(election COLLATE "C", seed);
+    IF NOT pg_try_advisory_xact_lock_shared(key) THEN
+        quiet := current_setting('lock_timeout');
+        PERFORM set_config('lock_timeout', ms::text, true);
+        BEGIN
+            PERFORM pg_advisory_xact_lock_shared(key);
+        EXCEPTION WHEN lock_not_available THEN
+            RAISE EXCEPTION 'leaderd_fence: election "%": another session held the election''s key for longer than the bound (% ms)', election, ms
+                USING ERRCODE = 'LF011';
+        END;
+        PERFORM set_config('lock_timeout', quiet, true);
+    END IF;
     -- One read, a statement of its own: under READ COMMITTED its snapshot
     -- is taken after the lock.
     SELECT CASE WHEN l.instance IS NULL THEN NULL ELSE l.token END,
-           l.expires_at, l.expires_at - COALESCE(l.renewed_at, l.acquired_at), l.xmax <> '0'::xid
-      INTO held, expires, lease, superseded
+           l.expires_at, l.xmax <> '0'::xid
+      INTO held, expires, superseded
       FROM {schema}.service_leader_lock l
-     WHERE l.name = election;
+     WHERE l.name = (election COLLATE "default");
     IF superseded AND current_setting('transaction_isolation') <> 'read committed' THEN
         SELECT CASE WHEN l.instance IS NULL THEN NULL ELSE l.token END, l.expires_at
           INTO held, expires
           FROM {schema}.service_leader_lock l
-         WHERE l.name = election
+         WHERE l.name = (election COLLATE "default")
            FOR KEY SHARE;
     END IF;
     -- One message for a wrong token and an expired one: the error tells a
@@ -191,11 +277,6 @@ BEGIN
     IF NOT FOUND OR held IS DISTINCT FROM token OR expires <= clock_timestamp() THEN
         RAISE EXCEPTION 'leaderd_fence: election "%": token % is not the live lease', election, token
             USING ERRCODE = 'LF001';
-    END IF;
-    ms := ceil(EXTRACT(EPOCH FROM COALESCE(bound, lease)) * 1000);
-    IF ms IS NULL OR ms < 1 THEN
-        RAISE EXCEPTION 'leaderd_fence: the bound must be a positive interval, not %', bound
-            USING ERRCODE = '22023';
     END IF;
     -- Never above a shorter timeout the app set itself. current_setting(),
     -- not the pg_settings view (which builds a row for every setting: 0.4 ms
@@ -211,5 +292,5 @@ BEGIN
     RETURN held;
 END $fn$$sql$, '{schema}', s);
     EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s.leaderd_fence(VARCHAR, BIGINT, INTERVAL) FROM PUBLIC', s);
-    EXECUTE pg_catalog.format('COMMENT ON FUNCTION %s.leaderd_fence(VARCHAR, BIGINT, INTERVAL) IS %L', s, 'leaderd fence 4');
+    EXECUTE pg_catalog.format('COMMENT ON FUNCTION %s.leaderd_fence(VARCHAR, BIGINT, INTERVAL) IS %L', s, 'leaderd fence 5');
 END $migrate$;

@@ -200,6 +200,7 @@ pub fn render(elections: &[Scraped<'_>]) -> String {
         family(name, help, MetricType::COUNTER, series)
     };
     let dropped = crate::outputs::logging::dropped_lines();
+    let held_off = leaderd_store::takeovers_held_off_total();
     let histograms = |name: &str, help: &str, which: &dyn Fn(&Metrics) -> &Histogram| {
         let series = elections.iter().map(|e| {
             let mut m = Metric::default();
@@ -283,6 +284,12 @@ pub fn render(elections: &[Scraped<'_>]) -> String {
             "Duration of a leader's renewals (a subset of the attempts), from before the send, \
              as the lease is counted",
             &|m| &m.renewal_duration,
+        ),
+        counters(
+            "leaderd_takeovers_held_off_total",
+            "Sessions seen holding this daemon's takeovers off for longer than a lease \
+             (PostgreSQL; each logged at WARN with its pid and role)",
+            &|_| held_off,
         ),
         family(
             "leaderd_transitions_total",

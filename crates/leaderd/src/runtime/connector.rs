@@ -194,6 +194,7 @@ async fn open(
     }
     let mut conn = Connection::connect(&url).await.map_err(|e| e.to_string())?;
     say_galera(&conn);
+    say_excess_rights(&conn);
     match conn.prepare_batches().await {
         // Answered (no table yet, say): prepared at first use instead.
         Err(e) if !e.answered() => Err(e.to_string()),
@@ -214,6 +215,22 @@ fn say_galera(conn: &Connection) {
                  (docs/databases.md, \"Galera clusters\")"
             );
         }
+    }
+}
+
+/// Says once per process when the daemon's role may do more than it needs:
+/// another role's object that it runs into (a planted operator, a table in
+/// a schema earlier on its path) would run with those rights.
+fn say_excess_rights(conn: &Connection) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let excess = conn.excess_rights();
+    if !excess.is_empty() && !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        warn!(
+            rights = excess.join("; "),
+            "the daemon's database role has more rights than it needs; run the daemon as a \
+             role with data rights on service_leader_lock only \
+             (docs/security.md, \"Three users, each with the least it needs\")"
+        );
     }
 }
 

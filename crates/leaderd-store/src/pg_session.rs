@@ -1,0 +1,206 @@
+//! What a PostgreSQL connection learns once, at connect, in one round trip:
+//! where the lock table is, so that every statement names it with its
+//! schema; whether the connection reaches the server directly (then
+//! statements may be named and prepared once); and the rights it runs with
+//! beyond what the daemon needs, which the daemon says at start.
+//!
+//! Everything leaderd sends runs with the rights of the role it connects
+//! as, often the database's owner or a superuser, in a database where other
+//! roles may create objects. PostgreSQL resolves an unqualified operator or
+//! function through the search_path, and an exact-typed one in any schema
+//! on it wins over `pg_catalog`'s (a `varchar = varchar` planted in `public`
+//! beats `text = text`). So every statement names its operators
+//! `OPERATOR(pg_catalog.=)` and its functions `pg_catalog.now()`, and the
+//! lock table with the schema read here; a schema made later earlier on the
+//! path changes nothing for this connection. Type names in casts are SQL
+//! keywords (`varchar`, `bigint`), which the parser reads as `pg_catalog`'s.
+
+use tokio_postgres::{Client, Row};
+
+use crate::StoreError;
+
+/// The one query a connect sends: the addresses each side sees, the lock
+/// table's schema (where the path finds it, else the schema a migration
+/// would make it in), and the role's excess rights.
+const SESSION: &str = "SELECT pg_catalog.host(pg_catalog.inet_client_addr()), \
+    pg_catalog.inet_client_port(), \
+    pg_catalog.host(pg_catalog.inet_server_addr()), pg_catalog.inet_server_port(), \
+    pg_catalog.quote_ident(COALESCE( \
+      (SELECT n.nspname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n \
+          ON n.oid OPERATOR(pg_catalog.=) c.relnamespace \
+        WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('service_leader_lock')), \
+      pg_catalog.current_schema())), \
+    COALESCE((SELECT r.rolsuper FROM pg_catalog.pg_roles r \
+               WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER), false), \
+    COALESCE((SELECT pg_catalog.pg_has_role(c.relowner, 'USAGE') FROM pg_catalog.pg_class c \
+               WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('service_leader_lock')), \
+             false), \
+    ARRAY(SELECT s::text FROM pg_catalog.unnest(pg_catalog.current_schemas(false)) s \
+           WHERE pg_catalog.has_schema_privilege(s, 'CREATE'))";
+
+/// What [`SESSION`] answered.
+pub(crate) struct Session {
+    /// The lock table's name with its schema, quoted as an identifier.
+    pub table: String,
+    /// Whether the connection is direct, while [`own_socket`] finds out
+    /// (`None`: not direct, or no way to tell).
+    pub finding: Option<tokio::task::JoinHandle<bool>>,
+    /// The rights this role has beyond the daemon's needs, one phrase each.
+    pub excess: Vec<String>,
+}
+
+impl Session {
+    /// Asks the server. The lookup in `/proc`, which reads every TCP
+    /// socket of the host's network namespace (tens of milliseconds with
+    /// many thousands in TIME_WAIT), runs on a blocking thread meanwhile, so
+    /// that it never delays an attempt: statements stay unnamed until it
+    /// answers.
+    pub(crate) async fn read(client: &Client) -> Result<Session, StoreError> {
+        let rows = client.query_typed(SESSION, &[]).await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| StoreError::Local("no answer to the session query".to_owned()))?;
+        let schema: Option<String> = row.try_get(4)?;
+        let schema = schema.ok_or_else(|| {
+            StoreError::Local(
+                "the search_path names no schema that exists: no place for service_leader_lock"
+                    .to_owned(),
+            )
+        })?;
+        let (superuser, owner): (bool, bool) = (row.try_get(5)?, row.try_get(6)?);
+        let creatable: Vec<String> = row.try_get(7)?;
+        let mut excess = Vec::new();
+        if superuser {
+            excess.push("is a superuser".to_owned());
+        } else {
+            if owner {
+                excess.push("owns service_leader_lock".to_owned());
+            }
+            if !creatable.is_empty() {
+                excess.push(format!(
+                    "may create objects in schema {} on its search_path",
+                    creatable.join(", ")
+                ));
+            }
+        }
+        let finding = peers(row).map(|(ours, theirs)| {
+            tokio::task::spawn_blocking(move || own_socket(ours, theirs))
+        });
+        Ok(Session {
+            table: format!("{schema}.service_leader_lock"),
+            finding,
+            excess,
+        })
+    }
+}
+
+/// The client's and the server's addresses, as the server sees them;
+/// `None` over a Unix socket.
+fn peers(row: &Row) -> Option<(std::net::SocketAddr, std::net::SocketAddr)> {
+    let addr = |i: usize, j: usize| -> Option<std::net::SocketAddr> {
+        let ip: String = row.try_get::<_, Option<String>>(i).ok()??;
+        let port: i32 = row.try_get::<_, Option<i32>>(j).ok()??;
+        Some(std::net::SocketAddr::new(
+            ip.parse().ok()?,
+            u16::try_from(port).ok()?,
+        ))
+    };
+    Some((addr(0, 1)?, addr(2, 3)?))
+}
+
+/// Whether the connection is direct: the server sees as its peer a TCP
+/// socket that this process holds. Through a pooler or any proxy the
+/// server's peer is the proxy's socket, found in no file descriptor of
+/// ours. Every doubt (a Unix socket, no `/proc`) is `false`.
+/// That is: whether this process holds a TCP socket from `local` to `remote`: among
+/// the sockets of `/proc/self/fd`, one that `/proc/self/net/tcp{,6}` shows
+/// with these addresses.
+fn own_socket(local: std::net::SocketAddr, remote: std::net::SocketAddr) -> bool {
+    let Ok(fds) = std::fs::read_dir("/proc/self/fd") else {
+        return false;
+    };
+    // Our sockets' inodes first (a handful), so that only their lines of
+    // the (possibly huge) tables are parsed.
+    let ours: Vec<String> = fds
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|t| {
+            let t = t.to_str()?;
+            Some(t.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
+        })
+        .collect();
+    if ours.is_empty() {
+        return false;
+    }
+    ["/proc/self/net/tcp", "/proc/self/net/tcp6"]
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .any(|table| {
+            table.lines().skip(1).any(|line| {
+                let f: Vec<&str> = line.split_whitespace().take(10).collect();
+                f.len() == 10
+                    && ours.iter().any(|i| i == f[9])
+                    && proc_addr(f[1]) == Some(local)
+                    && proc_addr(f[2]) == Some(remote)
+            })
+        })
+}
+
+/// An address as `/proc/net/tcp` prints it: each 32-bit word of the address
+/// in the host's byte order, in hex, then `:` and the port in hex. IPv4
+/// addresses mapped into IPv6 compare as IPv4, as the server reports them.
+fn proc_addr(text: &str) -> Option<std::net::SocketAddr> {
+    let (ip, port) = text.split_once(':')?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    let mut bytes = Vec::with_capacity(16);
+    for i in (0..ip.len()).step_by(8) {
+        let word = u32::from_str_radix(ip.get(i..i + 8)?, 16).ok()?;
+        bytes.extend_from_slice(&word.to_ne_bytes());
+    }
+    let ip = match bytes.len() {
+        4 => std::net::IpAddr::from(<[u8; 4]>::try_from(bytes).ok()?),
+        16 => {
+            let v6 = std::net::Ipv6Addr::from(<[u8; 16]>::try_from(bytes).ok()?);
+            v6.to_ipv4_mapped()
+                .map_or(std::net::IpAddr::V6(v6), std::net::IpAddr::V4)
+        }
+        _ => return None,
+    };
+    Some(std::net::SocketAddr::new(ip, port))
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[cfg(target_endian = "little")]
+    fn reads_proc_net_tcp_addresses() {
+        assert_eq!(
+            proc_addr("0100007F:1538"),
+            Some("127.0.0.1:5432".parse().unwrap())
+        );
+        assert_eq!(
+            proc_addr("00000000000000000000000001000000:D431"),
+            Some("[::1]:54321".parse().unwrap())
+        );
+        // IPv4 mapped into IPv6 (a dual-stack socket) compares as IPv4.
+        assert_eq!(
+            proc_addr("0000000000000000FFFF00000100007F:1538"),
+            Some("127.0.0.1:5432".parse().unwrap())
+        );
+        assert_eq!(proc_addr("nonsense"), None);
+        assert_eq!(proc_addr("0100007:1538"), None);
+    }
+
+    #[test]
+    fn a_socket_of_this_process_is_found_and_others_are_not() {
+        let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let ours = std::net::TcpStream::connect(server.local_addr().unwrap()).unwrap();
+        let (local, remote) = (ours.local_addr().unwrap(), ours.peer_addr().unwrap());
+        assert!(own_socket(local, remote));
+        let mut elsewhere = local;
+        elsewhere.set_port(if local.port() == 1 { 2 } else { 1 });
+        assert!(!own_socket(elsewhere, remote));
+    }
+}
