@@ -26,6 +26,7 @@ pub mod sqlstate;
 pub mod sse;
 pub mod store;
 pub mod surroundings;
+pub mod traps;
 
 pub use serde_json::Value;
 
@@ -348,6 +349,17 @@ impl TempDb {
             ),
         };
         matches!(self.scalar(&sql).as_str(), "true" | "1")
+    }
+
+    /// This database's URL on the server itself (not through a pooler),
+    /// logging in as `role`.
+    pub fn direct_url_as(&self, role: &str) -> String {
+        let rest = self
+            .plain
+            .split_once("://")
+            .map_or(self.plain.as_str(), |(_, r)| r);
+        let host = rest.split_once('@').map_or(rest, |(_, h)| h);
+        format!("postgres://{role}@{host}")
     }
 
     /// This database's URL logging in as another role.

@@ -15,10 +15,25 @@ pub struct PgServer {
     pub port: u16,
     data: PathBuf,
     bin: PathBuf,
+    /// Server settings beyond the harness's own, as `-c name=value`.
+    settings: String,
     _dir: Scratch,
 }
 
-fn pg_bin() -> PathBuf {
+/// The oldest PostgreSQL server the project supports, as `scripts/test`
+/// installs it (`scripts/old-postgres`): its `bin` directory, or `None`
+/// when it is not there. `LEADERD_TEST_PG_OLD_BIN` names another.
+pub fn oldest_bin() -> Option<PathBuf> {
+    let bin = match std::env::var_os("LEADERD_TEST_PG_OLD_BIN") {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/postgres-old/native/bin"),
+    };
+    bin.join("postgres").exists().then_some(bin)
+}
+
+/// The newest PostgreSQL server installed from Debian's packages: its
+/// `bin` directory.
+pub fn newest_bin() -> PathBuf {
     let root = PathBuf::from("/usr/lib/postgresql");
     let mut versions: Vec<_> = std::fs::read_dir(&root)
         .expect("PostgreSQL installed under /usr/lib/postgresql")
@@ -51,9 +66,14 @@ fn run_ok(cmd: &mut Command, what: &str) {
 impl PgServer {
     /// initdb and start a server with trust auth on a free port.
     pub fn start() -> PgServer {
+        Self::start_with(newest_bin(), &[])
+    }
+
+    /// [`PgServer::start`] with the server binaries of `bin` (e.g.
+    /// [`oldest_bin`]) and these settings.
+    pub fn start_with(bin: PathBuf, settings: &[(&str, &str)]) -> PgServer {
         let dir = Scratch::new();
         let data = dir.path("data");
-        let bin = pg_bin();
         dir.chown_if_root("postgres:postgres");
         run_ok(
             as_postgres(&bin.join("initdb"))
@@ -61,14 +81,28 @@ impl PgServer {
                 .arg(&data),
             "initdb",
         );
+        let settings = settings
+            .iter()
+            .map(|(k, v)| format!(" -c {k}={v}"))
+            .collect();
         let server = PgServer {
             port: free_port(),
             data,
             bin,
+            settings,
             _dir: dir,
         };
         server.run_ctl("start");
         server
+    }
+
+    /// The server's major version, as `postgres --version` says it.
+    pub fn version(&self) -> String {
+        let out = Command::new(self.bin.join("postgres"))
+            .arg("--version")
+            .output()
+            .expect("postgres --version");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }
 
     /// A streaming standby of `primary` (`pg_basebackup -R`) on a free port:
@@ -88,6 +122,7 @@ impl PgServer {
             port: free_port(),
             data,
             bin: primary.bin.clone(),
+            settings: primary.settings.clone(),
             _dir: dir,
         };
         server.run_ctl("start");
@@ -111,9 +146,10 @@ impl PgServer {
 
     fn run_ctl(&self, action: &str) {
         let opts = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off{}",
             self.port,
-            self.data.display()
+            self.data.display(),
+            self.settings
         );
         let mut cmd = as_postgres(&self.bin.join("pg_ctl"));
         cmd.args(["-D"])

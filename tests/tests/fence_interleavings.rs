@@ -88,7 +88,7 @@ async fn weaken(db: &TempDb, w: Weak) {
     let admin = session(&db.url).await;
     let (function, from, to) = match w {
         Weak::NoKey => (
-            "service_leader_take()",
+            "service_leader_take_key(varchar, bigint)",
             "IF pg_try_advisory_xact_lock",
             "IF TRUE OR pg_try_advisory_xact_lock",
         ),
@@ -448,7 +448,7 @@ async fn a_transaction_fenced_by_the_previous_version_holds_across_the_upgrade()
         .await
         .unwrap()
         .get(0);
-    assert_eq!(version, "leaderd fence 4");
+    assert_eq!(version, "leaderd fence 5");
     let early = granted_within(&mut b, &req("b"), Duration::from_millis(400)).await;
     assert_eq!(early, None, "taken over under the old fence");
     // What a takeover without `FOR UPDATE` would have done (rolled back).

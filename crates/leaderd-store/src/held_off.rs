@@ -106,7 +106,11 @@ mod tests {
         let first = h.since.values().next().unwrap().1;
         assert_eq!(first, Some(t0 + Duration::from_millis(1300)));
         say(&mut h, Duration::from_secs(30));
-        assert_eq!(h.since.values().next().unwrap().1, first, "not again within a minute");
+        assert_eq!(
+            h.since.values().next().unwrap().1,
+            first,
+            "not again within a minute"
+        );
         say(&mut h, Duration::from_secs(62));
         assert_eq!(
             h.since.values().next().unwrap().1,

@@ -46,8 +46,8 @@ mod wake;
 
 use std::time::Duration;
 
-pub use held_off::warned_total as takeovers_held_off_total;
 pub use clock::{boot_id, boot_now};
+pub use held_off::warned_total as takeovers_held_off_total;
 pub use leaderd_core::{Attempt, Observed};
 pub use pg::{Listener, Probe};
 pub use sqlite::check_file_system;

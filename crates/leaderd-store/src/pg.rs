@@ -610,9 +610,8 @@ impl Statements {
         if let Some((_, s)) = made.iter().find(|(t, _)| t == table) {
             return s;
         }
-        let fill = |sql: &str| -> &'static str {
-            Box::leak(sql.replace("{t}", table).into_boxed_str())
-        };
+        let fill =
+            |sql: &str| -> &'static str { Box::leak(sql.replace("{t}", table).into_boxed_str()) };
         let s: &'static Statements = Box::leak(Box::new(Statements {
             renew: fill(RENEW),
             renew_many: fill(RENEW_MANY),
@@ -786,7 +785,8 @@ impl PgStore {
                 }
                 _ => {
                     let params: [&(dyn ToSql + Sync); 4] = [&names, &insts, &tokens, &ttl_us];
-                    self.query(self.stmts.renew_many, RENEW_MANY_TYPES, &params).await?
+                    self.query(self.stmts.renew_many, RENEW_MANY_TYPES, &params)
+                        .await?
                 }
             };
             for row in rows {
@@ -873,8 +873,12 @@ impl PgStore {
         if !missing.is_empty() {
             let names: Vec<&str> = missing.iter().map(|&i| reqs[i].election).collect();
             let blocks: Vec<i64> = missing.iter().map(|&i| reqs[i].block_us()).collect();
-            self.query(self.stmts.create_many, CREATE_MANY_TYPES, &[&names, &blocks])
-                .await?;
+            self.query(
+                self.stmts.create_many,
+                CREATE_MANY_TYPES,
+                &[&names, &blocks],
+            )
+            .await?;
             for i in missing {
                 out[i] = Some(Ok(Attempt::Created));
             }
@@ -917,7 +921,9 @@ impl PgStore {
     }
 
     pub(crate) async fn elections(&mut self, prefix: &str) -> Result<Vec<ElectionRow>, StoreError> {
-        let rows = self.query(self.stmts.elections, &[Type::VARCHAR], &[&prefix]).await?;
+        let rows = self
+            .query(self.stmts.elections, &[Type::VARCHAR], &[&prefix])
+            .await?;
         rows.iter()
             .map(|r| {
                 Ok(ElectionRow::from((
@@ -1114,17 +1120,27 @@ mod tests {
             let unqualified = sql
                 .replace("OPERATOR(pg_catalog.", "")
                 .replace("pg_catalog.", "");
-            for op in [" = ", " <> ", " < ", " <= ", " > ", " >= ", " + ", " - ", " * "] {
+            for op in [
+                " = ", " <> ", " < ", " <= ", " > ", " >= ", " + ", " - ", " * ",
+            ] {
                 for (at, _) in unqualified.match_indices(op) {
                     // An `UPDATE … SET column = …` assigns; it compares nothing.
                     let before = unqualified[..at].trim_end();
-                    let word = before.rsplit(|c: char| !c.is_ascii_alphanumeric() && c != '_' && c != '.');
+                    let word =
+                        before.rsplit(|c: char| !c.is_ascii_alphanumeric() && c != '_' && c != '.');
                     let assigned = op == " = "
                         && word.clone().next().is_some_and(|w| {
                             !w.contains('.')
                                 && [
-                                    "renewed_at", "expires_at", "token", "acquired_at", "holder",
-                                    "instance", "address", "address_instance", "successor",
+                                    "renewed_at",
+                                    "expires_at",
+                                    "token",
+                                    "acquired_at",
+                                    "holder",
+                                    "instance",
+                                    "address",
+                                    "address_instance",
+                                    "successor",
                                 ]
                                 .contains(&w)
                         });
@@ -1140,6 +1156,9 @@ mod tests {
                 );
             }
         }
-        assert!(std::ptr::eq(s, Statements::naming("\"s p\".service_leader_lock")));
+        assert!(std::ptr::eq(
+            s,
+            Statements::naming("\"s p\".service_leader_lock")
+        ));
     }
 }

@@ -83,9 +83,8 @@ impl Session {
                 ));
             }
         }
-        let finding = peers(row).map(|(ours, theirs)| {
-            tokio::task::spawn_blocking(move || own_socket(ours, theirs))
-        });
+        let finding = peers(row)
+            .map(|(ours, theirs)| tokio::task::spawn_blocking(move || own_socket(ours, theirs)));
         Ok(Session {
             table: format!("{schema}.service_leader_lock"),
             finding,
@@ -167,7 +166,6 @@ fn proc_addr(text: &str) -> Option<std::net::SocketAddr> {
     };
     Some(std::net::SocketAddr::new(ip, port))
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -687,6 +687,27 @@ mod tests {
             msg.contains("LEADERD_ELECTIONS") && msg.contains("1 to 100"),
             "{msg}"
         );
+        // The singular key is one name, wherever it is set: a comma or a
+        // line break names the list key instead of making two elections.
+        for msg in [
+            problems(&["--election", "a,b"], &env(&[])),
+            problems(&[], &env(&[("LEADERD_ELECTION", "a,b")])),
+            problems(&["--election", "a\nb"], &env(&[])),
+        ] {
+            assert!(
+                msg.contains("is one name") && msg.contains("`elections`"),
+                "{msg}"
+            );
+        }
+        for text in ["election = \"a,b\"\n", "election = \"a\\nb\"\n"] {
+            let (dir, file) = config_file("one.toml", text);
+            let msg = problems(&["--config", file.to_str().unwrap()], &env(&[]));
+            assert!(
+                msg.contains("is one name") && msg.contains("`elections`"),
+                "{text}: {msg}"
+            );
+            std::fs::remove_dir_all(dir).unwrap();
+        }
         let both = [("LEADERD_ELECTIONS", "a,b"), ("LEADERD_ELECTION", "c")];
         assert!(problems(&[], &env(&both)).contains("both set"));
         let (dir, file) = config_file("b.toml", "election = \"a\"\nelections = [\"b\"]\n");

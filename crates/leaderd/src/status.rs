@@ -61,18 +61,19 @@ pub async fn run(mut conn: Connection, json: bool) -> anyhow::Result<()> {
             // stay aligned.
             println!(
                 "{:<30} {:<30} {:>20} {:>12}  {}",
-                r.name,
-                holder,
+                printable(&r.name),
+                printable(holder),
                 r.token,
                 remaining,
-                r.live_address().unwrap_or("-")
+                printable(r.live_address().unwrap_or("-"))
             );
         }
         // Beside the table, not in it: stdout stays one line per election.
         eprintln!("fenced writes (docs/integrating.md, \"Fenced writes\"): {fence}");
         if let Some(node) = &galera {
             eprintln!(
-                "database: MariaDB Galera, node {node} (docs/databases.md, \"Galera clusters\")"
+                "database: MariaDB Galera, node {} (docs/databases.md, \"Galera clusters\")",
+                printable(node)
             );
         }
     }
@@ -80,10 +81,32 @@ pub async fn run(mut conn: Connection, json: bool) -> anyhow::Result<()> {
         eprintln!(
             "holders without a presence row (a leaderd older than named successors, perhaps \
              older than fenced writes: upgrade them before apps fence, docs/security.md): {}",
-            old.join(", ")
+            printable(&old.join(", "))
         );
     }
     Ok(())
+}
+
+/// Text from the table as a terminal may show it: whoever may write a row
+/// chooses its name, holder and address, and a control character there
+/// (an escape sequence, a carriage return) would move the cursor, retitle
+/// the window or forge a line of the table. Each is shown escaped
+/// (`\u{1b}`, `\r`), as `--json` shows it.
+fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.chars().any(char::is_control) {
+        text.chars()
+            .map(|c| {
+                if c.is_control() {
+                    c.escape_default().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect::<String>()
+            .into()
+    } else {
+        text.into()
+    }
 }
 
 /// The live holders of `elections` that hold no live row of `presence`,
@@ -117,6 +140,15 @@ mod tests {
             held_us: 0,
             address: None,
         }
+    }
+
+    #[test]
+    fn control_characters_are_shown_escaped() {
+        assert_eq!(printable("jobs"), "jobs");
+        assert_eq!(
+            printable("a\u{1b}[2J\u{1b}]0;title\u{7}b\r\nfake  row\u{9b}"),
+            "a\\u{1b}[2J\\u{1b}]0;title\\u{7}b\\r\\nfake  row\\u{9b}"
+        );
     }
 
     #[test]

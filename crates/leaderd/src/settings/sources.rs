@@ -99,10 +99,21 @@ pub(super) fn layer(
                 }
                 values.insert("election", Sourced { value, from: name });
             }
+            Some(&"election") => match one_name(&name, &value) {
+                Ok(()) => {
+                    values.insert("election", Sourced { value, from: name });
+                }
+                Err(e) => problems.push(e),
+            },
             Some(k) => {
                 values.insert(k, Sourced { value, from: name });
             }
             None => warnings.push(format!("ignoring unknown environment variable {name}")),
+        }
+    }
+    for name in &args.election {
+        if let Err(e) = one_name("--election", name) {
+            problems.push(e);
         }
     }
     let flags = [
@@ -157,6 +168,22 @@ pub(super) fn layer(
         }
     }
     Layers { values }
+}
+
+/// The singular `election` holds one name. A comma or a line break in it
+/// is a list meant for `elections`, and would otherwise make one odd name
+/// (a comma) or, silently, two elections (a line break separates the
+/// names of the list form in the layers).
+fn one_name(from: &str, value: &str) -> Result<(), String> {
+    if value.contains([',', '\n', '\r']) {
+        Err(format!(
+            "{from}: `election` is one name, got {value:?}; for several elections use \
+             `elections` (LEADERD_ELECTIONS=a,b, `elections = [\"a\", \"b\"]` in a file, or \
+             --election once per name)"
+        ))
+    } else {
+        Ok(())
+    }
 }
 
 /// The keys of a config file with their values as text, or a problem for
@@ -226,6 +253,14 @@ pub(super) fn read_file(path: &Path) -> Vec<Result<(&'static str, String), Strin
                         names.into_iter().map(|n| n.into_string()).collect();
                     names.map(|n| n.join(&NAME_SEP.to_string()))
                 })
+            } else if *known == "election" {
+                match value.into_string() {
+                    Ok(name) => match one_name(&format!("config file {shown}"), &name) {
+                        Ok(()) => Ok(name),
+                        Err(e) => return Err(e),
+                    },
+                    Err(e) => Err(e),
+                }
             } else {
                 value.into_string()
             };

@@ -1,0 +1,480 @@
+//! No other role of the database can turn leaderd against it. Tried as
+//! the roles that meet leaderd's objects would: a role that may only
+//! connect, or may create in a schema on the daemon's search_path (as
+//! every role may in `public` on PostgreSQL 14 and earlier), plants
+//! operators and functions for the daemon's own statements; the app's
+//! role fences with a name of another collation; a role that may not
+//! fence holds the election's key; a fenced transaction is prepared.
+
+use std::time::{Duration, Instant};
+
+use leaderd_store::{Attempt, LeaseRequest};
+use leaderd_tests::pgserver::{oldest_bin, PgServer};
+use leaderd_tests::store::{acquire, connect, migrated};
+use leaderd_tests::traps::{gained, plant, sprung};
+use leaderd_tests::{
+    block_on, pg_exec, pg_session as session, print_logs, run_cli, serial, single_leader,
+    try_wait_for, wait_for, wait_single_leader, Daemon, PgRole, Scratch, TempDb,
+};
+
+const EXCESS: &str = "more rights than it needs";
+
+/// Two daemons at `url` elect; the leader's SIGTERM hands over; `leaderd
+/// status` and `leaderd migrate` run there. Returns the daemons' logs.
+fn elect_hand_over_and_inspect(url: &str, extra: &[&str]) -> Vec<String> {
+    let dir = Scratch::new();
+    let mut daemons: Vec<Daemon> = ["a", "b"]
+        .iter()
+        .map(|id| Daemon::start(url, id, &dir, extra))
+        .collect();
+    let first =
+        try_wait_for(Duration::from_secs(20), || single_leader(&daemons)).unwrap_or_else(|| {
+            print_logs(&daemons);
+            panic!("no single leader at {url}")
+        });
+    let mut leader = daemons.remove(first);
+    leader.sigterm();
+    assert_eq!(
+        leader
+            .wait_exit(Duration::from_secs(5))
+            .and_then(|s| s.code()),
+        Some(0)
+    );
+    let refs: Vec<&Daemon> = daemons.iter().collect();
+    wait_single_leader(&refs, Duration::from_secs(10));
+    for args in [
+        ["status", "--database-url", url],
+        ["migrate", "--database-url", url],
+    ] {
+        let (code, _, err) = run_cli(&args, &[]);
+        assert_eq!(code, 0, "{args:?}: {err}");
+    }
+    daemons.push(leader);
+    daemons.iter().map(Daemon::log_text).collect()
+}
+
+/// The traps in `public` ran for nobody but their planter, who gained
+/// nothing.
+fn nothing_sprung(admin_url: &str, planter: &str) {
+    let (url, planter) = (admin_url.to_owned(), planter.to_owned());
+    block_on(async move {
+        let admin = session(&url).await;
+        let seen = sprung(&admin, "public").await;
+        assert!(seen.is_empty(), "traps ran with others' rights: {seen:?}");
+        assert_eq!(gained(&admin, &planter).await, None);
+    });
+}
+
+/// Plants every trap in `public` of `url`'s database as `planter`.
+fn plant_as(url: &str, planter: &str) {
+    let (url, planter) = (url.to_owned(), planter.to_owned());
+    block_on(async move {
+        let s = session(&url).await;
+        for sql in plant("public", &planter) {
+            s.batch_execute(&sql)
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        }
+    });
+}
+
+/// On the shared server (PostgreSQL 15), a role given CREATE on `public`
+/// (every role's default before PostgreSQL 15) plants its traps before
+/// leaderd ever runs. A superuser's daemons migrate, elect, hand over, and
+/// the status and migrate commands run (the fence installed again, with
+/// the traps there); then the documented daemon role does the same. No
+/// trap runs, and the planter gains nothing. The superuser's daemons say
+/// they run with more rights than they need; the daemon role's do not.
+#[test]
+fn planted_operators_and_functions_run_for_nobody() {
+    let _s = serial();
+    let db = TempDb::postgres();
+    let planter = PgRole::new(&db, "planter");
+    db.exec(&[&format!(
+        "GRANT CREATE ON SCHEMA public TO {}",
+        planter.name
+    )]);
+    plant_as(&db.url_as(&planter.name), &planter.name);
+    let logs = elect_hand_over_and_inspect(&db.url, &[]);
+    assert!(logs.iter().all(|l| l.contains(EXCESS)), "{logs:?}");
+    nothing_sprung(&db.url, &planter.name);
+
+    let daemon = PgRole::new(&db, "daemon");
+    db.exec(&[
+        "DROP FUNCTION leaderd_fence(VARCHAR, BIGINT, INTERVAL)",
+        &format!(
+            "GRANT SELECT, INSERT, UPDATE ON service_leader_lock TO {}",
+            daemon.name
+        ),
+        &format!(
+            "GRANT USAGE ON SEQUENCE service_leader_lock_id_seq TO {}",
+            daemon.name
+        ),
+    ]);
+    let (code, _, err) = run_cli(&["migrate", "--database-url", &db.url], &[]);
+    assert_eq!(code, 0, "{err}");
+    let logs = elect_hand_over_and_inspect(&db.url_as(&daemon.name), &["--no-migrate"]);
+    assert!(logs.iter().all(|l| !l.contains(EXCESS)), "{logs:?}");
+    nothing_sprung(&db.url, &planter.name);
+}
+
+/// The same through PgBouncer in transaction pooling, where statements
+/// are never prepared and each may run on another server connection.
+#[test]
+fn planted_operators_run_for_nobody_through_pgbouncer() {
+    let _s = serial();
+    let db = TempDb::postgres_through_pgbouncer(4);
+    let planter = PgRole::new(&db, "planter");
+    db.exec(&[&format!(
+        "GRANT CREATE ON SCHEMA public TO {}",
+        planter.name
+    )]);
+    plant_as(&db.direct_url_as(&planter.name), &planter.name);
+    elect_hand_over_and_inspect(&db.url, &[]);
+    nothing_sprung(&db.direct_url_as("postgres"), &planter.name);
+}
+
+/// On the oldest server leaderd supports (PostgreSQL 12), where every role
+/// may create in `public`: a role with nothing granted plants its traps in
+/// the database of a role that owns it, and in one a superuser owns; the
+/// owner's daemons (the app's URL, as a shared server's set-up often has
+/// it) and the superuser's elect and hand over there. Nothing runs, and
+/// they lead. (A superuser's leaderd uses no tables another role owns, so
+/// each has a database of its own.)
+#[test]
+fn planted_operators_run_for_nobody_on_the_oldest_server() {
+    let _s = serial();
+    let Some(bin) = oldest_bin() else {
+        assert!(
+            std::env::var_os("LEADERD_TEST_REQUIRE_OLDEST").is_none(),
+            "no PostgreSQL 12: scripts/old-postgres installs it"
+        );
+        eprintln!("skipped: no PostgreSQL 12 (scripts/old-postgres installs it)");
+        return;
+    };
+    let server = PgServer::start_with(bin, &[]);
+    assert!(server.version().contains(" 12."), "{}", server.version());
+    let at = |role: &str, db: &str| format!("postgres://{role}@127.0.0.1:{}/{db}", server.port);
+    pg_exec(
+        &server.url(),
+        &[
+            "CREATE ROLE owner LOGIN",
+            "CREATE ROLE planter LOGIN",
+            "CREATE DATABASE app OWNER owner",
+            "CREATE DATABASE ops",
+        ],
+    );
+    plant_as(&at("planter", "app"), "planter");
+    plant_as(&at("planter", "ops"), "planter");
+    let logs = elect_hand_over_and_inspect(&at("owner", "app"), &[]);
+    // The owner may create in `public` (everyone may, there).
+    assert!(logs.iter().all(|l| l.contains(EXCESS)), "{logs:?}");
+    nothing_sprung(&at("postgres", "app"), "planter");
+    elect_hand_over_and_inspect(&at("postgres", "ops"), &[]);
+    nothing_sprung(&at("postgres", "ops"), "planter");
+}
+
+fn req<'a>(instance: &'a str, ttl: Duration) -> LeaseRequest<'a> {
+    LeaseRequest {
+        election: "e1",
+        holder: instance,
+        instance,
+        ttl,
+        held_token: None,
+        daemon: None,
+        address: None,
+    }
+}
+
+/// Attempts `r` until `within` has passed or it is granted.
+async fn granted_within(
+    conn: &mut leaderd_store::Connection,
+    r: &LeaseRequest<'_>,
+    within: Duration,
+) -> Option<i64> {
+    let until = Instant::now() + within;
+    loop {
+        if let Attempt::Granted { token } = conn.acquire_or_renew(r).await.unwrap() {
+            return Some(token);
+        }
+        if Instant::now() >= until {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The SQLSTATE of a failed call, or "ok".
+fn state<T>(r: &Result<T, tokio_postgres::Error>) -> String {
+    match r {
+        Ok(_) => "ok".to_owned(),
+        Err(e) => e
+            .code()
+            .map_or_else(|| e.to_string(), |c| c.code().to_owned()),
+    }
+}
+
+/// The app passes the election's name with a case-insensitive collation
+/// (a column of that collation, or an explicit COLLATE). The name is
+/// compared byte by byte: `E1` is not `e1`. And `e1` so collated holds the
+/// takeover off like any fence: the key is the name's bytes' hash, so the
+/// takeover cannot go on while the fenced transaction is open, and the
+/// write commits before it, never after.
+#[tokio::test]
+async fn a_name_of_another_collation_fences_the_same_election() {
+    let db = TempDb::postgres();
+    let ttl = Duration::from_millis(800);
+    let mut a = migrated(&db.url).await;
+    let token = acquire(&mut a, &req("a", ttl), Duration::from_secs(3)).await;
+    let app = session(&db.url).await;
+    app.batch_execute(
+        "CREATE COLLATION ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false); \
+         CREATE TABLE app_log (token BIGINT, at TIMESTAMPTZ DEFAULT clock_timestamp())",
+    )
+    .await
+    .unwrap();
+    app.batch_execute("BEGIN").await.unwrap();
+    let other = app
+        .query_one("SELECT leaderd_fence('E1' COLLATE ci, $1)", &[&token])
+        .await;
+    assert_eq!(state(&other), "LF001", "E1 was taken for e1");
+    app.batch_execute("ROLLBACK; BEGIN").await.unwrap();
+    app.query_one(
+        "SELECT leaderd_fence('e1' COLLATE ci, $1, interval '20 seconds')",
+        &[&token],
+    )
+    .await
+    .expect("the live token, the name collated");
+    app.execute("INSERT INTO app_log (token) VALUES ($1)", &[&token])
+        .await
+        .unwrap();
+    // The leader stops renewing; its lease runs out while the app's
+    // transaction is open.
+    drop(a);
+    tokio::time::sleep(ttl + Duration::from_millis(200)).await;
+    let mut b = connect(&db.url).await;
+    let early = granted_within(&mut b, &req("b", ttl), Duration::from_millis(800)).await;
+    assert_eq!(
+        early, None,
+        "taken over while the fenced transaction was open"
+    );
+    app.batch_execute("COMMIT")
+        .await
+        .expect("the fenced write commits");
+    let taken = granted_within(&mut b, &req("b", ttl), Duration::from_secs(3))
+        .await
+        .expect("taken over once the transaction ended");
+    assert!(taken > token);
+    let admin = session(&db.url).await;
+    let late: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM app_log WHERE at >= \
+             (SELECT acquired_at FROM service_leader_lock WHERE name = 'e1')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(late, 0, "a fenced write committed after the takeover");
+}
+
+/// The election's key as the installation computes it (read as the owner).
+async fn key_of(admin: &tokio_postgres::Client, election: &str) -> i64 {
+    admin
+        .query_one(
+            "SELECT hashtextextended($1::text COLLATE \"C\", \
+             (SELECT min(seed) FROM service_leader_fence_key))",
+            &[&election],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// A role that may only connect reads the key from `pg_locks` while the
+/// app fences, and keeps it (shared, then exclusive) at session level.
+/// Held shared, it delays no takeover by more than a lease: the takeover
+/// goes on past a holder that may not fence. Held exclusively, the app's
+/// fence waits no longer than its bound and fails with LF011.
+#[tokio::test]
+async fn a_role_that_may_not_fence_holds_no_election_and_no_fence() {
+    let db = TempDb::postgres();
+    let ttl = Duration::from_millis(800);
+    let squatter = PgRole::new(&db, "squatter");
+    let app_role = PgRole::new(&db, "app");
+    let mut a = migrated(&db.url).await;
+    db.exec(&[&format!(
+        "GRANT EXECUTE ON FUNCTION leaderd_fence(VARCHAR, BIGINT, INTERVAL) TO {}",
+        app_role.name
+    )]);
+    let token = acquire(&mut a, &req("a", ttl), Duration::from_secs(3)).await;
+    let app = session(&db.url_as(&app_role.name)).await;
+    let sq = session(&db.url_as(&squatter.name)).await;
+    app.batch_execute("BEGIN").await.unwrap();
+    app.query_one("SELECT leaderd_fence('e1', $1)", &[&token])
+        .await
+        .unwrap();
+    // What anyone may read: the advisory locks held in this database.
+    let seen: i64 = sq
+        .query_one(
+            "SELECT (classid::bigint << 32) | objid::bigint FROM pg_locks \
+             WHERE locktype = 'advisory' AND objsubid = 1 AND granted \
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+             AND pid <> pg_backend_pid() LIMIT 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let admin = session(&db.url).await;
+    assert_eq!(seen, key_of(&admin, "e1").await, "the key is visible");
+    sq.query_one("SELECT pg_advisory_lock_shared($1)", &[&seen])
+        .await
+        .unwrap();
+    app.batch_execute("COMMIT").await.unwrap();
+    drop(a);
+    let mut b = connect(&db.url).await;
+    let started = Instant::now();
+    let taken = granted_within(&mut b, &req("b", ttl), Duration::from_secs(5)).await;
+    assert!(
+        taken.is_some_and(|t| t > token),
+        "the squatter held the election off"
+    );
+    assert!(started.elapsed() < ttl * 2, "{:?}", started.elapsed());
+    // Exclusively: the fence's wait is bounded.
+    sq.query_one("SELECT pg_advisory_unlock_shared($1)", &[&seen])
+        .await
+        .unwrap();
+    sq.query_one("SELECT pg_advisory_lock($1)", &[&seen])
+        .await
+        .unwrap();
+    app.batch_execute("BEGIN").await.unwrap();
+    let started = Instant::now();
+    let r = app
+        .query_one(
+            "SELECT leaderd_fence('e1', $1, interval '300 milliseconds')",
+            &[&taken.unwrap()],
+        )
+        .await;
+    assert_eq!(state(&r), "LF011", "{r:?}");
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(300) && waited < Duration::from_secs(3),
+        "{waited:?}"
+    );
+    app.batch_execute("ROLLBACK").await.unwrap();
+}
+
+/// A session of a role that may fence keeps the key (at session level,
+/// past any bound). The takeover waits for it, as for a fenced
+/// transaction; the daemon that would take over logs a WARN naming the
+/// session's pid and role once it has waited longer than a lease, and
+/// counts it; when the session lets go, the daemon leads.
+#[test]
+fn a_takeover_held_off_past_a_lease_is_named_in_a_warning() {
+    let _s = serial();
+    let db = TempDb::postgres();
+    let app_role = PgRole::new(&db, "app");
+    let dir = Scratch::new();
+    let a = Daemon::start(&db.url, "a", &dir, &[]);
+    wait_for(Duration::from_secs(20), "a leads", || {
+        a.is_leader().then_some(())
+    });
+    db.exec(&[&format!(
+        "GRANT EXECUTE ON FUNCTION leaderd_fence(VARCHAR, BIGINT, INTERVAL) TO {}",
+        app_role.name
+    )]);
+    // The session lives as long as this runtime.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (pid, holder) = rt.block_on({
+        let (admin_url, app_url) = (db.url.clone(), db.url_as(&app_role.name));
+        async move {
+            let admin = session(&admin_url).await;
+            let key = key_of(&admin, "default").await;
+            let app = session(&app_url).await;
+            app.query_one("SELECT pg_advisory_lock($1)", &[&key])
+                .await
+                .unwrap();
+            let pid: i32 = app
+                .query_one("SELECT pg_backend_pid()", &[])
+                .await
+                .unwrap()
+                .get(0);
+            (pid, app)
+        }
+    });
+    a.sigkill();
+    let b = Daemon::start(&db.url, "b", &dir, &[]);
+    let warned = wait_for(Duration::from_secs(15), "b's warning", || {
+        b.log_events().into_iter().find(|e| {
+            e["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("a takeover is held off"))
+        })
+    });
+    let said = warned.to_string();
+    assert!(said.contains(&format!("pid {pid}")), "{said}");
+    assert!(said.contains(&app_role.name), "{said}");
+    assert!(!b.is_leader());
+    let metrics = leaderd_tests::http_get(b.port, "/metrics").unwrap().1;
+    assert!(
+        metrics.contains("leaderd_takeovers_held_off_total{election=\"default\"} 1"),
+        "{metrics}"
+    );
+    drop(holder);
+    wait_for(Duration::from_secs(10), "b leads", || {
+        b.is_leader().then_some(())
+    });
+    drop(rt);
+}
+
+/// A fenced transaction cannot be prepared (two-phase): a prepared one
+/// would keep the key, and the election's takeovers off, past any bound
+/// until someone resolved it. On a server that allows prepared
+/// transactions, PREPARE TRANSACTION after the fence is refused, and
+/// nothing is left prepared.
+#[test]
+fn a_fenced_transaction_cannot_be_prepared() {
+    let _s = serial();
+    let server = PgServer::start_with(
+        leaderd_tests::pgserver::newest_bin(),
+        &[("max_prepared_transactions", "4")],
+    );
+    let url = server.url();
+    block_on(async move {
+        let mut a = migrated(&url).await;
+        let token = acquire(
+            &mut a,
+            &req("a", Duration::from_secs(5)),
+            Duration::from_secs(10),
+        )
+        .await;
+        let app = session(&url).await;
+        app.batch_execute("CREATE TABLE app_log (token BIGINT)")
+            .await
+            .unwrap();
+        // Two-phase works here without the fence.
+        app.batch_execute("BEGIN; INSERT INTO app_log VALUES (0); PREPARE TRANSACTION 'plain'")
+            .await
+            .unwrap();
+        app.batch_execute("COMMIT PREPARED 'plain'").await.unwrap();
+        app.batch_execute("BEGIN").await.unwrap();
+        app.query_one("SELECT leaderd_fence('e1', $1)", &[&token])
+            .await
+            .unwrap();
+        app.execute("INSERT INTO app_log VALUES ($1)", &[&token])
+            .await
+            .unwrap();
+        let r = app.batch_execute("PREPARE TRANSACTION 'fenced'").await;
+        let e = r.expect_err("a fenced transaction was prepared");
+        assert_eq!(e.code().map(|c| c.code()), Some("0A000"), "{e}");
+        let _ = app.batch_execute("ROLLBACK").await;
+        let prepared: i64 = app
+            .query_one("SELECT count(*) FROM pg_prepared_xacts", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(prepared, 0);
+        drop(a);
+    });
+}
