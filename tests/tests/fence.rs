@@ -333,6 +333,8 @@ async fn a_fence_outside_a_transaction_block_is_refused_where_it_can_be_told() {
     for sql in [
         format!("SELECT leaderd_fence('e', {token})"),
         format!("  select * from public.leaderd_fence('e', {token}, interval '1 second');  "),
+        format!("/* a driver's comment */ SELECT leaderd_fence('e', {token})"),
+        format!("-- a line comment\nSELECT 1, leaderd_fence('e', {token}) AS fenced"),
     ] {
         let r = app.simple_query(&sql).await;
         assert_eq!(code(&r), "LF004", "{sql}: {}", message(&r));
@@ -351,6 +353,31 @@ async fn a_fence_outside_a_transaction_block_is_refused_where_it_can_be_told() {
     assert_eq!(code(&r), "ok", "{}", message(&r));
     app.batch_execute("COMMIT").await.unwrap();
     assert_eq!(logged(&app).await, 1);
+}
+
+/// A bound the server's timeouts cannot hold (past 2^31 - 1 ms, about
+/// 24.8 days) is refused with the fence's own message, not the server's
+/// raw error about a setting.
+#[tokio::test]
+async fn a_bound_past_what_the_server_can_time_is_refused_by_name() {
+    let (db, _leader, token) = led().await;
+    let app = app(&db.url).await;
+    for (bound, refused) in [("25 days", true), ("24 days", false)] {
+        app.batch_execute("BEGIN").await.unwrap();
+        let r = app
+            .query_one(
+                &format!("SELECT leaderd_fence('e', $1, interval '{bound}')"),
+                &[&token],
+            )
+            .await;
+        if refused {
+            assert_eq!(code(&r), "22023", "{bound}: {}", message(&r));
+            assert!(message(&r).contains("at most 24 days"), "{}", message(&r));
+        } else {
+            assert_eq!(code(&r), "ok", "{bound}: {}", message(&r));
+        }
+        app.batch_execute("ROLLBACK").await.unwrap();
+    }
 }
 
 /// `now()` is the transaction's start: a fence judged by it would pass on a

@@ -478,3 +478,28 @@ fn a_fenced_transaction_cannot_be_prepared() {
         drop(a);
     });
 }
+
+/// Whoever may write a row (the daemon's role) chooses its name, holder
+/// and address. `leaderd status` shows each control character escaped: no
+/// escape sequence reaches the terminal, and no row forges another line.
+#[test]
+fn status_shows_what_rows_say_escaped() {
+    let db = TempDb::postgres();
+    let (code, _, err) = run_cli(&["migrate", "--database-url", &db.url], &[]);
+    assert_eq!(code, 0, "{err}");
+    db.exec(&["INSERT INTO service_leader_lock \
+         (name, holder, instance, token, expires_at, address, address_instance) VALUES \
+         (E'x\\x1b[2Jy', E'h\\x1b]0;title\\x07', 'i', 1, now() + interval '1 hour', \
+          E'a\\r\\nfake                           row', 'i')"]);
+    let (code, out, err) = run_cli(&["status", "--database-url", &db.url], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        !out.chars()
+            .chain(err.chars())
+            .any(|c| c.is_control() && c != '\n'),
+        "{out:?} {err:?}"
+    );
+    assert_eq!(out.lines().count(), 2, "the header and one row: {out}");
+    assert!(out.contains("x\\u{1b}[2Jy"), "{out}");
+    assert!(out.contains("a\\r\\nfake"), "{out}");
+}

@@ -164,7 +164,13 @@ async fn release(
             "release is not accepted from a web page (the request has an Origin)",
         );
     }
-    if !headers.contains_key(RELEASE_HEADER) {
+    // The value too, as documented: a header some proxy or client adds
+    // for its own reasons, with another value, asks for nothing.
+    if headers
+        .get(RELEASE_HEADER)
+        .map(axum::http::HeaderValue::as_bytes)
+        != Some(b"1")
+    {
         return error(
             StatusCode::FORBIDDEN,
             "release needs the request header `Leaderd-Release: 1` (`leaderd release` sends it)",
@@ -415,6 +421,12 @@ mod tests {
         let (status, body) = call_with(daemon(), Method::POST, "/release", local, &[], here).await;
         assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
         assert!(body.contains("Leaderd-Release"), "{body}");
+        for other in ["0", "", "true", "yes"] {
+            let wrong = [(RELEASE_HEADER, other)];
+            let (status, body) =
+                call_with(daemon(), Method::POST, "/release", local, &wrong, here).await;
+            assert_eq!(status, StatusCode::FORBIDDEN, "{other:?}: {body}");
+        }
         let browser = [(RELEASE_HEADER, "1"), ("origin", "https://evil.example")];
         let (status, body) =
             call_with(daemon(), Method::POST, "/release", local, &browser, here).await;
