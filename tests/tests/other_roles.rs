@@ -292,12 +292,15 @@ async fn key_of(admin: &tokio_postgres::Client, election: &str) -> i64 {
 }
 
 /// A role that may only connect reads the key from `pg_locks` while the
-/// app fences, and keeps it (shared, then exclusive) at session level.
-/// Held shared, it delays no takeover by more than a lease: the takeover
-/// goes on past a holder that may not fence. Held exclusively, the app's
-/// fence waits no longer than its bound and fails with LF011.
+/// app fences, and keeps it (shared, then exclusive) at session level. The
+/// takeover trigger cannot tell such a session from a fenced transaction
+/// (a fence may run under a role switched to, or inside another function),
+/// so the takeover waits for it as for a fence, and goes on once it lets
+/// go; the daemon names it (see the next test). Held exclusively, it makes
+/// the app's fence wait no longer than the fence's bound, which then fails
+/// with LF011.
 #[tokio::test]
-async fn a_role_that_may_not_fence_holds_no_election_and_no_fence() {
+async fn a_key_kept_by_any_session_holds_takeovers_and_bounds_fences() {
     let db = TempDb::postgres();
     let ttl = Duration::from_millis(800);
     let squatter = PgRole::new(&db, "squatter");
@@ -333,18 +336,18 @@ async fn a_role_that_may_not_fence_holds_no_election_and_no_fence() {
         .unwrap();
     app.batch_execute("COMMIT").await.unwrap();
     drop(a);
+    tokio::time::sleep(ttl).await;
     let mut b = connect(&db.url).await;
-    let started = Instant::now();
-    let taken = granted_within(&mut b, &req("b", ttl), Duration::from_secs(5)).await;
-    assert!(
-        taken.is_some_and(|t| t > token),
-        "the squatter held the election off"
-    );
-    assert!(started.elapsed() < ttl * 2, "{:?}", started.elapsed());
-    // Exclusively: the fence's wait is bounded.
+    let early = granted_within(&mut b, &req("b", ttl), Duration::from_millis(600)).await;
+    assert_eq!(early, None, "taken while a session held the key");
     sq.query_one("SELECT pg_advisory_unlock_shared($1)", &[&seen])
         .await
         .unwrap();
+    let taken = granted_within(&mut b, &req("b", ttl), Duration::from_secs(3))
+        .await
+        .expect("taken once the key was let go");
+    assert!(taken > token);
+    // Exclusively: the fence's wait is bounded.
     sq.query_one("SELECT pg_advisory_lock($1)", &[&seen])
         .await
         .unwrap();
@@ -353,7 +356,7 @@ async fn a_role_that_may_not_fence_holds_no_election_and_no_fence() {
     let r = app
         .query_one(
             "SELECT leaderd_fence('e1', $1, interval '300 milliseconds')",
-            &[&taken.unwrap()],
+            &[&taken],
         )
         .await;
     assert_eq!(state(&r), "LF011", "{r:?}");
@@ -365,8 +368,8 @@ async fn a_role_that_may_not_fence_holds_no_election_and_no_fence() {
     app.batch_execute("ROLLBACK").await.unwrap();
 }
 
-/// A session of a role that may fence keeps the key (at session level,
-/// past any bound). The takeover waits for it, as for a fenced
+/// A session of a role that may only connect keeps the key (at session
+/// level, past any bound). The takeover waits for it, as for a fenced
 /// transaction; the daemon that would take over logs a WARN naming the
 /// session's pid and role once it has waited longer than a lease, and
 /// counts it; when the session lets go, the daemon leads.
@@ -374,16 +377,12 @@ async fn a_role_that_may_not_fence_holds_no_election_and_no_fence() {
 fn a_takeover_held_off_past_a_lease_is_named_in_a_warning() {
     let _s = serial();
     let db = TempDb::postgres();
-    let app_role = PgRole::new(&db, "app");
+    let app_role = PgRole::new(&db, "stranger");
     let dir = Scratch::new();
     let a = Daemon::start(&db.url, "a", &dir, &[]);
     wait_for(Duration::from_secs(20), "a leads", || {
         a.is_leader().then_some(())
     });
-    db.exec(&[&format!(
-        "GRANT EXECUTE ON FUNCTION leaderd_fence(VARCHAR, BIGINT, INTERVAL) TO {}",
-        app_role.name
-    )]);
     // The session lives as long as this runtime.
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (pid, holder) = rt.block_on({
@@ -475,7 +474,29 @@ fn a_fenced_transaction_cannot_be_prepared() {
             .unwrap()
             .get(0);
         assert_eq!(prepared, 0);
+        // Anyone who may connect can prepare a transaction that holds the
+        // key: the takeover waits for it (it cannot be told from a fence),
+        // its statement never fails, and it goes on once that is resolved.
+        let key = key_of(&app, "e1").await;
+        app.batch_execute(&format!(
+            "BEGIN; SELECT pg_advisory_xact_lock({key}); PREPARE TRANSACTION 'squat'"
+        ))
+        .await
+        .unwrap();
         drop(a);
+        let mut b = connect(&url).await;
+        let ttl = Duration::from_secs(5);
+        tokio::time::sleep(ttl).await;
+        let held = granted_within(&mut b, &req("b", ttl), Duration::from_millis(500)).await;
+        assert_eq!(
+            held, None,
+            "taken past a prepared transaction holding the key"
+        );
+        app.batch_execute("ROLLBACK PREPARED 'squat'")
+            .await
+            .unwrap();
+        let taken = granted_within(&mut b, &req("b", ttl), Duration::from_secs(3)).await;
+        assert!(taken.is_some_and(|t| t > token));
     });
 }
 
@@ -502,4 +523,141 @@ fn status_shows_what_rows_say_escaped() {
     assert_eq!(out.lines().count(), 2, "the header and one row: {out}");
     assert!(out.contains("x\\u{1b}[2Jy"), "{out}");
     assert!(out.contains("a\\r\\nfake"), "{out}");
+}
+
+/// Index and sequential scans of the lock table so far (the server's
+/// statistics, flushed by each backend about once a second).
+async fn lock_table_reads(admin: &tokio_postgres::Client) -> i64 {
+    admin
+        .query_one(
+            "SELECT coalesce(seq_scan, 0) + coalesce(idx_scan, 0) FROM pg_stat_user_tables \
+             WHERE relname = 'service_leader_lock'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Any role that may connect may `NOTIFY leaderd, 'default'`, as often as
+/// it likes. A follower asks for the row at most once per 20 ms whatever
+/// arrives: its database's lock-table reads (only leaderd's daemons use
+/// this database) with 500 notifications a second stay within 60 a second
+/// of its quiet rate (each notification cost about three before).
+#[test]
+fn a_flood_of_release_notifications_costs_a_bounded_rate_of_reads() {
+    let _s = serial();
+    let db = TempDb::postgres();
+    let stranger = PgRole::new(&db, "stranger");
+    let dir = Scratch::new();
+    let daemons: Vec<Daemon> = ["a", "b"]
+        .iter()
+        .map(|id| Daemon::start(&db.url, id, &dir, &[]))
+        .collect();
+    let refs: Vec<&Daemon> = daemons.iter().collect();
+    wait_single_leader(&refs, Duration::from_secs(20));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let window = Duration::from_secs(5);
+    let per_second = |reads: i64| reads as f64 / window.as_secs_f64();
+    let (quiet, flooded, sent) = rt.block_on(async {
+        let admin = session(&db.url).await;
+        let sender = session(&db.url_as(&stranger.name)).await;
+        // The daemons settle (the follower has seen the lease, the
+        // presence rows exist), then a quiet window, then a flooded one.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let settle = Duration::from_millis(1500);
+        let r0 = lock_table_reads(&admin).await;
+        tokio::time::sleep(window).await;
+        tokio::time::sleep(settle).await;
+        let r1 = lock_table_reads(&admin).await;
+        let started = Instant::now();
+        let mut sent = 0u32;
+        while started.elapsed() < window {
+            sender
+                .batch_execute("NOTIFY leaderd, 'default'")
+                .await
+                .unwrap();
+            sent += 1;
+            let next = started + Duration::from_millis(2) * sent;
+            tokio::time::sleep_until(next.into()).await;
+        }
+        tokio::time::sleep(settle).await;
+        let r2 = lock_table_reads(&admin).await;
+        (r1 - r0, r2 - r1, sent)
+    });
+    // The quiet window's count includes the settle pause after it, as the
+    // flooded one's does.
+    let (quiet, flooded) = (per_second(quiet), per_second(flooded));
+    eprintln!(
+        "lock-table reads a second: {quiet:.0} quiet, {flooded:.0} with {sent} notifications"
+    );
+    assert!(sent >= 2000, "sent only {sent} notifications");
+    assert!(
+        flooded <= quiet + 60.0,
+        "{flooded:.0} reads a second with {sent} notifications in {window:?}, \
+         {quiet:.0} quiet"
+    );
+    assert!(single_leader(&daemons).is_some());
+}
+
+/// Before leaderd is installed, a role that may create in `public` (any
+/// role, before PostgreSQL 15) makes what looks like a current
+/// installation: the table with every column, triggers of leaderd's names
+/// calling its own function, and a fence of the right version that passes
+/// everything. Connected as the database's owner, `leaderd migrate`
+/// refuses it, a daemon (with or without migrating) never uses it, and the
+/// planter's code never runs.
+#[test]
+fn an_installation_made_by_another_role_is_never_used() {
+    let _s = serial();
+    let db = TempDb::postgres();
+    let owner = PgRole::new(&db, "owner");
+    let planter = PgRole::new(&db, "planter");
+    db.exec(&[
+        &format!("ALTER DATABASE {} OWNER TO {}", db.name(), owner.name),
+        &format!("GRANT CREATE ON SCHEMA public TO {}", planter.name),
+    ]);
+    let fake = [
+        "CREATE TABLE public.spied (who TEXT, what TEXT)",
+        "GRANT INSERT ON public.spied TO PUBLIC",
+        "CREATE FUNCTION public.spy() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+         INSERT INTO public.spied VALUES (current_user, TG_NAME); \
+         RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END; END $$",
+        "CREATE TABLE public.service_leader_lock (id BIGSERIAL PRIMARY KEY, \
+         name VARCHAR(100) NOT NULL UNIQUE, holder VARCHAR(100), instance VARCHAR(64), \
+         token BIGINT NOT NULL, acquired_at TIMESTAMPTZ, renewed_at TIMESTAMPTZ, \
+         expires_at TIMESTAMPTZ NOT NULL, successor VARCHAR(64), address VARCHAR(255), \
+         address_instance VARCHAR(64))",
+        "GRANT ALL ON public.service_leader_lock TO PUBLIC",
+        "GRANT ALL ON SEQUENCE public.service_leader_lock_id_seq TO PUBLIC",
+        "CREATE TRIGGER service_leader_keep_token AFTER DELETE ON public.service_leader_lock \
+         FOR EACH ROW EXECUTE FUNCTION public.spy()",
+        "CREATE TRIGGER service_leader_take BEFORE UPDATE ON public.service_leader_lock \
+         FOR EACH ROW EXECUTE FUNCTION public.spy()",
+        "CREATE TRIGGER service_leader_take_new BEFORE INSERT ON public.service_leader_lock \
+         FOR EACH ROW EXECUTE FUNCTION public.spy()",
+        "CREATE FUNCTION public.leaderd_fence(election VARCHAR, token BIGINT, \
+         bound INTERVAL DEFAULT NULL) RETURNS BIGINT LANGUAGE sql AS 'SELECT token'",
+        "COMMENT ON FUNCTION public.leaderd_fence(VARCHAR, BIGINT, INTERVAL) IS 'leaderd fence 5'",
+        "GRANT EXECUTE ON FUNCTION public.leaderd_fence(VARCHAR, BIGINT, INTERVAL) TO PUBLIC",
+    ];
+    pg_exec(&db.url_as(&planter.name), &fake);
+    let as_owner = db.url_as(&owner.name);
+    let (code, _, err) = run_cli(&["migrate", "--database-url", &as_owner], &[]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("unsafe database"), "{err}");
+    let dir = Scratch::new();
+    let daemons = [
+        Daemon::start(&as_owner, "a", &dir, &["--no-migrate"]),
+        Daemon::start(&as_owner, "b", &dir, &[]),
+    ];
+    for d in &daemons {
+        wait_for(Duration::from_secs(10), "the daemon to refuse", || {
+            d.log_text().contains("unsafe database").then_some(())
+        });
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(daemons.iter().all(|d| !d.is_leader()));
+    let spied = db.scalar("SELECT count(*) FROM public.spied");
+    assert_eq!(spied, "0", "the planter's trigger ran");
 }

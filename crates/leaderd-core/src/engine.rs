@@ -174,6 +174,9 @@ pub struct Engine {
     look_fast_until: BootTime,
     /// No attempt before this instant (after a release on request).
     hold_until: Option<BootTime>,
+    /// When the last attempt that a release notice asked for was due (see
+    /// [`NOTICE_EVERY`]).
+    noticed_at: Option<BootTime>,
     /// Whether this replica competes (its app is healthy).
     competing: bool,
     /// Whether a free row is left to others for a heartbeat (see `spread`).
@@ -210,6 +213,12 @@ const EXPIRY_SLACK: Duration = Duration::from_millis(1);
 /// during the handover's window, and each ask is a refused attempt: it
 /// writes and locks nothing.
 pub const TAKE_WATCH: Duration = Duration::from_millis(10);
+/// Release notices ask for an attempt at most this often. Anyone who may
+/// connect can send one (PostgreSQL's `NOTIFY` needs no right), as often as
+/// it likes: an attempt for each would have every follower read the table
+/// at the sender's pace. A real release two notices apart within this is
+/// rare, and then costs the second at most this long.
+pub const NOTICE_EVERY: Duration = Duration::from_millis(20);
 /// Backoff after the second consecutive failure; doubles up to a heartbeat.
 const FIRST_BACKOFF: Duration = Duration::from_millis(25);
 /// How many heartbeats late a draining replica comes to a free row: later
@@ -239,6 +248,7 @@ impl Engine {
             next_look: now,
             look_fast_until: now,
             hold_until: None,
+            noticed_at: None,
             competing: true,
             yielding: false,
             draining_until: None,
@@ -676,10 +686,16 @@ impl Engine {
             } else {
                 Duration::ZERO
             };
-            self.next_attempt = self.next_attempt.min(now + late);
+            let due = match self.noticed_at {
+                Some(last) if last + NOTICE_EVERY > now => last + NOTICE_EVERY,
+                _ => now,
+            };
+            self.noticed_at = Some(due);
+            self.next_attempt = self.next_attempt.min(due + late);
             self.watching_take = true;
             // Held (it released with a hold) or late: it may not ask, so
-            // it looks for the successor's take.
+            // it looks for the successor's take (a look a TAKE_WATCH at
+            // most, however many notices come).
             if !late.is_zero() || self.hold_until.is_some_and(|h| h > now) {
                 self.look_for_take(now);
             }
@@ -890,6 +906,32 @@ mod tests {
             remaining_us: remaining_ms * 1000,
             address: None,
         })
+    }
+
+    /// Notices sent by anyone, 500 a second for a second: a follower asks
+    /// for the row at most once a NOTICE_EVERY, and the first notice still
+    /// gets its attempt at once.
+    #[test]
+    fn a_flood_of_release_notices_asks_at_a_fixed_rate() {
+        let mut e = engine();
+        e.on_attempt(at(0), at(5), refused("pod-b", 4, 800_000));
+        let mut attempts = 0;
+        let mut first = None;
+        for ms in (10..1010).step_by(2) {
+            e.on_release_notice(at(ms));
+            // The loop attempts whenever one is due, answered at once.
+            if e.attempt_due(at(ms)) {
+                attempts += 1;
+                first.get_or_insert(ms);
+                e.on_attempt(at(ms), at(ms), refused("pod-b", 4, 800_000));
+            }
+        }
+        assert_eq!(first, Some(10), "the first notice waits for nothing");
+        let most = 1000 / NOTICE_EVERY.as_millis() + 1;
+        assert!(
+            (1..=most as usize).contains(&attempts),
+            "{attempts} attempts, at most {most}"
+        );
     }
 
     #[test]

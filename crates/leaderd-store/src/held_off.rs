@@ -1,13 +1,14 @@
 //! Takeovers held off by another session (PostgreSQL). The takeover
-//! trigger takes the election's key; when a session that could have fenced
-//! holds it, the trigger skips the row and says who holds it in a notice
-//! (SQLSTATE `LF012`, "… held off by pid N (role R)"). A fenced
-//! transaction holds a takeover off for its bound at most, normally well
-//! under a lease; one seen holding it off for longer than a lease (a
-//! session of the app's role keeping the key, a prepared transaction) is
-//! logged at WARN, with how long since this connection first saw it (other
-//! roles' transaction start times are hidden from the daemon's role), once
-//! per holder and then at most once a minute, and counted.
+//! trigger takes the election's key; when another session holds it (a
+//! fenced transaction, or any session that took the key: anyone who may
+//! connect can), the trigger skips the row and says who holds it in a
+//! notice (SQLSTATE `LF012`, "… held off by pid N (role R)", or by a
+//! prepared transaction). A fenced transaction holds a takeover off for
+//! its bound at most, normally well under a lease; a holder seen for
+//! longer than a lease is logged at WARN, with how long since this
+//! connection first saw it (other roles' transaction start times are
+//! hidden from the daemon's role), once per holder and then at most once a
+//! minute, and counted.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -75,8 +76,8 @@ impl HeldOff {
                     holder = %holder,
                     held_off_ms = u64::try_from(held.as_millis()).unwrap_or(u64::MAX),
                     "a takeover is held off for longer than a lease by a session holding the \
-                     election's key (a fenced transaction that does not end, or the key kept by \
-                     a role that may call leaderd_fence): end that session \
+                     election's key (a fenced transaction that does not end, a prepared \
+                     transaction, or any session that took the key): end it \
                      (docs/operations.md, \"A takeover held off\")"
                 );
             }

@@ -433,6 +433,17 @@ impl Connection {
         }
     }
 
+    /// PostgreSQL: the roles other than its owner that may create objects
+    /// in the lock table's schema (`PUBLIC`: everyone), read at connect.
+    /// There, an app's call of `leaderd_fence` that is not written with its
+    /// schema and argument types may find one of theirs. Empty elsewhere.
+    pub fn others_may_create(&self) -> &[String] {
+        match self {
+            Connection::Postgres(c) => c.others_may_create(),
+            Connection::Mysql(_) | Connection::Sqlite(_) => &[],
+        }
+    }
+
     /// A handle that cancels this connection's statement in flight, on
     /// backends that have cancel requests (PostgreSQL). MySQL and SQLite
     /// bound their waits inside each statement instead.

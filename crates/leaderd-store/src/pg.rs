@@ -90,6 +90,23 @@ macro_rules! trusted_by_a_superuser {
     };
 }
 
+/// Whoever connects uses leaderd's objects only while their owners are
+/// ones it trusts (see `pg_session::untrusted`): a role that may create in
+/// the schema could make them all, with the right names, before leaderd
+/// was installed there. When they are not, the migration runs, and its
+/// guard refuses (LF010).
+macro_rules! trusted_by_anyone {
+    () => {
+        concat!(
+            "SELECT NOT EXISTS (",
+            crate::pg_session::untrusted!(
+                "(SELECT m.oid FROM pg_catalog.pg_namespace m                  WHERE m.nspname OPERATOR(pg_catalog.=) pg_catalog.current_schema())"
+            ),
+            ")"
+        )
+    };
+}
+
 /// The steps' work is there, and a superuser may trust it: asked again
 /// under the lock, so that an installation that only looks current (made
 /// by another role) runs the steps, whose guard then refuses it.
@@ -100,6 +117,8 @@ macro_rules! steps_current {
             schema_current!(),
             ") AND (",
             trusted_by_a_superuser!(),
+            ") AND (",
+            trusted_by_anyone!(),
             ")"
         )
     };
@@ -635,6 +654,11 @@ pub struct PgStore {
     excess: Vec<String>,
     /// Who held this connection's takeovers off, and since when.
     held_off: HeldOff,
+    /// What of leaderd's this user should not trust: while there is any,
+    /// no statement is sent (see `pg_session::untrusted`).
+    untrusted: Vec<String>,
+    /// Roles other than its owner that may create in the table's schema.
+    open_to: Vec<String>,
     /// Named statements prepared once on this connection, once it is known
     /// to be direct; `None`: unnamed statements, the pooler-safe default.
     named: Option<Vec<(&'static str, tokio_postgres::Statement)>>,
@@ -653,10 +677,33 @@ impl PgStore {
             cancel: opened.cancel,
             stmts: Statements::naming(&session.table),
             held_off: opened.held_off,
+            untrusted: session.untrusted,
+            open_to: session.open_to,
             excess: session.excess,
             named: None,
             finding: session.finding,
         })
+    }
+
+    /// The roles other than its owner that may create objects in the lock
+    /// table's schema (`PUBLIC`: everyone).
+    pub(crate) fn others_may_create(&self) -> &[String] {
+        &self.open_to
+    }
+
+    /// Refuses every statement on objects whose owner this user should not
+    /// trust: running them could run that owner's code with this user's
+    /// rights.
+    fn trusted(&self) -> Result<(), StoreError> {
+        if self.untrusted.is_empty() {
+            return Ok(());
+        }
+        Err(StoreError::Unsafe(format!(
+            "{} belong to a role that is neither a superuser, this user, nor the schema's \
+             owner, and could run code with this user's rights (another role made them): \
+             not used; have the schema's owner make them (docs/security.md)",
+            self.untrusted.join(", ")
+        )))
     }
 
     /// The rights this connection's role has beyond what the daemon needs,
@@ -758,6 +805,7 @@ impl PgStore {
         &mut self,
         reqs: &[LeaseRequest<'_>],
     ) -> Result<Vec<Result<Attempt, StoreError>>, StoreError> {
+        self.trusted()?;
         let mut out: Vec<Option<Result<Attempt, StoreError>>> = reqs.iter().map(|_| None).collect();
         let ttl_us = reqs.first().map_or(0, LeaseRequest::ttl_us);
         // Rows come back by their place in the arrays sent (from 1), not by
@@ -892,6 +940,7 @@ impl PgStore {
         &mut self,
         items: &[Release<'_>],
     ) -> Result<Vec<bool>, StoreError> {
+        self.trusted()?;
         let names: Vec<&str> = items.iter().map(|r| r.election).collect();
         let insts: Vec<&str> = items.iter().map(|r| r.instance).collect();
         let succs: Vec<Option<&str>> = items
@@ -921,6 +970,7 @@ impl PgStore {
     }
 
     pub(crate) async fn elections(&mut self, prefix: &str) -> Result<Vec<ElectionRow>, StoreError> {
+        self.trusted()?;
         let rows = self
             .query(self.stmts.elections, &[Type::VARCHAR], &[&prefix])
             .await?;

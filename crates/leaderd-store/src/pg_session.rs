@@ -19,24 +19,85 @@ use tokio_postgres::{Client, Row};
 
 use crate::StoreError;
 
+/// leaderd's objects in the schema whose oid is `$nsp` (an SQL
+/// expression) that this user should not trust, one text each ("trigger
+/// x (owner r)"): a table, function or trigger function whose owner is
+/// neither a superuser, this user, the schema's owner, nor (for a schema
+/// of `pg_database_owner`) the database's owner. Such an owner could run
+/// code with this user's rights through them: a trigger on the lock
+/// table, a policy, a fence of its own that passes everything (a role that
+/// may create in the schema can make them all before leaderd is installed
+/// there, and the names alone would look current).
+macro_rules! untrusted {
+    ($nsp:literal) => {
+        concat!(
+            "SELECT o.what OPERATOR(pg_catalog.||) ' (owner ' OPERATOR(pg_catalog.||) \
+             r.rolname::text OPERATOR(pg_catalog.||) ')' \
+             FROM (SELECT c.relname::text AS what, c.relowner AS owner FROM pg_catalog.pg_class c \
+             WHERE c.relnamespace OPERATOR(pg_catalog.=) ",
+            $nsp,
+            " AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['service_leader_lock', \
+             'service_leader_token', 'service_leader_fence_key']::pg_catalog.name[]) \
+             UNION ALL \
+             SELECT 'trigger ' OPERATOR(pg_catalog.||) t.tgname::text, p.proowner \
+             FROM pg_catalog.pg_trigger t \
+             JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) t.tgrelid \
+             JOIN pg_catalog.pg_proc p ON p.oid OPERATOR(pg_catalog.=) t.tgfoid \
+             WHERE c.relnamespace OPERATOR(pg_catalog.=) ",
+            $nsp,
+            " AND c.relname OPERATOR(pg_catalog.=) 'service_leader_lock' AND NOT t.tgisinternal \
+             UNION ALL \
+             SELECT 'function ' OPERATOR(pg_catalog.||) p.proname::text, p.proowner \
+             FROM pg_catalog.pg_proc p WHERE p.pronamespace OPERATOR(pg_catalog.=) ",
+            $nsp,
+            " AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['leaderd_fence', \
+             'service_leader_keep_token', 'service_leader_seed_token', 'service_leader_token_floor', \
+             'service_leader_take', 'service_leader_take_key']::pg_catalog.name[])) o \
+             JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) o.owner \
+             JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) ",
+            $nsp,
+            " WHERE NOT (r.rolsuper OR r.rolname OPERATOR(pg_catalog.=) CURRENT_USER \
+             OR r.oid OPERATOR(pg_catalog.=) n.nspowner \
+             OR (n.nspowner OPERATOR(pg_catalog.=) pg_catalog.to_regrole('pg_database_owner') \
+             AND r.oid OPERATOR(pg_catalog.=) (SELECT d.datdba FROM pg_catalog.pg_database d \
+             WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())))"
+        )
+    };
+}
+pub(crate) use untrusted;
+
 /// The one query a connect sends: the addresses each side sees, the lock
 /// table's schema (where the path finds it, else the schema a migration
-/// would make it in), and the role's excess rights.
-const SESSION: &str = "SELECT pg_catalog.host(pg_catalog.inet_client_addr()), \
-    pg_catalog.inet_client_port(), \
-    pg_catalog.host(pg_catalog.inet_server_addr()), pg_catalog.inet_server_port(), \
-    pg_catalog.quote_ident(COALESCE( \
-      (SELECT n.nspname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n \
-          ON n.oid OPERATOR(pg_catalog.=) c.relnamespace \
-        WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('service_leader_lock')), \
-      pg_catalog.current_schema())), \
-    COALESCE((SELECT r.rolsuper FROM pg_catalog.pg_roles r \
-               WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER), false), \
-    COALESCE((SELECT pg_catalog.pg_has_role(c.relowner, 'USAGE') FROM pg_catalog.pg_class c \
-               WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('service_leader_lock')), \
-             false), \
-    ARRAY(SELECT s::text FROM pg_catalog.unnest(pg_catalog.current_schemas(false)) s \
-           WHERE pg_catalog.has_schema_privilege(s, 'CREATE'))";
+/// would make it in), the role's excess rights, what of leaderd's there
+/// it should not trust, and who else may create in that schema.
+const SESSION: &str = concat!(
+    "WITH s AS (SELECT n.oid, n.nspname, n.nspowner, n.nspacl FROM pg_catalog.pg_namespace n \
+     WHERE n.oid OPERATOR(pg_catalog.=) COALESCE( \
+       (SELECT c.relnamespace FROM pg_catalog.pg_class c \
+         WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('service_leader_lock')), \
+       (SELECT m.oid FROM pg_catalog.pg_namespace m \
+         WHERE m.nspname OPERATOR(pg_catalog.=) pg_catalog.current_schema()))) \
+     SELECT pg_catalog.host(pg_catalog.inet_client_addr()), pg_catalog.inet_client_port(), \
+     pg_catalog.host(pg_catalog.inet_server_addr()), pg_catalog.inet_server_port(), \
+     pg_catalog.quote_ident(s.nspname), \
+     COALESCE((SELECT r.rolsuper FROM pg_catalog.pg_roles r \
+                WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER), false), \
+     COALESCE((SELECT pg_catalog.pg_has_role(c.relowner, 'USAGE') FROM pg_catalog.pg_class c \
+                WHERE c.relnamespace OPERATOR(pg_catalog.=) s.oid \
+                  AND c.relname OPERATOR(pg_catalog.=) 'service_leader_lock'), false), \
+     ARRAY(SELECT x::text FROM pg_catalog.unnest(pg_catalog.current_schemas(false)) x \
+            WHERE pg_catalog.has_schema_privilege(x, 'CREATE')), \
+     ARRAY(",
+    untrusted!("s.oid"),
+    "), \
+     ARRAY(SELECT CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC' \
+                  ELSE (SELECT g.rolname::text FROM pg_catalog.pg_roles g \
+                         WHERE g.oid OPERATOR(pg_catalog.=) a.grantee) END \
+            FROM pg_catalog.aclexplode(COALESCE(s.nspacl, pg_catalog.acldefault('n', s.nspowner))) a \
+           WHERE a.privilege_type OPERATOR(pg_catalog.=) 'CREATE' \
+             AND a.grantee OPERATOR(pg_catalog.<>) s.nspowner) \
+     FROM s"
+);
 
 /// What [`SESSION`] answered.
 pub(crate) struct Session {
@@ -47,6 +108,11 @@ pub(crate) struct Session {
     pub finding: Option<tokio::task::JoinHandle<bool>>,
     /// The rights this role has beyond the daemon's needs, one phrase each.
     pub excess: Vec<String>,
+    /// What of leaderd's this user should not trust (see [`untrusted`]).
+    pub untrusted: Vec<String>,
+    /// The roles other than its owner that may create in the lock table's
+    /// schema (`PUBLIC` for everyone).
+    pub open_to: Vec<String>,
 }
 
 impl Session {
@@ -57,16 +123,14 @@ impl Session {
     /// answers.
     pub(crate) async fn read(client: &Client) -> Result<Session, StoreError> {
         let rows = client.query_typed(SESSION, &[]).await?;
-        let row = rows
-            .first()
-            .ok_or_else(|| StoreError::Local("no answer to the session query".to_owned()))?;
-        let schema: Option<String> = row.try_get(4)?;
-        let schema = schema.ok_or_else(|| {
+        // No row: no schema holds the table, and the path names none.
+        let row = rows.first().ok_or_else(|| {
             StoreError::Local(
                 "the search_path names no schema that exists: no place for service_leader_lock"
                     .to_owned(),
             )
         })?;
+        let schema: String = row.try_get(4)?;
         let (superuser, owner): (bool, bool) = (row.try_get(5)?, row.try_get(6)?);
         let creatable: Vec<String> = row.try_get(7)?;
         let mut excess = Vec::new();
@@ -89,6 +153,8 @@ impl Session {
             table: format!("{schema}.service_leader_lock"),
             finding,
             excess,
+            untrusted: row.try_get(8)?,
+            open_to: row.try_get(9)?,
         })
     }
 }

@@ -266,7 +266,9 @@ async fn connect(settings: &Settings) -> anyhow::Result<Connection> {
 
 async fn migrate(settings: Settings) -> anyhow::Result<()> {
     let conn = connect(&settings).await?;
+    let open = conn.others_may_create().to_vec();
     let result = conn.migrate().await.context("migration failed")?;
     info!(result = ?result, "service_leader_lock is ready");
+    runtime::connector::warn_open_schema(&open);
     Ok(())
 }

@@ -224,11 +224,32 @@ fn say_galera(conn: &Connection) {
 fn say_excess_rights(conn: &Connection) {
     static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     let excess = conn.excess_rights();
-    if !excess.is_empty() && !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+    let others = conn.others_may_create();
+    if (excess.is_empty() && others.is_empty())
+        || SAID.swap(true, std::sync::atomic::Ordering::Relaxed)
+    {
+        return;
+    }
+    if !excess.is_empty() {
         warn!(
             rights = excess.join("; "),
             "the daemon's database role has more rights than it needs; run the daemon as a \
              role with data rights on service_leader_lock only \
+             (docs/security.md, \"Three users, each with the least it needs\")"
+        );
+    }
+    warn_open_schema(others);
+}
+
+/// Says that roles other than its owner may create in the schema of
+/// leaderd's table and fence (nothing when none may).
+pub fn warn_open_schema(others: &[String]) {
+    if !others.is_empty() {
+        warn!(
+            roles = others.join(", "),
+            "other roles may create objects in the schema of service_leader_lock and \
+             leaderd_fence: an app's fence call that does not name the schema and the argument \
+             types may run one of theirs; install leaderd in a schema of its own \
              (docs/security.md, \"Three users, each with the least it needs\")"
         );
     }
