@@ -168,7 +168,9 @@ const FUNCTIONS: &[(&str, &str, &str, &str)] = &[
     ),
     (
         "obj_description",
-        "a OID, b VARCHAR",
+        // TEXT: an unknown literal prefers it, so an unqualified call with
+        // a quoted second argument would run this one.
+        "a OID, b TEXT",
         "TEXT",
         "pg_catalog.obj_description(a, b)",
     ),

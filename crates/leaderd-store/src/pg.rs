@@ -30,7 +30,7 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::held_off::{self, HeldOff};
 use crate::migrate;
-use crate::pg_session::Session;
+use crate::pg_session::{Facts, Session};
 use crate::tls::{self, Verify};
 use crate::url::TlsMode;
 use crate::{
@@ -650,15 +650,12 @@ pub struct PgStore {
     cancel: CancelHandle,
     /// Its statements, naming the lock table where this connection found it.
     stmts: &'static Statements,
-    /// What this role may do beyond the daemon's needs (see `pg_session`).
-    excess: Vec<String>,
+    /// What this role may do beyond the daemon's needs, what of leaderd's
+    /// it should not trust (while there is any, no statement is sent), and
+    /// who else may create in the table's schema (see `pg_session`).
+    facts: Box<Facts>,
     /// Who held this connection's takeovers off, and since when.
-    held_off: HeldOff,
-    /// What of leaderd's this user should not trust: while there is any,
-    /// no statement is sent (see `pg_session::untrusted`).
-    untrusted: Vec<String>,
-    /// Roles other than its owner that may create in the table's schema.
-    open_to: Vec<String>,
+    held_off: Box<HeldOff>,
     /// Named statements prepared once on this connection, once it is known
     /// to be direct; `None`: unnamed statements, the pooler-safe default.
     named: Option<Vec<(&'static str, tokio_postgres::Statement)>>,
@@ -676,10 +673,8 @@ impl PgStore {
             client: opened.client,
             cancel: opened.cancel,
             stmts: Statements::naming(&session.table),
-            held_off: opened.held_off,
-            untrusted: session.untrusted,
-            open_to: session.open_to,
-            excess: session.excess,
+            held_off: Box::new(opened.held_off),
+            facts: Box::new(session.facts),
             named: None,
             finding: session.finding,
         })
@@ -688,28 +683,28 @@ impl PgStore {
     /// The roles other than its owner that may create objects in the lock
     /// table's schema (`PUBLIC`: everyone).
     pub(crate) fn others_may_create(&self) -> &[String] {
-        &self.open_to
+        &self.facts.open_to
     }
 
     /// Refuses every statement on objects whose owner this user should not
     /// trust: running them could run that owner's code with this user's
     /// rights.
     fn trusted(&self) -> Result<(), StoreError> {
-        if self.untrusted.is_empty() {
+        if self.facts.untrusted.is_empty() {
             return Ok(());
         }
         Err(StoreError::Unsafe(format!(
             "{} belong to a role that is neither a superuser, this user, nor the schema's \
              owner, and could run code with this user's rights (another role made them): \
              not used; have the schema's owner make them (docs/security.md)",
-            self.untrusted.join(", ")
+            self.facts.untrusted.join(", ")
         )))
     }
 
     /// The rights this connection's role has beyond what the daemon needs,
     /// one phrase each (none: it runs as the least-privilege daemon role).
     pub(crate) fn excess_rights(&self) -> &[String] {
-        &self.excess
+        &self.facts.excess
     }
 
     pub(crate) fn cancel_handle(&self) -> CancelHandle {

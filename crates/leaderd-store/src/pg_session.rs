@@ -106,6 +106,13 @@ pub(crate) struct Session {
     /// Whether the connection is direct, while [`own_socket`] finds out
     /// (`None`: not direct, or no way to tell).
     pub finding: Option<tokio::task::JoinHandle<bool>>,
+    /// What it found of rights.
+    pub facts: Facts,
+}
+
+/// Rights, as a connect found them.
+#[derive(Debug, Default)]
+pub(crate) struct Facts {
     /// The rights this role has beyond the daemon's needs, one phrase each.
     pub excess: Vec<String>,
     /// What of leaderd's this user should not trust (see [`untrusted`]).
@@ -152,9 +159,11 @@ impl Session {
         Ok(Session {
             table: format!("{schema}.service_leader_lock"),
             finding,
-            excess,
-            untrusted: row.try_get(8)?,
-            open_to: row.try_get(9)?,
+            facts: Facts {
+                excess,
+                untrusted: row.try_get(8)?,
+                open_to: row.try_get(9)?,
+            },
         })
     }
 }
