@@ -210,6 +210,9 @@ const FUNCTIONS: &[(&str, &str, &str, &str)] = &[
         "TEXT",
         "pg_catalog.array_to_string(a, b)",
     ),
+    // An overload of the fence's name (what an app's unqualified call
+    // would find first): none of leaderd's, which must not stop a daemon.
+    ("leaderd_fence", "a TEXT, b BIGINT", "BIGINT", "b"),
 ];
 
 /// The SQL that the role `planter` runs to plant every trap in `schema`

@@ -362,13 +362,20 @@ mod pgbouncer {
     }
 
     /// No attempt failed (not even a retried one) and nothing was logged
-    /// above info, by any daemon; the live ones count no heartbeat error.
+    /// above info, by any daemon, but the start-up line that says the
+    /// harness's superuser has more rights than a daemon needs; the live
+    /// ones count no heartbeat error.
     fn quiet(ran: &Ran) {
         for d in &ran.daemons {
             let loud: Vec<String> = d
                 .log_events()
                 .iter()
                 .filter(|e| e["level"] == "WARN" || e["level"] == "ERROR")
+                .filter(|e| {
+                    !e["message"].as_str().is_some_and(|m| {
+                        m.starts_with("the daemon's database role has more rights")
+                    })
+                })
                 .map(|e| e.to_string())
                 .collect();
             assert!(loud.is_empty(), "{}: {loud:#?}", d.id);

@@ -661,3 +661,56 @@ fn an_installation_made_by_another_role_is_never_used() {
     let spied = db.scalar("SELECT count(*) FROM public.spied");
     assert_eq!(spied, "0", "the planter's trigger ran");
 }
+
+/// The app's role may create schemas in the database (it owns it, or runs
+/// its own migrations). It makes one named as the daemon's role, which the
+/// default search_path (`"$user", public`) puts first, with a lock table of
+/// its own there. The daemon does not trust it (the schema's owner is not
+/// trusted for the `"$user"` schema), never leads on it, and the app's
+/// trigger never runs.
+#[test]
+fn a_schema_named_as_the_daemons_role_is_not_trusted() {
+    let _s = serial();
+    let db = TempDb::postgres();
+    let (code, _, err) = run_cli(&["migrate", "--database-url", &db.url], &[]);
+    assert_eq!(code, 0, "{err}");
+    let daemon = PgRole::new(&db, "daemon");
+    let app = PgRole::new(&db, "app");
+    let (d, a) = (&daemon.name, &app.name);
+    db.exec(&[
+        &format!("GRANT SELECT, INSERT, UPDATE ON service_leader_lock TO {d}"),
+        &format!("GRANT USAGE ON SEQUENCE service_leader_lock_id_seq TO {d}"),
+        &format!("GRANT CREATE ON DATABASE {} TO {a}", db.name()),
+    ]);
+    pg_exec(
+        &db.url_as(a),
+        &[
+            &format!("CREATE SCHEMA {d}"),
+            &format!("GRANT USAGE ON SCHEMA {d} TO PUBLIC"),
+            "CREATE TABLE public.spied (who TEXT)",
+            "GRANT INSERT ON public.spied TO PUBLIC",
+            "CREATE FUNCTION public.spy() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+             INSERT INTO public.spied VALUES (current_user); RETURN NEW; END $$",
+            &format!(
+                "CREATE TABLE {d}.service_leader_lock (LIKE public.service_leader_lock \
+                 INCLUDING ALL)"
+            ),
+            &format!("GRANT ALL ON {d}.service_leader_lock TO PUBLIC"),
+            &format!(
+                "CREATE TRIGGER spy BEFORE INSERT OR UPDATE ON {d}.service_leader_lock \
+                 FOR EACH ROW EXECUTE FUNCTION public.spy()"
+            ),
+        ],
+    );
+    let dir = Scratch::new();
+    let daemon_proc = Daemon::start(&db.url_as(d), "a", &dir, &["--no-migrate"]);
+    wait_for(Duration::from_secs(10), "the daemon to refuse", || {
+        daemon_proc
+            .log_text()
+            .contains("unsafe database")
+            .then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(!daemon_proc.is_leader());
+    assert_eq!(db.scalar("SELECT count(*) FROM public.spied"), "0");
+}

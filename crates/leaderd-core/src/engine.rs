@@ -686,11 +686,17 @@ impl Engine {
             } else {
                 Duration::ZERO
             };
+            // Within NOTICE_EVERY of the last notice that asked at once:
+            // one attempt when that has passed, and the mark stays where it
+            // is (moving it on would let a flood put wake-ups off for as
+            // long as it lasted, and longer).
             let due = match self.noticed_at {
                 Some(last) if last + NOTICE_EVERY > now => last + NOTICE_EVERY,
-                _ => now,
+                _ => {
+                    self.noticed_at = Some(now);
+                    now
+                }
             };
-            self.noticed_at = Some(due);
             self.next_attempt = self.next_attempt.min(due + late);
             self.watching_take = true;
             // Held (it released with a hold) or late: it may not ask, so
@@ -932,6 +938,10 @@ mod tests {
             (1..=most as usize).contains(&attempts),
             "{attempts} attempts, at most {most}"
         );
+        // The flood over, a real release's notice is answered at once.
+        e.on_attempt(at(1100), at(1101), refused("pod-b", 4, 800_000));
+        e.on_release_notice(at(1150));
+        assert!(e.attempt_due(at(1150)), "wake-ups put off after a flood");
     }
 
     #[test]

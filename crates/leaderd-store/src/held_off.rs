@@ -39,8 +39,25 @@ pub fn warned_total() -> u64 {
 pub(crate) struct HeldOff {
     /// Notices the connection's task received since the last review.
     heard: Arc<Mutex<Vec<String>>>,
-    /// Each holder (its notice's text): first seen, last warned.
-    since: HashMap<String, (Instant, Option<Instant>)>,
+    /// Each election held off: since when, when last heard of, when last
+    /// warned about. By election, not by holder: a holder that keeps
+    /// changing (a new session every half a lease) holds it off as long.
+    since: HashMap<String, Held>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    first: Instant,
+    last: Instant,
+    warned: Option<Instant>,
+}
+
+/// The election a notice names: `… election "NAME" held off by …` (the
+/// last such marker, so that a quote in the name does not cut it short).
+fn election_of(notice: &str) -> Option<&str> {
+    let start = notice.find("election \"")? + "election \"".len();
+    let end = notice.rfind("\" held off by ")?;
+    notice.get(start..end)
 }
 
 impl HeldOff {
@@ -57,24 +74,37 @@ impl HeldOff {
         }
     }
 
-    /// After a takeover statement: each holder it heard of is remembered
-    /// (one it no longer hears of is forgotten) and warned about once it
-    /// has held takeovers off for longer than `lease`.
+    /// After a takeover statement: each election it heard of as held off
+    /// is remembered, and warned about, naming its holder now, once it has
+    /// been held off for longer than `lease`. An election not heard of for
+    /// two leases is forgotten: a takeover held off is tried again within
+    /// a heartbeat, which is shorter than a lease.
     pub(crate) fn review(&mut self, lease: Duration, now: Instant) {
         let heard = std::mem::take(&mut *self.heard.lock().unwrap_or_else(|e| e.into_inner()));
-        self.since.retain(|holder, _| heard.contains(holder));
-        for holder in heard {
-            let (first, warned) = self.since.entry(holder.clone()).or_insert((now, None));
-            let held = now.saturating_duration_since(*first);
-            let due = warned.is_none_or(|at| now.saturating_duration_since(at) >= AGAIN_AFTER);
-            if held > lease && due {
-                if warned.is_none() {
+        self.since
+            .retain(|_, held| now.saturating_duration_since(held.last) <= lease * 2);
+        for notice in &heard {
+            let Some(election) = election_of(notice) else {
+                continue;
+            };
+            let held = self.since.entry(election.to_owned()).or_insert(Held {
+                first: now,
+                last: now,
+                warned: None,
+            });
+            held.last = now;
+            let for_how_long = now.saturating_duration_since(held.first);
+            let due = held
+                .warned
+                .is_none_or(|at| now.saturating_duration_since(at) >= AGAIN_AFTER);
+            if for_how_long > lease && due {
+                if held.warned.is_none() {
                     WARNED.fetch_add(1, Ordering::Relaxed);
                 }
-                *warned = Some(now);
+                held.warned = Some(now);
                 tracing::warn!(
-                    holder = %holder,
-                    held_off_ms = u64::try_from(held.as_millis()).unwrap_or(u64::MAX),
+                    holder = %notice,
+                    held_off_ms = u64::try_from(for_how_long.as_millis()).unwrap_or(u64::MAX),
                     "a takeover is held off for longer than a lease by a session holding the \
                      election's key (a fenced transaction that does not end, a prepared \
                      transaction, or any session that took the key): end it \
@@ -89,37 +119,43 @@ impl HeldOff {
 mod tests {
     use super::*;
 
+    fn notice(pid: u32) -> String {
+        format!("leaderd: takeover of election \"e\"1\" held off by pid {pid} (role r)")
+    }
+
     #[test]
-    fn a_holder_is_warned_about_past_a_lease_once_a_minute() {
+    fn an_election_held_off_is_warned_about_past_a_lease_once_a_minute() {
         let mut h = HeldOff::default();
         let ear = h.ear();
         let t0 = Instant::now();
         let lease = Duration::from_millis(1200);
-        let say = |h: &mut HeldOff, at: Duration| {
-            HeldOff::hear(&ear, "held off by pid 7 (role r)");
-            h.review(lease, t0 + at);
+        // A new holder at every try: still one election held off.
+        let say = |h: &mut HeldOff, at_ms: u64| {
+            HeldOff::hear(&ear, &notice(u32::try_from(at_ms).unwrap()));
+            h.review(lease, t0 + Duration::from_millis(at_ms));
         };
         let before = warned_total();
-        say(&mut h, Duration::ZERO);
-        say(&mut h, Duration::from_millis(1000));
-        assert_eq!(h.since.values().filter(|(_, w)| w.is_some()).count(), 0);
-        say(&mut h, Duration::from_millis(1300));
-        let first = h.since.values().next().unwrap().1;
-        assert_eq!(first, Some(t0 + Duration::from_millis(1300)));
-        say(&mut h, Duration::from_secs(30));
-        assert_eq!(
-            h.since.values().next().unwrap().1,
-            first,
-            "not again within a minute"
-        );
-        say(&mut h, Duration::from_secs(62));
-        assert_eq!(
-            h.since.values().next().unwrap().1,
-            Some(t0 + Duration::from_secs(62))
-        );
-        assert!(warned_total() > before);
-        // A review that did not hear of it: gone, and counted anew later.
-        h.review(lease, t0 + Duration::from_secs(63));
+        // Tried every second for 62 s: warned past the lease, then once a
+        // minute.
+        let mut warnings = Vec::new();
+        for at_ms in (0..=62_000).step_by(1000) {
+            let was = h.since.get("e\"1").and_then(|held| held.warned);
+            say(&mut h, at_ms);
+            let now = h.since["e\"1"].warned;
+            if now != was {
+                warnings.push(at_ms);
+            }
+        }
+        assert_eq!(warnings, [2000, 62_000]);
+        assert_eq!(warned_total(), before + 1, "one election held off");
+        // Not heard of for two leases: forgotten.
+        h.review(lease, t0 + Duration::from_millis(65_000));
         assert!(h.since.is_empty());
+    }
+
+    #[test]
+    fn the_election_is_read_from_the_notice() {
+        assert_eq!(election_of(&notice(7)), Some("e\"1"));
+        assert_eq!(election_of("something else"), None);
     }
 }

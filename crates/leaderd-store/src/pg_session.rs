@@ -21,13 +21,20 @@ use crate::StoreError;
 
 /// leaderd's objects in the schema whose oid is `$nsp` (an SQL
 /// expression) that this user should not trust, one text each ("trigger
-/// x (owner r)"): a table, function or trigger function whose owner is
-/// neither a superuser, this user, the schema's owner, nor (for a schema
-/// of `pg_database_owner`) the database's owner. Such an owner could run
-/// code with this user's rights through them: a trigger on the lock
-/// table, a policy, a fence of its own that passes everything (a role that
-/// may create in the schema can make them all before leaderd is installed
-/// there, and the names alone would look current).
+/// x (owner r)"): a table, a function of leaderd's name and arguments, or
+/// the function of any trigger on the lock table, whose owner is neither a
+/// superuser, this user, the schema's owner, nor (for a schema of
+/// `pg_database_owner`) the database's owner. Such an owner could run code
+/// with this user's rights through them: a trigger on the lock table, a
+/// policy, a fence of its own that passes everything (a role that may
+/// create in the schema can make them all before leaderd is installed
+/// there, and the names alone would look current). The schema's owner is
+/// not trusted for a schema named as this user: that is the search_path's
+/// `"$user"`, which whoever may create schemas in the database can make
+/// (and so put a lock table of its own first on this user's path).
+/// Functions of leaderd's names with other arguments are not leaderd's
+/// (another role's overload there makes no daemon stop; the warning that
+/// others may create in the schema covers the app's call).
 macro_rules! untrusted {
     ($nsp:literal) => {
         concat!(
@@ -50,17 +57,26 @@ macro_rules! untrusted {
              SELECT 'function ' OPERATOR(pg_catalog.||) p.proname::text, p.proowner \
              FROM pg_catalog.pg_proc p WHERE p.pronamespace OPERATOR(pg_catalog.=) ",
             $nsp,
-            " AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['leaderd_fence', \
-             'service_leader_keep_token', 'service_leader_seed_token', 'service_leader_token_floor', \
-             'service_leader_take', 'service_leader_take_key']::pg_catalog.name[])) o \
+            " AND ((p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['service_leader_keep_token', \
+             'service_leader_seed_token', 'service_leader_take']::pg_catalog.name[]) \
+             AND p.pronargs OPERATOR(pg_catalog.=) 0) \
+             OR (p.proname OPERATOR(pg_catalog.=) 'service_leader_token_floor' \
+             AND pg_catalog.oidvectortypes(p.proargtypes) OPERATOR(pg_catalog.=) 'character varying') \
+             OR (p.proname OPERATOR(pg_catalog.=) 'service_leader_take_key' \
+             AND pg_catalog.oidvectortypes(p.proargtypes) OPERATOR(pg_catalog.=) \
+             'character varying, bigint') \
+             OR (p.proname OPERATOR(pg_catalog.=) 'leaderd_fence' \
+             AND pg_catalog.oidvectortypes(p.proargtypes) OPERATOR(pg_catalog.=) \
+             'character varying, bigint, interval'))) o \
              JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) o.owner \
              JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) ",
             $nsp,
             " WHERE NOT (r.rolsuper OR r.rolname OPERATOR(pg_catalog.=) CURRENT_USER \
-             OR r.oid OPERATOR(pg_catalog.=) n.nspowner \
+             OR (n.nspname OPERATOR(pg_catalog.<>) CURRENT_USER \
+             AND (r.oid OPERATOR(pg_catalog.=) n.nspowner \
              OR (n.nspowner OPERATOR(pg_catalog.=) pg_catalog.to_regrole('pg_database_owner') \
              AND r.oid OPERATOR(pg_catalog.=) (SELECT d.datdba FROM pg_catalog.pg_database d \
-             WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())))"
+             WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())))))"
         )
     };
 }

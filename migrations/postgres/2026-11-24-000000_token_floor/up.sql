@@ -68,14 +68,20 @@ BEGIN
     END IF;
     -- Nor may another role's function stand where these go: CREATE OR
     -- REPLACE keeps a function's owner, who could then rewrite its body.
+    -- Only the very functions (name and arguments): one of the same name
+    -- with other arguments is another function, which nothing here
+    -- replaces or calls.
     IF EXISTS (
         SELECT 1 FROM pg_catalog.pg_proc p
           JOIN pg_catalog.pg_roles o ON o.oid OPERATOR(pg_catalog.=) p.proowner
-         WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(s)
-           AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['service_leader_keep_token', 'service_leader_seed_token',
-                                                           'service_leader_token_floor', 'service_leader_take',
-                                                           'service_leader_take_key',
-                                                           'leaderd_fence']::pg_catalog.name[])
+         WHERE p.oid OPERATOR(pg_catalog.=) ANY (ARRAY[
+                   pg_catalog.to_regprocedure(pg_catalog.format('%s.service_leader_keep_token()', s)),
+                   pg_catalog.to_regprocedure(pg_catalog.format('%s.service_leader_seed_token()', s)),
+                   pg_catalog.to_regprocedure(pg_catalog.format('%s.service_leader_token_floor(varchar)', s)),
+                   pg_catalog.to_regprocedure(pg_catalog.format('%s.service_leader_take()', s)),
+                   pg_catalog.to_regprocedure(pg_catalog.format('%s.service_leader_take_key(varchar, bigint)', s)),
+                   pg_catalog.to_regprocedure(pg_catalog.format('%s.leaderd_fence(varchar, bigint, interval)', s))
+               ]::pg_catalog.oid[])
            AND NOT (o.rolname OPERATOR(pg_catalog.=) CURRENT_USER OR o.rolsuper)) THEN
         RAISE EXCEPTION USING ERRCODE = 'LF010', MESSAGE = pg_catalog.format(
             'leaderd: a function named as one of leaderd''s in schema %s belongs to a role other than %s, '
