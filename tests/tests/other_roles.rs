@@ -540,10 +540,11 @@ async fn lock_table_reads(admin: &tokio_postgres::Client) -> i64 {
 }
 
 /// Any role that may connect may `NOTIFY leaderd, 'default'`, as often as
-/// it likes. A follower asks for the row at most once per 20 ms whatever
-/// arrives: its database's lock-table reads (only leaderd's daemons use
-/// this database) with 500 notifications a second stay within 60 a second
-/// of its quiet rate (each notification cost about three before).
+/// it likes. A follower asks for the row at most once per 50 ms whatever
+/// arrives (an attempt is three or four index reads): its database's
+/// lock-table reads (only leaderd's daemons use this database) with 500
+/// notifications a second stay within 120 a second of its quiet rate
+/// (each notification cost about three before).
 #[test]
 fn a_flood_of_release_notifications_costs_a_bounded_rate_of_reads() {
     let _s = serial();
@@ -593,7 +594,7 @@ fn a_flood_of_release_notifications_costs_a_bounded_rate_of_reads() {
     );
     assert!(sent >= 2000, "sent only {sent} notifications");
     assert!(
-        flooded <= quiet + 60.0,
+        flooded <= quiet + 120.0,
         "{flooded:.0} reads a second with {sent} notifications in {window:?}, \
          {quiet:.0} quiet"
     );
@@ -687,18 +688,24 @@ fn a_schema_named_as_the_daemons_role_is_not_trusted() {
         &[
             &format!("CREATE SCHEMA {d}"),
             &format!("GRANT USAGE ON SCHEMA {d} TO PUBLIC"),
-            "CREATE TABLE public.spied (who TEXT)",
-            "GRANT INSERT ON public.spied TO PUBLIC",
-            "CREATE FUNCTION public.spy() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
-             INSERT INTO public.spied VALUES (current_user); RETURN NEW; END $$",
+            &format!("CREATE TABLE {d}.spied (who TEXT)"),
+            &format!("GRANT INSERT ON {d}.spied TO PUBLIC"),
             &format!(
-                "CREATE TABLE {d}.service_leader_lock (LIKE public.service_leader_lock \
-                 INCLUDING ALL)"
+                "CREATE FUNCTION {d}.spy() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+                 INSERT INTO {d}.spied VALUES (current_user); RETURN NEW; END $$"
             ),
+            &format!(
+                "CREATE TABLE {d}.service_leader_lock (id BIGSERIAL PRIMARY KEY, \
+                 name VARCHAR(100) NOT NULL UNIQUE, holder VARCHAR(100), instance VARCHAR(64), \
+                 token BIGINT NOT NULL, acquired_at TIMESTAMPTZ, renewed_at TIMESTAMPTZ, \
+                 expires_at TIMESTAMPTZ NOT NULL, successor VARCHAR(64), address VARCHAR(255), \
+                 address_instance VARCHAR(64))"
+            ),
+            &format!("GRANT ALL ON SEQUENCE {d}.service_leader_lock_id_seq TO PUBLIC"),
             &format!("GRANT ALL ON {d}.service_leader_lock TO PUBLIC"),
             &format!(
                 "CREATE TRIGGER spy BEFORE INSERT OR UPDATE ON {d}.service_leader_lock \
-                 FOR EACH ROW EXECUTE FUNCTION public.spy()"
+                 FOR EACH ROW EXECUTE FUNCTION {d}.spy()"
             ),
         ],
     );
@@ -712,5 +719,5 @@ fn a_schema_named_as_the_daemons_role_is_not_trusted() {
     });
     std::thread::sleep(Duration::from_secs(2));
     assert!(!daemon_proc.is_leader());
-    assert_eq!(db.scalar("SELECT count(*) FROM public.spied"), "0");
+    assert_eq!(db.scalar(&format!("SELECT count(*) FROM {d}.spied")), "0");
 }

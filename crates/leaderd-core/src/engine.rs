@@ -216,9 +216,10 @@ pub const TAKE_WATCH: Duration = Duration::from_millis(10);
 /// Release notices ask for an attempt at most this often. Anyone who may
 /// connect can send one (PostgreSQL's `NOTIFY` needs no right), as often as
 /// it likes: an attempt for each would have every follower read the table
-/// at the sender's pace. A real release two notices apart within this is
-/// rare, and then costs the second at most this long.
-pub const NOTICE_EVERY: Duration = Duration::from_millis(20);
+/// at the sender's pace (an attempt is three or four index reads). A real
+/// release within this of another notice (rare, but for such a flood) is
+/// answered at most this late.
+pub const NOTICE_EVERY: Duration = Duration::from_millis(50);
 /// Backoff after the second consecutive failure; doubles up to a heartbeat.
 const FIRST_BACKOFF: Duration = Duration::from_millis(25);
 /// How many heartbeats late a draining replica comes to a free row: later
@@ -686,17 +687,16 @@ impl Engine {
             } else {
                 Duration::ZERO
             };
-            // Within NOTICE_EVERY of the last notice that asked at once:
-            // one attempt when that has passed, and the mark stays where it
-            // is (moving it on would let a flood put wake-ups off for as
-            // long as it lasted, and longer).
+            // One attempt per NOTICE_EVERY: a notice inside the current
+            // slot is served by the attempt at its end, already asked for
+            // (the mark is never more than one slot ahead: a flood cannot
+            // put wake-ups off past its own end).
             let due = match self.noticed_at {
-                Some(last) if last + NOTICE_EVERY > now => last + NOTICE_EVERY,
-                _ => {
-                    self.noticed_at = Some(now);
-                    now
-                }
+                Some(mark) if now < mark => mark,
+                Some(mark) if now < mark + NOTICE_EVERY => mark + NOTICE_EVERY,
+                _ => now,
             };
+            self.noticed_at = Some(due);
             self.next_attempt = self.next_attempt.min(due + late);
             self.watching_take = true;
             // Held (it released with a hold) or late: it may not ask, so
