@@ -721,3 +721,55 @@ fn a_schema_named_as_the_daemons_role_is_not_trusted() {
     assert!(!daemon_proc.is_leader());
     assert_eq!(db.scalar(&format!("SELECT count(*) FROM {d}.spied")), "0");
 }
+
+/// MariaDB: a user with no grant at all takes an election's wake-up lock
+/// (a named lock, open to anyone who may connect) before its leader does.
+/// The leader says so within a few seconds, naming that connection; the
+/// election still elects (the lock is a wake-up only).
+#[test]
+fn a_squatted_wake_up_lock_is_named() {
+    use mysql_async::prelude::Queryable;
+    let _s = serial();
+    let db = TempDb::mysql();
+    let user = format!(
+        "leaderd_stranger_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..10]
+    );
+    leaderd_tests::mysql_exec(&format!("CREATE USER '{user}'@'%'"));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = db
+        .url
+        .rsplit_once('/')
+        .unwrap()
+        .0
+        .replacen("root@", &format!("{user}@"), 1);
+    let (mut squatter, connection) = rt.block_on(async {
+        let mut c = mysql_async::Conn::from_url(format!("{server}/"))
+            .await
+            .unwrap();
+        let name = format!("{}/default", db.name());
+        let got: Option<i64> = c
+            .exec_first("SELECT GET_LOCK(CONCAT('leaderd:', SHA1(?)), 0)", (name,))
+            .await
+            .unwrap();
+        assert_eq!(got, Some(1), "a user with no grant takes a named lock");
+        let id: Option<u64> = c.query_first("SELECT CONNECTION_ID()").await.unwrap();
+        (c, id.unwrap())
+    });
+    let dir = Scratch::new();
+    let a = Daemon::start(&db.url, "a", &dir, &[]);
+    let said = wait_for(Duration::from_secs(15), "the leader's warning", || {
+        a.log_events().into_iter().find(|e| {
+            e["message"].as_str().is_some_and(|m| {
+                m.starts_with("another connection holds this leader's wake-up lock")
+            })
+        })
+    });
+    assert_eq!(said["connection"].as_u64(), Some(connection), "{said}");
+    assert!(a.is_leader());
+    rt.block_on(async { squatter.query_drop("DO RELEASE_ALL_LOCKS()").await })
+        .unwrap();
+    drop(squatter);
+    drop(rt);
+    leaderd_tests::drop_mysql_users(&[user]);
+}

@@ -3,7 +3,10 @@
 
 use std::time::{Duration, Instant};
 
-use leaderd_store::{Attempt, Connection, DatabaseUrl, LeaseRequest, Migrated, Release, Successor};
+use leaderd_store::{
+    Attempt, Connection, DatabaseUrl, LeaseRequest, Migrated, Release, StoreError, Successor,
+    WakeLock,
+};
 use leaderd_tests::store::{acquire, connect, migrated, try_connect};
 use leaderd_tests::TempDb;
 
@@ -892,19 +895,31 @@ mod mysql_safety {
         let mut a = connect(&db.url).await;
         let mut b = connect(&db.url).await;
         let names = ["jobs", r#"jöb "é" \ 😀"#, "mailer"];
-        assert_eq!(a.hold_wake_locks(&names).await.unwrap(), [true; 3]);
+        // Whether each is held by this session; a lock another session
+        // holds names it.
+        async fn held(c: &mut Connection, names: &[&str]) -> Result<Vec<bool>, StoreError> {
+            let locks = c.hold_wake_locks(names).await?;
+            for lock in &locks {
+                assert!(
+                    matches!(lock, WakeLock::Held | WakeLock::Busy(Some(_))),
+                    "{lock:?}"
+                );
+            }
+            Ok(locks.iter().map(|l| *l == WakeLock::Held).collect())
+        }
+        assert_eq!(held(&mut a, &names).await.unwrap(), [true; 3]);
         // Asked again (a presence retaking what it holds): still held once.
-        assert_eq!(a.hold_wake_locks(&names[..2]).await.unwrap(), [true; 2]);
-        assert_eq!(b.hold_wake_locks(&names).await.unwrap(), [false; 3]);
+        assert_eq!(held(&mut a, &names[..2]).await.unwrap(), [true; 2]);
+        assert_eq!(held(&mut b, &names).await.unwrap(), [false; 3]);
         a.free_wake_locks(&names[..2]).await.unwrap();
         assert_eq!(
-            b.hold_wake_locks(&names).await.unwrap(),
+            held(&mut b, &names).await.unwrap(),
             [true, true, false],
             "freed once, the first two are free"
         );
         // Freeing what another session holds changes nothing.
         a.free_wake_locks(&names[..1]).await.unwrap();
-        assert_eq!(a.hold_wake_locks(&names[..1]).await.unwrap(), [false]);
+        assert_eq!(held(&mut a, &names[..1]).await.unwrap(), [false]);
     }
 
     #[tokio::test]

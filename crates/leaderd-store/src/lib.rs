@@ -382,6 +382,15 @@ impl Canceller {
     }
 }
 
+/// A wake-up lock (MySQL/MariaDB) as a take left it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WakeLock {
+    /// This connection holds it.
+    Held,
+    /// Another connection holds it: its id, when the server said.
+    Busy(Option<u64>),
+}
+
 /// A connection to the lock table on one backend.
 #[derive(Debug)]
 pub enum Connection {
@@ -570,10 +579,15 @@ impl Connection {
     /// now. Idempotent (a lock held already stays held once), held until
     /// freed or the connection ends. Elsewhere nothing to hold (the release
     /// announces): all `true`.
-    pub async fn hold_wake_locks(&mut self, elections: &[&str]) -> Result<Vec<bool>, StoreError> {
+    pub async fn hold_wake_locks(
+        &mut self,
+        elections: &[&str],
+    ) -> Result<Vec<WakeLock>, StoreError> {
         match self {
             Connection::Mysql(c) => c.hold_wake_locks(elections).await,
-            Connection::Postgres(_) | Connection::Sqlite(_) => Ok(vec![true; elections.len()]),
+            Connection::Postgres(_) | Connection::Sqlite(_) => {
+                Ok(vec![WakeLock::Held; elections.len()])
+            }
         }
     }
 

@@ -19,7 +19,7 @@ use crate::tls::{Files, Verify};
 use crate::url::TlsMode;
 use crate::{
     as_heir, observed, DatabaseUrl, ElectionRow, FenceStatus, LeaseRequest, Migrated, Observed,
-    Release, RowParts, StoreError,
+    Release, RowParts, StoreError, WakeLock,
 };
 
 /// [`OBSERVE`]'s row: holder, instance, token, remaining µs, address,
@@ -910,15 +910,19 @@ const LET_GO: &str = concat!("SELECT RELEASE_LOCK(", lock_name!(), ")");
 /// Whether someone (a leader) holds the lock now.
 const LOCK_HELD: &str = concat!("SELECT IS_USED_LOCK(", lock_name!(), ") IS NOT NULL");
 /// A leader takes its elections' locks without waiting, all in one
-/// statement: 1 for each it holds now. Idempotent: a lock this session holds
-/// already is not taken again (a session counts a lock taken twice, and one
-/// free would leave it held). Bind: the names, a JSON array.
+/// statement: for each, 0 when it holds it now, else the connection that
+/// does (anyone who may connect can take a named lock), or -1 when the
+/// server did not say. Idempotent: a lock this session holds already is
+/// not taken again (a session counts a lock taken twice, and one free
+/// would leave it held). Bind: the names, a JSON array.
 const TAKE_LOCKS: &str = concat!(
     "SELECT IF(IS_USED_LOCK(",
     lock_name!("j.n"),
-    ") <=> CONNECTION_ID(), 1, COALESCE(GET_LOCK(",
+    ") <=> CONNECTION_ID() OR COALESCE(GET_LOCK(",
     lock_name!("j.n"),
-    ", 0), 0))",
+    ", 0), 0) = 1, 0, COALESCE(IS_USED_LOCK(",
+    lock_name!("j.n"),
+    "), -1))",
     names_of_json!()
 );
 /// Frees the leader's locks of those elections (bind: the names, a JSON
@@ -1105,19 +1109,24 @@ impl LocksWatcher {
 
 impl MysqlStore {
     /// Takes the elections' named locks (see [`LockWaiter`]) without
-    /// waiting, in one statement; whether this session holds each now (a
-    /// follower that just woke may hold one for an instant: try again).
+    /// waiting, in one statement; whether this session holds each now, or
+    /// who does (a follower that just woke may hold one for an instant:
+    /// try again).
     pub(crate) async fn hold_wake_locks(
         &mut self,
         elections: &[&str],
-    ) -> Result<Vec<bool>, StoreError> {
+    ) -> Result<Vec<WakeLock>, StoreError> {
         let names = names_json(elections);
         let got: Vec<i64> = Stmt::<BigInt>::new(TAKE_LOCKS, [Bind::Text(&names)])
             .load(&mut self.conn)
             .await?;
         // One row per name, in order (one missing reads as not held).
         Ok((0..elections.len())
-            .map(|i| got.get(i) == Some(&1))
+            .map(|i| match got.get(i) {
+                Some(0) => WakeLock::Held,
+                Some(&id) => WakeLock::Busy(u64::try_from(id).ok()),
+                None => WakeLock::Busy(None),
+            })
             .collect())
     }
 

@@ -7,11 +7,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use leaderd_store::{Presence, Waiter};
+use leaderd_store::{Presence, Waiter, WakeLock};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::clock::boot_now;
 use crate::runtime::daemon::Daemon;
@@ -145,9 +145,12 @@ pub async fn keep_presence(
         let kept: Result<(), String> = async {
             // A follower that just woke holds the lock for an instant.
             let mut taken_on = None;
+            let mut busy = Busy::default();
             while *leading.borrow() && !closed(&leading) {
-                let (got, generation) = link.hold_wake_lock(&election).await?;
-                if got {
+                let (lock, generation) = link.hold_wake_lock(&election).await?;
+                if let WakeLock::Busy(holder) = lock {
+                    busy.seen(&election, holder, Instant::now());
+                } else {
                     held.send_replace(Some(Instant::now()));
                     taken_on = Some(generation);
                     break;
@@ -174,6 +177,37 @@ pub async fn keep_presence(
         if let Err(e) = kept {
             debug!(error = %e, "leader presence failed; trying again");
             tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// How long a leader's wake-up lock may be someone else's before it says
+/// so: a follower that just woke holds it for an instant, nothing longer.
+const BUSY_FOR: Duration = Duration::from_secs(1);
+
+/// A leader's wake-up lock held by another connection: anyone who may
+/// connect can take a named lock, and while someone does, this leader's
+/// releases wake nobody (the others come at their poll, up to a heartbeat
+/// later). Said once per leadership, after [`BUSY_FOR`].
+#[derive(Debug, Default)]
+struct Busy {
+    since: Option<Instant>,
+    said: bool,
+}
+
+impl Busy {
+    fn seen(&mut self, election: &str, holder: Option<u64>, now: Instant) {
+        let since = *self.since.get_or_insert(now);
+        if !self.said && now.saturating_duration_since(since) >= BUSY_FOR {
+            self.said = true;
+            warn!(
+                election,
+                connection = holder,
+                "another connection holds this leader's wake-up lock (a named lock anyone who \
+                 may connect can take): graceful handovers of this election wake the other \
+                 replicas only at their poll, up to a heartbeat later; end that connection \
+                 (docs/operations.md, \"A wake-up lock held by another connection\")"
+            );
         }
     }
 }
@@ -208,6 +242,20 @@ mod tests {
     use super::*;
 
     const BUDGET: Duration = Duration::from_millis(300);
+
+    #[test]
+    fn a_wake_up_lock_held_elsewhere_is_said_once_past_an_instant() {
+        let mut busy = Busy::default();
+        let t0 = Instant::now();
+        busy.seen("e", Some(7), t0);
+        busy.seen("e", Some(7), t0 + BUSY_FOR / 2);
+        assert!(
+            !busy.said,
+            "a follower that just woke holds it for an instant"
+        );
+        busy.seen("e", Some(7), t0 + BUSY_FOR);
+        assert!(busy.said);
+    }
 
     /// How long `presence_noticed` took with `held` as given.
     async fn noticed_after(rx: &mut watch::Receiver<Option<Instant>>) -> Duration {

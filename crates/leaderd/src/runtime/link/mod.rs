@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leaderd_core::{Attempt, BootTime};
-use leaderd_store::{Connection, ElectionRow, LeaseRequest, MAX_ADDRESS_CHARS};
+use leaderd_store::{Connection, ElectionRow, LeaseRequest, WakeLock, MAX_ADDRESS_CHARS};
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
 use crate::clock::boot_now;
@@ -161,7 +161,7 @@ impl Job {
 }
 
 /// Whether the lock is held now, and on which connection.
-type WakeLockReply = oneshot::Sender<Result<(bool, u64), String>>;
+type WakeLockReply = oneshot::Sender<Result<(WakeLock, u64), String>>;
 
 /// A handle on the daemon's connection; one per user (cheap to clone).
 #[derive(Debug, Clone)]
@@ -308,7 +308,7 @@ impl Link {
     /// Takes `election`'s wake-up lock on the connection (see
     /// [`leaderd_store::Connection::hold_wake_locks`]), connecting first if
     /// needed: whether it is held now, and the connection's generation.
-    pub async fn hold_wake_lock(&self, election: &str) -> Result<(bool, u64), String> {
+    pub async fn hold_wake_lock(&self, election: &str) -> Result<(WakeLock, u64), String> {
         self.ask(|reply| Job::WakeLock {
             election: election.to_owned(),
             free: None,
@@ -424,7 +424,7 @@ impl Task {
                     reply,
                     ..
                 } => {
-                    let _ = reply.send(Ok((false, generation)));
+                    let _ = reply.send(Ok((WakeLock::Busy(None), generation)));
                 }
                 other => kept.push_back(other),
             }

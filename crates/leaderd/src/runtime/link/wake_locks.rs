@@ -1,6 +1,8 @@
 //! MySQL's wake-up locks on the link's connection: a batch's frees, then
 //! its takes, one statement each.
 
+use leaderd_store::WakeLock;
+
 use super::{Job, Task, WakeLockReply, RELEASE_CAP};
 
 impl Task {
@@ -18,7 +20,7 @@ impl Task {
             match free {
                 // Gone with the connection it was taken on.
                 Some(taken_on) if taken_on != generation => {
-                    let _ = reply.send(Ok((false, generation)));
+                    let _ = reply.send(Ok((WakeLock::Busy(None), generation)));
                 }
                 Some(_) => frees.push((election, reply)),
                 None => takes.push((election, reply)),
@@ -32,7 +34,7 @@ impl Task {
             };
             let answer = self.settle_wake_locks(answer, "freeing wake-up locks");
             for (_, reply) in frees {
-                let _ = reply.send(answer.clone().map(|()| (false, generation)));
+                let _ = reply.send(answer.clone().map(|()| (WakeLock::Busy(None), generation)));
             }
         }
         if takes.is_empty() {
