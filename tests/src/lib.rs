@@ -194,6 +194,14 @@ pub enum Kind {
     Sqlite,
 }
 
+/// A PostgreSQL `url` (its host, port, database and parameters) logging
+/// in as `role`.
+fn postgres_url_as(url: &str, role: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let host = rest.split_once('@').map_or(rest, |(_, h)| h);
+    format!("postgres://{role}@{host}")
+}
+
 /// A fresh database (PostgreSQL or MariaDB database, or SQLite file), dropped
 /// at the end of the test.
 #[derive(Debug)]
@@ -354,22 +362,12 @@ impl TempDb {
     /// This database's URL on the server itself (not through a pooler),
     /// logging in as `role`.
     pub fn direct_url_as(&self, role: &str) -> String {
-        let rest = self
-            .plain
-            .split_once("://")
-            .map_or(self.plain.as_str(), |(_, r)| r);
-        let host = rest.split_once('@').map_or(rest, |(_, h)| h);
-        format!("postgres://{role}@{host}")
+        postgres_url_as(&self.plain, role)
     }
 
     /// This database's URL logging in as another role.
     pub fn url_as(&self, role: &str) -> String {
-        let rest = self
-            .url
-            .split_once("://")
-            .map_or(self.url.as_str(), |(_, r)| r);
-        let host = rest.split_once('@').map_or(rest, |(_, h)| h);
-        format!("postgres://{role}@{host}")
+        postgres_url_as(&self.url, role)
     }
 }
 
