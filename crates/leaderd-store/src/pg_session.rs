@@ -201,10 +201,10 @@ fn peers(row: &Row) -> Option<(std::net::SocketAddr, std::net::SocketAddr)> {
 /// Whether the connection is direct: the server sees as its peer a TCP
 /// socket that this process holds. Through a pooler or any proxy the
 /// server's peer is the proxy's socket, found in no file descriptor of
-/// ours. Every doubt (a Unix socket, no `/proc`) is `false`.
-/// That is: whether this process holds a TCP socket from `local` to `remote`: among
-/// the sockets of `/proc/self/fd`, one that `/proc/self/net/tcp{,6}` shows
-/// with these addresses.
+/// ours. Every doubt (a Unix socket, no `/proc`) is `false`. So: whether
+/// this process holds a TCP socket from `local` to `remote`, among the
+/// sockets of `/proc/self/fd`, one that `/proc/self/net/tcp{,6}` shows with
+/// these addresses.
 fn own_socket(local: std::net::SocketAddr, remote: std::net::SocketAddr) -> bool {
     let Ok(fds) = std::fs::read_dir("/proc/self/fd") else {
         return false;
