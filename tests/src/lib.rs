@@ -970,6 +970,25 @@ pub fn wait_counts(
     started.elapsed()
 }
 
+/// Stops `daemons[leader]` with SIGTERM, as a rolling update does: it must
+/// exit 0 within 5 s and another of `daemons` lead within 10 s. Returns the
+/// stopped daemon (taken out of `daemons`) and the new leader's place.
+pub fn hand_over_by_sigterm(daemons: &mut Vec<Daemon>, leader: usize) -> (Daemon, usize) {
+    let mut stopped = daemons.remove(leader);
+    stopped.sigterm();
+    assert_eq!(
+        stopped
+            .wait_exit(Duration::from_secs(5))
+            .and_then(|s| s.code()),
+        Some(0),
+        "{} did not exit cleanly on SIGTERM",
+        stopped.id
+    );
+    let refs: Vec<&Daemon> = daemons.iter().collect();
+    let next = wait_single_leader(&refs, Duration::from_secs(10));
+    (stopped, next)
+}
+
 /// Checks handover times: every one within `within` but at most one,
 /// which must still be within a ttl plus a heartbeat (the bound of a lost
 /// wake-up). A single slow round is a commit stalled on a loaded machine

@@ -13,8 +13,8 @@ use leaderd_tests::pgserver::{oldest_bin, PgServer};
 use leaderd_tests::store::{acquire, connect, migrated};
 use leaderd_tests::traps::{gained, plant, sprung};
 use leaderd_tests::{
-    block_on, pg_exec, pg_session as session, print_logs, run_cli, serial, single_leader,
-    try_wait_for, wait_for, wait_single_leader, Daemon, PgRole, Scratch, TempDb,
+    block_on, hand_over_by_sigterm, pg_exec, pg_session as session, print_logs, run_cli, serial,
+    single_leader, try_wait_for, wait_for, wait_single_leader, Daemon, PgRole, Scratch, TempDb,
 };
 
 const EXCESS: &str = "more rights than it needs";
@@ -32,16 +32,7 @@ fn elect_hand_over_and_inspect(url: &str, extra: &[&str]) -> Vec<String> {
             print_logs(&daemons);
             panic!("no single leader at {url}")
         });
-    let mut leader = daemons.remove(first);
-    leader.sigterm();
-    assert_eq!(
-        leader
-            .wait_exit(Duration::from_secs(5))
-            .and_then(|s| s.code()),
-        Some(0)
-    );
-    let refs: Vec<&Daemon> = daemons.iter().collect();
-    wait_single_leader(&refs, Duration::from_secs(10));
+    let (leader, _) = hand_over_by_sigterm(&mut daemons, first);
     for args in [
         ["status", "--database-url", url],
         ["migrate", "--database-url", url],

@@ -9,7 +9,8 @@
 use std::time::Duration;
 
 use leaderd_tests::{
-    block_on, run_cli, serial, wait_single_leader, Daemon, Scratch, TempDb, Value,
+    block_on, hand_over_by_sigterm, run_cli, serial, wait_single_leader, Daemon, Scratch, TempDb,
+    Value,
 };
 
 const PG_ROLES: &str = include_str!("../../deploy/sql/postgres/1-roles.sql");
@@ -69,16 +70,7 @@ fn elect_and_hand_over(url: &str) -> (Vec<Daemon>, Scratch, i64, i64) {
     let refs: Vec<&Daemon> = daemons.iter().collect();
     let first = wait_single_leader(&refs, Duration::from_secs(20));
     let old = daemons[first].token_held("").expect("the leader's token");
-    let mut leader = daemons.remove(first);
-    leader.sigterm();
-    assert_eq!(
-        leader
-            .wait_exit(Duration::from_secs(5))
-            .and_then(|s| s.code()),
-        Some(0)
-    );
-    let refs: Vec<&Daemon> = daemons.iter().collect();
-    let next = wait_single_leader(&refs, Duration::from_secs(10));
+    let (leader, next) = hand_over_by_sigterm(&mut daemons, first);
     let new = daemons[next]
         .token_held("")
         .expect("the new leader's token");
