@@ -6,10 +6,11 @@
 //! (a late write, a takeover while fenced, a false refusal): a case that
 //! cannot fail proves nothing.
 //!
-//! The fence (docs/integrating.md, "Fenced writes") takes the election's advisory key
-//! shared and reads the row again; every takeover needs the key
-//! exclusively (a trigger), and under REPEATABLE READ and SERIALIZABLE a
-//! row version superseded since the snapshot is locked `FOR KEY SHARE`.
+//! The fence (docs/integrating.md, "Fenced writes") locks the election's
+//! gate row `FOR KEY SHARE` and reads the lease row again; every takeover
+//! needs the gate `FOR UPDATE` (a trigger), and under REPEATABLE READ and
+//! SERIALIZABLE a lease row version superseded since the snapshot is
+//! locked `FOR KEY SHARE`.
 
 use std::time::{Duration, Instant};
 
@@ -29,7 +30,7 @@ const HEIR: &str = "0/heir";
 /// A copy of the installed SQL with one safeguard taken out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Weak {
-    /// The takeover trigger grants without the key.
+    /// The takeover trigger neither locks nor needs the gate.
     NoKey,
     /// No `FOR KEY SHARE` fallback for a superseded version.
     NoFallback,
@@ -89,8 +90,8 @@ async fn weaken(db: &TempDb, w: Weak) {
     let (function, from, to) = match w {
         Weak::NoKey => (
             "service_leader_take_key(varchar, bigint)",
-            "IF pg_try_advisory_xact_lock",
-            "IF TRUE OR pg_try_advisory_xact_lock",
+            "FOR UPDATE SKIP LOCKED;\n    gated := FOUND;",
+            ";\n    gated := TRUE;",
         ),
         Weak::NoFallback => (
             "leaderd_fence(varchar, bigint, interval)",
@@ -448,7 +449,7 @@ async fn a_transaction_fenced_by_the_previous_version_holds_across_the_upgrade()
         .await
         .unwrap()
         .get(0);
-    assert_eq!(version, "leaderd fence 5");
+    assert_eq!(version, "leaderd fence 6");
     let early = granted_within(&mut b, &req("b"), Duration::from_millis(400)).await;
     assert_eq!(early, None, "taken over under the old fence");
     // What a takeover without `FOR UPDATE` would have done (rolled back).
@@ -517,20 +518,24 @@ async fn renames_are_held_off_like_takeovers() {
     assert!(!renamed_under_the_fence(Some(Weak::NoKey)).await);
 }
 
-/// The key's seed is the installation's secret: a role with no grant
-/// cannot read it, so cannot take an election's key and hold its
-/// takeovers off (anyone may take an advisory lock); the fence refuses a
+/// Only the installation's owner may read or lock the gate (or read the
+/// seed of the advisory key an upgrade's window needs): a role with no
+/// grant cannot hold a takeover off through them. The fence refuses a
 /// read-only transaction, and says it is not installed when its trigger is
 /// disabled (it would hold nothing off).
 #[tokio::test]
-async fn the_key_is_secret_and_the_fence_checks_what_it_needs() {
+async fn the_gate_is_the_owners_and_the_fence_checks_what_it_needs() {
     let (db, _leader, token) = led(None).await;
     let role = leaderd_tests::PgRole::new(&db, "nobody");
     let nobody = session(&db.url_as(&role.name)).await;
-    let read = nobody
-        .query("SELECT seed FROM service_leader_fence_key", &[])
-        .await;
-    assert_eq!(code(&read), "42501", "{read:?}");
+    for sql in [
+        "SELECT seed FROM service_leader_fence_key",
+        "SELECT 1 FROM service_leader_fence_gate FOR KEY SHARE",
+        "LOCK TABLE service_leader_fence_gate IN ACCESS SHARE MODE",
+    ] {
+        let r = nobody.query(sql, &[]).await;
+        assert_eq!(code(&r), "42501", "{sql}: {r:?}");
+    }
     drop(nobody);
     let app = session(&db.url).await;
     app.batch_execute("BEGIN READ ONLY").await.unwrap();

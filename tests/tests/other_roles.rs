@@ -630,7 +630,7 @@ fn an_installation_made_by_another_role_is_never_used() {
          FOR EACH ROW EXECUTE FUNCTION public.spy()",
         "CREATE FUNCTION public.leaderd_fence(election VARCHAR, token BIGINT, \
          bound INTERVAL DEFAULT NULL) RETURNS BIGINT LANGUAGE sql AS 'SELECT token'",
-        "COMMENT ON FUNCTION public.leaderd_fence(VARCHAR, BIGINT, INTERVAL) IS 'leaderd fence 5'",
+        "COMMENT ON FUNCTION public.leaderd_fence(VARCHAR, BIGINT, INTERVAL) IS 'leaderd fence 6'",
         "GRANT EXECUTE ON FUNCTION public.leaderd_fence(VARCHAR, BIGINT, INTERVAL) TO PUBLIC",
     ];
     pg_exec(&db.url_as(&planter.name), &fake);

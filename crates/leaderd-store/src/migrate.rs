@@ -44,7 +44,7 @@ macro_rules! postgres_fence_current {
         WHERE n.nspname OPERATOR(pg_catalog.=) pg_catalog.current_schema()) \
         AND pg_catalog.obj_description(p.oid, 'pg_proc') OPERATOR(pg_catalog.~) '^leaderd fence [0-9]+$' \
         AND pg_catalog.split_part(pg_catalog.obj_description(p.oid, 'pg_proc'), ' ', 3)::int \
-        OPERATOR(pg_catalog.>=) 5) \
+        OPERATOR(pg_catalog.>=) 6) \
         AND (SELECT pg_catalog.count(*) FROM pg_catalog.pg_trigger t \
         WHERE t.tgrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(pg_catalog.format('%I.service_leader_lock', \
         pg_catalog.current_schema())) \

@@ -44,7 +44,8 @@ macro_rules! untrusted {
              WHERE c.relnamespace OPERATOR(pg_catalog.=) ",
             $nsp,
             " AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['service_leader_lock', \
-             'service_leader_token', 'service_leader_fence_key']::pg_catalog.name[]) \
+             'service_leader_token', 'service_leader_fence_key', \
+             'service_leader_fence_gate']::pg_catalog.name[]) \
              UNION ALL \
              SELECT 'trigger ' OPERATOR(pg_catalog.||) t.tgname::text, p.proowner \
              FROM pg_catalog.pg_trigger t \

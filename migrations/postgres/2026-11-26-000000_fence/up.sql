@@ -7,31 +7,27 @@
 -- the election and token (the transaction is then aborted, and its lock
 -- freed when it ends).
 --
--- How it holds takeovers off, at the price of one round trip: it takes a
--- transaction-level advisory lock keyed by the election, shared, so fenced
--- transactions never wait for each other; the trigger below takes the same
--- key exclusively in every takeover, never waiting, and a takeover that
--- cannot get it changes nothing (the daemon reads it as a refusal and tries
--- again). Renewals and releases take nothing. The lock needs no
--- transaction id, no row lock and no WAL, where the row lock of earlier
--- versions (FOR KEY SHARE) made a multixact per fenced transaction. The
--- trigger is the database's, so a daemon of any version, and any other
--- writer, is held off the same way.
+-- How it holds takeovers off, at the price of one round trip: it locks
+-- the election's row of service_leader_fence_gate FOR KEY SHARE, so fenced
+-- transactions never wait for each other; the trigger below locks the same
+-- row FOR UPDATE in every takeover, never waiting (SKIP LOCKED), and a
+-- takeover that cannot get it changes nothing (the daemon reads it as a
+-- refusal and tries again). Renewals and releases take nothing. The gate
+-- table is its own, apart from the lease rows that renewals update, and
+-- only its owner may read or lock it: a role that may not call the fence
+-- cannot hold a takeover off (version 5 used an advisory key, which any
+-- role that may connect could take and keep). The trigger is the
+-- database's, so a daemon of any version, and any other writer, is held
+-- off the same way.
 --
--- The row is read after the lock, in a statement of its own: under READ
+-- The row is read after the gate, in a statement of its own: under READ
 -- COMMITTED that statement's snapshot shows every takeover that committed
--- before the lock was granted (a takeover frees the key only once it is
+-- before the gate was granted (a takeover frees the gate only once it is
 -- visible). Under REPEATABLE READ and SERIALIZABLE the snapshot is the
--- transaction's and may predate the lock: a row version that a later one
+-- transaction's and may predate the gate: a row version that a later one
 -- superseded (xmax set) is then locked FOR KEY SHARE, which raises a
 -- serialization failure (40001) when a takeover committed since the
 -- snapshot; a version nobody superseded is the row as it is, and stays so.
---
--- The key is a 64-bit hash of the election's name (hashtextextended) with
--- a random seed of the installation's that only its owner may read: two
--- elections share one with a chance of 2^-64 a pair, and if they did, one's
--- fenced transactions would hold the other's takeovers off too (a delay,
--- never a second leader).
 --
 -- The bound (default: the lease's ttl as the row shows it, expires_at -
 -- renewed_at) keeps a hung transaction from holding takeovers off: it is set
@@ -71,11 +67,23 @@ BEGIN
     IF s IS NULL THEN
         RAISE EXCEPTION 'leaderd: no current schema to install into (search_path)';
     END IF;
-    -- The key's seed: a random number of this installation's, which only
-    -- its owner may read (the functions below read it with the owner's
-    -- rights). Advisory locks are anyone's to take: a role that could work
-    -- out an election's key could hold it, and every takeover of the
-    -- election off, for as long as its session lives.
+    -- The gate: one row per election, made by the first takeover of a
+    -- name (and here for the rows there are), never deleted, read and
+    -- locked by nobody but its owner (the functions below run with the
+    -- owner's rights). Names compare byte by byte, whatever collation a
+    -- caller's value carries.
+    IF pg_catalog.to_regclass(pg_catalog.format('%s.service_leader_fence_gate', s)) IS NULL THEN
+        EXECUTE pg_catalog.format('CREATE TABLE %s.service_leader_fence_gate '
+            '(name TEXT COLLATE "C" PRIMARY KEY)', s);
+    END IF;
+    EXECUTE pg_catalog.format('REVOKE ALL ON %s.service_leader_fence_gate FROM PUBLIC', s);
+    EXECUTE pg_catalog.format('INSERT INTO %1$s.service_leader_fence_gate (name) '
+        'SELECT l.name FROM %1$s.service_leader_lock l ON CONFLICT DO NOTHING', s);
+    -- The advisory key's seed (versions 4 and 5 of the fence held the
+    -- election's advisory key, hashed with it). A transaction fenced by one
+    -- of them may be open while this runs: for a minute after an upgrade
+    -- from them, a takeover also needs that key, as it did (a fenced
+    -- transaction bounded by more than that minute is not waited for).
     IF pg_catalog.to_regclass(pg_catalog.format('%s.service_leader_fence_key', s)) IS NULL THEN
         EXECUTE pg_catalog.format('CREATE TABLE %s.service_leader_fence_key (seed BIGINT NOT NULL)', s);
         EXECUTE pg_catalog.format('INSERT INTO %s.service_leader_fence_key VALUES ((%L OPERATOR(pg_catalog.||) '
@@ -83,41 +91,62 @@ BEGIN
             'pg_catalog.clock_timestamp()::text), 1, 16))::bit(64)::bigint)', s, 'x');
     END IF;
     EXECUTE pg_catalog.format('REVOKE ALL ON %s.service_leader_fence_key FROM PUBLIC', s);
+    EXECUTE pg_catalog.format('ALTER TABLE %s.service_leader_fence_key '
+        'ADD COLUMN IF NOT EXISTS keys_until TIMESTAMPTZ', s);
+    IF (SELECT pg_catalog.obj_description(p.oid, 'pg_proc') FROM pg_catalog.pg_proc p
+         WHERE p.oid OPERATOR(pg_catalog.=) pg_catalog.to_regprocedure(pg_catalog.format(
+               '%s.leaderd_fence(varchar, bigint, interval)', s)))
+       OPERATOR(pg_catalog.=) ANY (ARRAY['leaderd fence 4', 'leaderd fence 6']) THEN
+        EXECUTE pg_catalog.format('UPDATE %s.service_leader_fence_key '
+            'SET keys_until = pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) interval %L', s, '1 minute');
+    END IF;
     -- Every takeover (the token changes, or a process takes a row), every
-    -- row made already held, and every rename takes the election's key
-    -- exclusively (a rename: both names'), or is skipped: RETURN NULL
-    -- leaves the row as it was, and the statement goes on with the other
-    -- rows it writes. Each key is held until the statement's transaction
-    -- ends, in the server's shared lock table: loading thousands of held
-    -- rows in one statement would fill it (leaderd's own statements take
-    -- over at most 512 rows at once).
+    -- row made already held, and every rename locks the election's gate
+    -- FOR UPDATE (a rename: both names'), never waiting, or is skipped:
+    -- RETURN NULL leaves the row as it was, and the statement goes on with
+    -- the other rows it writes. A name without a gate row gets one, held
+    -- by the takeover's transaction until it ends.
     --
-    -- The key cannot be kept secret: pg_locks shows it to every role, and
-    -- any role that may connect may lock any key. Nor can the trigger tell
-    -- a fenced transaction from another session holding the key: a fence
-    -- may run under a role the session switched to (SET ROLE) or inside
-    -- another function. So any holder holds the takeover off (a takeover
-    -- that went on past a live fence could let its write commit late),
-    -- and the trigger names the first holder it finds to the taker in a
-    -- notice (SQLSTATE LF012), which leaderd logs once the takeover has
-    -- been held off for longer than a lease: a session that keeps the key
-    -- is found and ended by an operator (docs/security.md says what a role
-    -- that may connect can do). Naming never fails the takeover's
-    -- statement. The key's hash reads the name's bytes (COLLATE "C"),
-    -- whatever collation a caller's value carries.
+    -- A skipped takeover is told who holds the gate in a notice (SQLSTATE
+    -- LF012): the session's pid and role, or the prepared transaction's
+    -- name, found from the transaction that locked the row. leaderd logs it
+    -- once the takeover has been held off for longer than a lease (a fenced
+    -- transaction that lifted its own timeouts, or a prepared one where the
+    -- owner may not make the temporary table that refuses PREPARE). Naming
+    -- never fails the takeover's statement.
     EXECUTE pg_catalog.replace($sql$
 CREATE OR REPLACE FUNCTION {schema}.service_leader_take_key(election VARCHAR, seed BIGINT) RETURNS BOOLEAN
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
-    key BIGINT := hashtextextended(election COLLATE "C", seed);
+    gated BOOLEAN;
+    locker xid;
     holder TEXT;
 BEGIN
-    IF pg_try_advisory_xact_lock(key) THEN
+    PERFORM 1 FROM {schema}.service_leader_fence_gate g
+     WHERE g.name = (election COLLATE "C") FOR UPDATE SKIP LOCKED;
+    gated := FOUND;
+    IF NOT gated THEN
+        INSERT INTO {schema}.service_leader_fence_gate AS g (name) VALUES (election)
+            ON CONFLICT DO NOTHING;
+        gated := FOUND;
+    END IF;
+    -- After an upgrade from an advisory fence: its key too, for a minute.
+    IF gated AND COALESCE((SELECT max(k.keys_until) FROM {schema}.service_leader_fence_key k)
+                          > clock_timestamp(), false)
+       AND NOT pg_try_advisory_xact_lock(hashtextextended(election COLLATE "C", seed)) THEN
+        RAISE NOTICE USING MESSAGE = format('leaderd: takeover of election "%s" held off by %s',
+            election, 'a transaction fenced before the upgrade, or a session holding its key'),
+            ERRCODE = 'LF012';
+        RETURN false;
+    END IF;
+    IF gated THEN
         RETURN true;
     END IF;
     BEGIN
-        -- A session's pid and login role, or a prepared transaction's
-        -- name (its locks show no pid).
+        SELECT g.xmax INTO locker FROM {schema}.service_leader_fence_gate g
+         WHERE g.name = (election COLLATE "C");
+        -- One locker's transaction, or (several fenced transactions at
+        -- once) a multixact's members.
         SELECT CASE WHEN k.pid IS NOT NULL THEN
                    format('pid %s (role %s)', k.pid,
                           COALESCE((SELECT r.rolname::text
@@ -125,23 +154,18 @@ BEGIN
                                       JOIN pg_roles r ON r.oid = a.usesysid
                                      LIMIT 1), 'unknown'))
                ELSE format('prepared transaction %L (owner %s)',
-                           COALESCE(x.gid, 'unknown'), COALESCE(x.owner::text, 'unknown')) END
+                           COALESCE(p.gid, 'unknown'), COALESCE(p.owner::text, 'unknown')) END
           INTO holder
           FROM pg_locks k
-          LEFT JOIN LATERAL (SELECT p.gid, p.owner FROM pg_prepared_xacts p
-                               JOIN pg_locks t ON t.locktype = 'transactionid'
-                                              AND t.transactionid = p.transaction
-                              WHERE k.pid IS NULL
-                                AND t.virtualtransaction = k.virtualtransaction
-                              LIMIT 1) x ON true
-         WHERE k.locktype = 'advisory' AND k.granted AND k.objsubid = 1
-           AND k.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
-           AND k.classid = ((key >> 32) & 4294967295)::oid AND k.objid = (key & 4294967295)::oid
+          LEFT JOIN pg_prepared_xacts p ON k.pid IS NULL AND p.transaction = k.transactionid
+         WHERE k.locktype = 'transactionid' AND k.mode = 'ExclusiveLock' AND k.granted
+           AND (k.transactionid = locker
+                OR (NOT EXISTS (SELECT 1 FROM pg_locks o
+                                 WHERE o.locktype = 'transactionid' AND o.transactionid = locker)
+                    AND k.transactionid IN (SELECT m.xid FROM pg_get_multixact_members(locker) m)))
          LIMIT 1;
-        IF holder IS NOT NULL THEN
-            RAISE NOTICE USING MESSAGE = format('leaderd: takeover of election "%s" held off by %s',
-                election, holder), ERRCODE = 'LF012';
-        END IF;
+        RAISE NOTICE USING MESSAGE = format('leaderd: takeover of election "%s" held off by %s',
+            election, COALESCE(holder, 'a transaction that has just ended')), ERRCODE = 'LF012';
     EXCEPTION WHEN OTHERS THEN
         NULL;
     END;
@@ -197,7 +221,6 @@ DECLARE
     seed BIGINT;
     triggers BIGINT;
     ms BIGINT;
-    key BIGINT;
     quiet TEXT;
 BEGIN
     -- One SELECT calling it, alone in a query of its own (comments before
@@ -215,9 +238,9 @@ BEGIN
         RAISE EXCEPTION 'leaderd_fence: a read-only transaction (or a standby) cannot be fenced'
             USING ERRCODE = '25006';
     END IF;
-    -- The seed of the key, and the takeover triggers: without them (a
-    -- table made again by hand, a trigger disabled) the lock below would
-    -- hold nothing off.
+    -- The takeover triggers, and the table of the key an upgrade's window
+    -- needs: without them (a table made again by hand, a trigger disabled)
+    -- the gate below would hold nothing off.
     SELECT min(k.seed), (SELECT count(*) FROM pg_trigger t
                           WHERE t.tgrelid = '{schema}.service_leader_lock'::regclass
                             AND t.tgname IN ('service_leader_take', 'service_leader_take_new')
@@ -241,7 +264,7 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     -- A fenced transaction cannot be prepared (two-phase): a prepared one
-    -- would keep the key, and every takeover off, until someone resolved
+    -- would keep the gate, and every takeover off, until someone resolved
     -- it, past any bound. PREPARE TRANSACTION refuses a transaction that
     -- used a temporary object ("cannot PREPARE a transaction that has
     -- operated on temporary objects"); this makes one, once a session,
@@ -254,20 +277,21 @@ BEGIN
         CREATE TEMPORARY TABLE IF NOT EXISTS leaderd_fenced ();
         PERFORM set_config('client_min_messages', quiet, true);
     END IF;
-    -- The key every takeover of the election needs (its hash reads the
-    -- name's bytes, whatever collation the caller's value carries). A
-    -- takeover holding it now is waited for; so is a session holding it
-    -- exclusively, for the bound at most: any role that may connect can
-    -- take the key, and a wait without a bound would let it hold every
-    -- fenced transaction of the election, and a pool's connections.
-    key := hashtextextended(election COLLATE "C", seed);
-    IF NOT pg_try_advisory_xact_lock_shared(key) THEN
+    -- The election's gate, shared. A takeover holding it now is waited
+    -- for, for the bound at most (LF011); so is one making the gate row of
+    -- a name that has none yet. Only the owner's functions lock it.
+    PERFORM 1 FROM {schema}.service_leader_fence_gate g
+     WHERE g.name = (election COLLATE "C") FOR KEY SHARE SKIP LOCKED;
+    IF NOT FOUND THEN
         quiet := current_setting('lock_timeout');
         PERFORM set_config('lock_timeout', ms::text, true);
         BEGIN
-            PERFORM pg_advisory_xact_lock_shared(key);
+            INSERT INTO {schema}.service_leader_fence_gate AS g (name) VALUES (election)
+                ON CONFLICT DO NOTHING;
+            PERFORM 1 FROM {schema}.service_leader_fence_gate g
+             WHERE g.name = (election COLLATE "C") FOR KEY SHARE;
         EXCEPTION WHEN lock_not_available THEN
-            RAISE EXCEPTION 'leaderd_fence: election "%": another session held the election''s key for longer than the bound (% ms)', election, ms
+            RAISE EXCEPTION 'leaderd_fence: election "%": a takeover held the election for longer than the bound (% ms)', election, ms
                 USING ERRCODE = 'LF011';
         END;
         PERFORM set_config('lock_timeout', quiet, true);
@@ -306,5 +330,5 @@ BEGIN
     RETURN held;
 END $fn$$sql$, '{schema}', s);
     EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s.leaderd_fence(VARCHAR, BIGINT, INTERVAL) FROM PUBLIC', s);
-    EXECUTE pg_catalog.format('COMMENT ON FUNCTION %s.leaderd_fence(VARCHAR, BIGINT, INTERVAL) IS %L', s, 'leaderd fence 5');
+    EXECUTE pg_catalog.format('COMMENT ON FUNCTION %s.leaderd_fence(VARCHAR, BIGINT, INTERVAL) IS %L', s, 'leaderd fence 6');
 END $migrate$;
