@@ -474,6 +474,63 @@ async fn a_transaction_fenced_by_the_previous_version_holds_across_the_upgrade()
     assert!(writes_before_term(&watcher).await);
 }
 
+/// The upgrade from the advisory fence (versions 4 and 5): a transaction
+/// it fenced is open while a new daemon migrates. For a minute after the
+/// upgrade a takeover also needs the advisory key, so that transaction
+/// holds the takeover off until it commits; once the minute has passed,
+/// the key (which any role may take) holds nothing off. Without the
+/// minute, the takeover lands under the open transaction.
+async fn advisory_fence_across_the_upgrade(window: bool) -> bool {
+    const PREVIOUS_FENCE: &str = include_str!("../fixtures/postgres-fence-5.sql");
+    let (db, _leader, token) = led(None).await;
+    // As the previous version left it: no gate.
+    pg_exec(
+        &db.url,
+        &[PREVIOUS_FENCE, "DROP TABLE service_leader_fence_gate"],
+    );
+    let app = session(&db.url).await;
+    begin(&app, "READ COMMITTED").await;
+    assert_eq!(fence_and_log(&app, FENCE_10S, token).await, "ok");
+    let watcher = session(&db.url).await;
+    wait_expired(&watcher).await;
+    let mut b = migrated(&db.url).await;
+    if !window {
+        pg_exec(&db.url, &["UPDATE service_leader_fence_gate SET keys_until = NULL"]);
+    }
+    let early = granted_within(&mut b, &req("b"), Duration::from_millis(400)).await;
+    let _ = app.batch_execute("COMMIT").await;
+    let taken = match early {
+        Some(t) => t,
+        None => acquire(&mut b, &req("b"), Duration::from_secs(3)).await,
+    };
+    assert!(taken > token);
+    let held_off = early.is_none() && writes_before_term(&watcher).await;
+    // Past the minute: a session holding the key holds nothing off.
+    pg_exec(
+        &db.url,
+        &["UPDATE service_leader_fence_gate SET keys_until = clock_timestamp()"],
+    );
+    let squat = session(&db.url).await;
+    squat
+        .batch_execute(
+            "SELECT pg_advisory_lock(hashtextextended('e' COLLATE \"C\", \
+             (SELECT min(seed) FROM service_leader_fence_key)))",
+        )
+        .await
+        .unwrap();
+    drop(b);
+    wait_expired(&watcher).await;
+    let mut c = connect(&db.url).await;
+    let after = granted_within(&mut c, &req("c"), Duration::from_millis(400)).await;
+    held_off && after.is_some()
+}
+
+#[tokio::test]
+async fn a_transaction_fenced_by_the_advisory_version_holds_across_the_upgrade() {
+    assert!(advisory_fence_across_the_upgrade(true).await);
+    assert!(!advisory_fence_across_the_upgrade(false).await);
+}
+
 /// Renames by hand while a transaction is fenced: the fenced row renamed
 /// away, and another holder's row renamed into its name after it was
 /// deleted. Each is skipped while the fence holds the key (both names'

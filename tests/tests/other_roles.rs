@@ -4,7 +4,8 @@
 //! every role may in `public` on PostgreSQL 14 and earlier), plants
 //! operators and functions for the daemon's own statements; the app's
 //! role fences with a name of another collation; a role that may not
-//! fence holds the election's key; a fenced transaction is prepared.
+//! fence holds the election's advisory key of earlier versions; a fenced
+//! transaction is prepared.
 
 use std::time::{Duration, Instant};
 
@@ -195,6 +196,25 @@ async fn granted_within(
     }
 }
 
+/// Waits until `election`'s lease has expired by the database's clock.
+async fn wait_expired(c: &tokio_postgres::Client, election: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let row = c
+            .query_one(
+                "SELECT expires_at <= clock_timestamp() FROM service_leader_lock WHERE name = $1",
+                &[&election],
+            )
+            .await
+            .unwrap();
+        if row.get::<_, bool>(0) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{election} never expired");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The SQLSTATE of a failed call, or "ok".
 fn state<T>(r: &Result<T, tokio_postgres::Error>) -> String {
     match r {
@@ -269,7 +289,8 @@ async fn a_name_of_another_collation_fences_the_same_election() {
     assert_eq!(late, 0, "a fenced write committed after the takeover");
 }
 
-/// The election's key as the installation computes it (read as the owner).
+/// The advisory key of an election that versions 4 and 5 of the fence held
+/// (read as the owner: the seed is its alone).
 async fn key_of(admin: &tokio_postgres::Client, election: &str) -> i64 {
     admin
         .query_one(
@@ -282,16 +303,15 @@ async fn key_of(admin: &tokio_postgres::Client, election: &str) -> i64 {
         .get(0)
 }
 
-/// A role that may only connect reads the key from `pg_locks` while the
-/// app fences, and keeps it (shared, then exclusive) at session level. The
-/// takeover trigger cannot tell such a session from a fenced transaction
-/// (a fence may run under a role switched to, or inside another function),
-/// so the takeover waits for it as for a fence, and goes on once it lets
-/// go; the daemon names it (see the next test). Held exclusively, it makes
-/// the app's fence wait no longer than the fence's bound, which then fails
-/// with LF011.
+/// A role that may only connect keeps the advisory key earlier versions
+/// of the fence held (even knowing the seed, which it may not read), at
+/// session level, shared and exclusively, and tries the gate: it may not
+/// read or lock it. The leader stops renewing: the takeover comes within
+/// a lease of the expiry. A fenced transaction waits for a takeover that
+/// holds the gate (only the owner's functions can) no longer than its
+/// bound, then fails with LF011.
 #[tokio::test]
-async fn a_key_kept_by_any_session_holds_takeovers_and_bounds_fences() {
+async fn a_role_that_may_only_connect_holds_no_takeover_off() {
     let db = TempDb::postgres();
     let ttl = Duration::from_millis(800);
     let squatter = PgRole::new(&db, "squatter");
@@ -304,42 +324,34 @@ async fn a_key_kept_by_any_session_holds_takeovers_and_bounds_fences() {
     let token = acquire(&mut a, &req("a", ttl), Duration::from_secs(3)).await;
     let app = session(&db.url_as(&app_role.name)).await;
     let sq = session(&db.url_as(&squatter.name)).await;
+    let admin = session(&db.url).await;
+    let key = key_of(&admin, "e1").await;
+    sq.query_one("SELECT pg_advisory_lock($1)", &[&key])
+        .await
+        .unwrap();
+    // A fenced write goes on beside it.
     app.batch_execute("BEGIN").await.unwrap();
     app.query_one("SELECT leaderd_fence('e1', $1)", &[&token])
         .await
         .unwrap();
-    // What anyone may read: the advisory locks held in this database.
-    let seen: i64 = sq
-        .query_one(
-            "SELECT (classid::bigint << 32) | objid::bigint FROM pg_locks \
-             WHERE locktype = 'advisory' AND objsubid = 1 AND granted \
-             AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-             AND pid <> pg_backend_pid() LIMIT 1",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    let admin = session(&db.url).await;
-    assert_eq!(seen, key_of(&admin, "e1").await, "the key is visible");
-    sq.query_one("SELECT pg_advisory_lock_shared($1)", &[&seen])
-        .await
-        .unwrap();
     app.batch_execute("COMMIT").await.unwrap();
     drop(a);
-    tokio::time::sleep(ttl).await;
+    wait_expired(&admin, "e1").await;
     let mut b = connect(&db.url).await;
-    let early = granted_within(&mut b, &req("b", ttl), Duration::from_millis(600)).await;
-    assert_eq!(early, None, "taken while a session held the key");
-    sq.query_one("SELECT pg_advisory_unlock_shared($1)", &[&seen])
+    let taken = granted_within(&mut b, &req("b", ttl), ttl)
         .await
-        .unwrap();
-    let taken = granted_within(&mut b, &req("b", ttl), Duration::from_secs(3))
-        .await
-        .expect("taken once the key was let go");
+        .expect("not taken within a lease of the expiry");
     assert!(taken > token);
-    // Exclusively: the fence's wait is bounded.
-    sq.query_one("SELECT pg_advisory_lock($1)", &[&seen])
+    let gate = sq
+        .query("SELECT 1 FROM service_leader_fence_gate FOR KEY SHARE", &[])
+        .await;
+    assert_eq!(state(&gate), "42501", "{gate:?}");
+    // A takeover holding the gate (the owner, by hand) makes a fence wait
+    // for its bound at most.
+    admin
+        .batch_execute(
+            "BEGIN; SELECT 1 FROM service_leader_fence_gate WHERE name = 'e1' FOR UPDATE",
+        )
         .await
         .unwrap();
     app.batch_execute("BEGIN").await.unwrap();
@@ -357,34 +369,49 @@ async fn a_key_kept_by_any_session_holds_takeovers_and_bounds_fences() {
         "{waited:?}"
     );
     app.batch_execute("ROLLBACK").await.unwrap();
+    admin.batch_execute("ROLLBACK").await.unwrap();
 }
 
-/// A session of a role that may only connect keeps the key (at session
-/// level, past any bound). The takeover waits for it, as for a fenced
-/// transaction; the daemon that would take over logs a WARN naming the
-/// session's pid and role once it has waited longer than a lease, and
-/// counts it; when the session lets go, the daemon leads.
+/// The app's role fences and then lifts its own timeouts (`SET LOCAL`),
+/// keeping its transaction open past any bound. The takeover waits for
+/// it, as for any fenced transaction; the daemon that would take over logs
+/// a WARN naming the session's pid and role once it has waited longer
+/// than a lease, and counts it; when the transaction ends, the daemon
+/// leads.
 #[test]
 fn a_takeover_held_off_past_a_lease_is_named_in_a_warning() {
     let _s = serial();
     let db = TempDb::postgres();
-    let app_role = PgRole::new(&db, "stranger");
+    let app_role = PgRole::new(&db, "lingerer");
     let dir = Scratch::new();
     let a = Daemon::start(&db.url, "a", &dir, &[]);
     wait_for(Duration::from_secs(20), "a leads", || {
         a.is_leader().then_some(())
     });
+    db.exec(&[&format!(
+        "GRANT EXECUTE ON FUNCTION leaderd_fence(VARCHAR, BIGINT, INTERVAL) TO {}",
+        app_role.name
+    )]);
     // The session lives as long as this runtime.
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (pid, holder) = rt.block_on({
-        let (admin_url, app_url) = (db.url.clone(), db.url_as(&app_role.name));
+        let app_url = db.url_as(&app_role.name);
+        let token: i64 = db
+            .scalar("SELECT token FROM service_leader_lock WHERE name = 'default'")
+            .parse()
+            .unwrap();
         async move {
-            let admin = session(&admin_url).await;
-            let key = key_of(&admin, "default").await;
             let app = session(&app_url).await;
-            app.query_one("SELECT pg_advisory_lock($1)", &[&key])
+            app.batch_execute("BEGIN").await.unwrap();
+            app.query_one("SELECT leaderd_fence('default', $1)", &[&token])
                 .await
                 .unwrap();
+            app.batch_execute(
+                "SET LOCAL statement_timeout = 0; \
+                 SET LOCAL idle_in_transaction_session_timeout = 0",
+            )
+            .await
+            .unwrap();
             let pid: i32 = app
                 .query_one("SELECT pg_backend_pid()", &[])
                 .await
@@ -411,7 +438,7 @@ fn a_takeover_held_off_past_a_lease_is_named_in_a_warning() {
         metrics.contains("leaderd_takeovers_held_off_total{election=\"default\"} 1"),
         "{metrics}"
     );
-    drop(holder);
+    rt.block_on(holder.batch_execute("COMMIT")).unwrap();
     wait_for(Duration::from_secs(10), "b leads", || {
         b.is_leader().then_some(())
     });
@@ -465,9 +492,8 @@ fn a_fenced_transaction_cannot_be_prepared() {
             .unwrap()
             .get(0);
         assert_eq!(prepared, 0);
-        // Anyone who may connect can prepare a transaction that holds the
-        // key: the takeover waits for it (it cannot be told from a fence),
-        // its statement never fails, and it goes on once that is resolved.
+        // A prepared transaction holding the advisory key of earlier
+        // versions (anyone who may connect can make one) holds nothing off.
         let key = key_of(&app, "e1").await;
         app.batch_execute(&format!(
             "BEGIN; SELECT pg_advisory_xact_lock({key}); PREPARE TRANSACTION 'squat'"
@@ -477,17 +503,15 @@ fn a_fenced_transaction_cannot_be_prepared() {
         drop(a);
         let mut b = connect(&url).await;
         let ttl = Duration::from_secs(5);
-        tokio::time::sleep(ttl).await;
-        let held = granted_within(&mut b, &req("b", ttl), Duration::from_millis(500)).await;
-        assert_eq!(
-            held, None,
-            "taken past a prepared transaction holding the key"
+        wait_expired(&app, "e1").await;
+        let taken = granted_within(&mut b, &req("b", ttl), Duration::from_millis(500)).await;
+        assert!(
+            taken.is_some_and(|t| t > token),
+            "held off by a prepared transaction holding the key"
         );
         app.batch_execute("ROLLBACK PREPARED 'squat'")
             .await
             .unwrap();
-        let taken = granted_within(&mut b, &req("b", ttl), Duration::from_secs(3)).await;
-        assert!(taken.is_some_and(|t| t > token));
     });
 }
 

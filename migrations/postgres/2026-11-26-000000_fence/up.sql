@@ -72,18 +72,29 @@ BEGIN
     -- locked by nobody but its owner (the functions below run with the
     -- owner's rights). Names compare byte by byte, whatever collation a
     -- caller's value carries.
+    --
+    -- Versions 4 and 5 of the fence held the election's advisory key
+    -- instead (hashed with service_leader_fence_key's seed). A transaction
+    -- fenced by one of them may be open while this runs: for a minute
+    -- after an upgrade from them, a takeover of a row there was then also
+    -- needs that key, as it did (a fenced transaction bounded by more than
+    -- that minute is not waited for): the gate row's keys_until. Nothing
+    -- here waits for such a transaction, which holds a lock on the key's
+    -- table.
     IF pg_catalog.to_regclass(pg_catalog.format('%s.service_leader_fence_gate', s)) IS NULL THEN
         EXECUTE pg_catalog.format('CREATE TABLE %s.service_leader_fence_gate '
-            '(name TEXT COLLATE "C" PRIMARY KEY)', s);
+            '(name TEXT COLLATE "C" PRIMARY KEY, keys_until TIMESTAMPTZ)', s);
     END IF;
     EXECUTE pg_catalog.format('REVOKE ALL ON %s.service_leader_fence_gate FROM PUBLIC', s);
-    EXECUTE pg_catalog.format('INSERT INTO %1$s.service_leader_fence_gate (name) '
-        'SELECT l.name FROM %1$s.service_leader_lock l ON CONFLICT DO NOTHING', s);
-    -- The advisory key's seed (versions 4 and 5 of the fence held the
-    -- election's advisory key, hashed with it). A transaction fenced by one
-    -- of them may be open while this runs: for a minute after an upgrade
-    -- from them, a takeover also needs that key, as it did (a fenced
-    -- transaction bounded by more than that minute is not waited for).
+    EXECUTE pg_catalog.format('INSERT INTO %1$s.service_leader_fence_gate (name, keys_until) '
+        'SELECT l.name, CASE WHEN %2$L THEN pg_catalog.clock_timestamp() '
+        'OPERATOR(pg_catalog.+) interval %3$L END FROM %1$s.service_leader_lock l '
+        'ON CONFLICT DO NOTHING', s,
+        (SELECT pg_catalog.obj_description(p.oid, 'pg_proc') FROM pg_catalog.pg_proc p
+          WHERE p.oid OPERATOR(pg_catalog.=) pg_catalog.to_regprocedure(pg_catalog.format(
+                '%s.leaderd_fence(varchar, bigint, interval)', s)))
+        OPERATOR(pg_catalog.=) ANY (ARRAY['leaderd fence 4', 'leaderd fence 5']), '1 minute');
+    -- The advisory key's seed, which the fence and the trigger read.
     IF pg_catalog.to_regclass(pg_catalog.format('%s.service_leader_fence_key', s)) IS NULL THEN
         EXECUTE pg_catalog.format('CREATE TABLE %s.service_leader_fence_key (seed BIGINT NOT NULL)', s);
         EXECUTE pg_catalog.format('INSERT INTO %s.service_leader_fence_key VALUES ((%L OPERATOR(pg_catalog.||) '
@@ -91,15 +102,6 @@ BEGIN
             'pg_catalog.clock_timestamp()::text), 1, 16))::bit(64)::bigint)', s, 'x');
     END IF;
     EXECUTE pg_catalog.format('REVOKE ALL ON %s.service_leader_fence_key FROM PUBLIC', s);
-    EXECUTE pg_catalog.format('ALTER TABLE %s.service_leader_fence_key '
-        'ADD COLUMN IF NOT EXISTS keys_until TIMESTAMPTZ', s);
-    IF (SELECT pg_catalog.obj_description(p.oid, 'pg_proc') FROM pg_catalog.pg_proc p
-         WHERE p.oid OPERATOR(pg_catalog.=) pg_catalog.to_regprocedure(pg_catalog.format(
-               '%s.leaderd_fence(varchar, bigint, interval)', s)))
-       OPERATOR(pg_catalog.=) ANY (ARRAY['leaderd fence 4', 'leaderd fence 6']) THEN
-        EXECUTE pg_catalog.format('UPDATE %s.service_leader_fence_key '
-            'SET keys_until = pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) interval %L', s, '1 minute');
-    END IF;
     -- Every takeover (the token changes, or a process takes a row), every
     -- row made already held, and every rename locks the election's gate
     -- FOR UPDATE (a rename: both names'), never waiting, or is skipped:
@@ -119,10 +121,11 @@ CREATE OR REPLACE FUNCTION {schema}.service_leader_take_key(election VARCHAR, se
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     gated BOOLEAN;
+    window_end TIMESTAMPTZ;
     locker xid;
     holder TEXT;
 BEGIN
-    PERFORM 1 FROM {schema}.service_leader_fence_gate g
+    SELECT g.keys_until INTO window_end FROM {schema}.service_leader_fence_gate g
      WHERE g.name = (election COLLATE "C") FOR UPDATE SKIP LOCKED;
     gated := FOUND;
     IF NOT gated THEN
@@ -130,9 +133,8 @@ BEGIN
             ON CONFLICT DO NOTHING;
         gated := FOUND;
     END IF;
-    -- After an upgrade from an advisory fence: its key too, for a minute.
-    IF gated AND COALESCE((SELECT max(k.keys_until) FROM {schema}.service_leader_fence_key k)
-                          > clock_timestamp(), false)
+    -- Within a minute of an upgrade from an advisory fence: its key too.
+    IF gated AND window_end > clock_timestamp()
        AND NOT pg_try_advisory_xact_lock(hashtextextended(election COLLATE "C", seed)) THEN
         RAISE NOTICE USING MESSAGE = format('leaderd: takeover of election "%s" held off by %s',
             election, 'a transaction fenced before the upgrade, or a session holding its key'),
