@@ -588,7 +588,7 @@ async fn the_gate_is_the_owners_and_the_fence_checks_what_it_needs() {
     for sql in [
         "SELECT seed FROM service_leader_fence_key",
         "SELECT 1 FROM service_leader_fence_gate FOR KEY SHARE",
-        "LOCK TABLE service_leader_fence_gate IN ACCESS SHARE MODE",
+        "SELECT 1 FROM service_leader_fence_gate FOR UPDATE SKIP LOCKED",
     ] {
         let r = nobody.query(sql, &[]).await;
         assert_eq!(code(&r), "42501", "{sql}: {r:?}");
