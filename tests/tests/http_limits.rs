@@ -276,3 +276,108 @@ fn probes_get_in_whatever_holds_the_1024_connections() {
     eprintln!("with 1,000 watchers, 12 idle and 12 slow connections: slowest probe {worst:?}");
     drop((idle, slow));
 }
+
+/// One probe as the kubelet sends it (a new connection, `Connection:
+/// close`, the chart's 1 s timeout): whether `path` answered 200 in time.
+fn probe(port: u16, path: &str, timeout: Duration) -> bool {
+    let started = Instant::now();
+    let Ok(mut s) = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), timeout) else {
+        return false;
+    };
+    let left = |started: Instant| timeout.saturating_sub(started.elapsed());
+    if left(started).is_zero() || s.set_read_timeout(Some(left(started))).is_err() {
+        return false;
+    }
+    let head = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    if s.write_all(head.as_bytes()).is_err() {
+        return false;
+    }
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = s.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        answer.extend_from_slice(&buf[..n]);
+        let left = left(started);
+        if left.is_zero() || s.set_read_timeout(Some(left)).is_err() {
+            break;
+        }
+    }
+    answer.starts_with(b"HTTP/1.1 200") && started.elapsed() < timeout
+}
+
+/// Connections that send nothing, each made again as soon as the daemon
+/// closes it, until `stop`; counts the connections made.
+fn silent_flood(
+    port: u16,
+    count: usize,
+    stop: &std::sync::atomic::AtomicBool,
+    made: &std::sync::atomic::AtomicUsize,
+) {
+    use std::sync::atomic::Ordering;
+    let mut conns: Vec<Option<TcpStream>> = (0..count).map(|_| None).collect();
+    let addr = ([127, 0, 0, 1], port).into();
+    let mut buf = [0u8; 512];
+    while !stop.load(Ordering::Relaxed) {
+        for slot in &mut conns {
+            let open = slot.as_mut().is_some_and(|s| match s.read(&mut buf) {
+                Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
+                Ok(n) => n > 0,
+            });
+            if !open {
+                *slot = TcpStream::connect_timeout(&addr, Duration::from_millis(100))
+                    .ok()
+                    .filter(|s| s.set_nonblocking(true).is_ok());
+                if slot.is_some() {
+                    made.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Anyone who can reach the port floods it: 1,030 idle keep-alive
+/// connections (more than the 1,024 served at once) and 700 connections
+/// that send nothing, each made again as soon as the daemon closes it.
+/// The kubelet's probes, as the chart sets them (a new connection each, a
+/// 1 s timeout), still answer: at least 9 of 10.
+#[test]
+fn probes_answer_under_a_flood_of_idle_and_silent_connections() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let _s = serial();
+    let (_db, _dir, d) = lone_leader();
+    let idle_rss = rss_kib(d.pid());
+    let idle: Vec<TcpStream> = (0..1030).map(|_| idle_connection(d.port)).collect();
+    let stop = AtomicBool::new(false);
+    let made = AtomicUsize::new(0);
+    let (answered, made, rss) = std::thread::scope(|scope| {
+        for _ in 0..2 {
+            scope.spawn(|| silent_flood(d.port, 350, &stop, &made));
+        }
+        wait_for(Duration::from_secs(10), "700 silent connections", || {
+            (made.load(Ordering::Relaxed) >= 700).then_some(())
+        });
+        std::thread::sleep(Duration::from_secs(1));
+        let answered = (0..10)
+            .filter(|_| {
+                let ok = probe(d.port, "/healthz", Duration::from_secs(1));
+                std::thread::sleep(Duration::from_millis(300));
+                ok
+            })
+            .count();
+        let rss = rss_kib(d.pid());
+        stop.store(true, Ordering::Relaxed);
+        (answered, made.load(Ordering::Relaxed), rss)
+    });
+    eprintln!("under 1,030 idle and 700 silent connections ({made} made): {answered} of 10 probes answered within 1 s, RSS {rss} KiB (idle {idle_rss} KiB)");
+    assert!(
+        rss - idle_rss < GROWTH_LIMIT_KIB,
+        "RSS {rss} KiB, idle {idle_rss} KiB"
+    );
+    // The flood was one: the silent connections were closed and made again.
+    assert!(made >= 1400, "{made} silent connections made");
+    assert!(answered >= 9, "{answered} of 10 probes answered within 1 s");
+    drop(idle);
+}

@@ -1,8 +1,7 @@
 //! Takeovers held off by another session (PostgreSQL). The takeover
-//! trigger takes the election's key; when another session holds it (a
-//! fenced transaction, or any session that took the key: anyone who may
-//! connect can), the trigger skips the row and says who holds it in a
-//! notice (SQLSTATE `LF012`, "… held off by pid N (role R)", or by a
+//! trigger locks the election's gate row; when a fenced transaction holds
+//! it (only the fence, with its owner's rights, can), the trigger skips
+//! the row and says who holds it in a notice (SQLSTATE `LF012`, "… held off by pid N (role R)", or by a
 //! prepared transaction). A fenced transaction holds a takeover off for
 //! its bound at most, normally well under a lease; a holder seen for
 //! longer than a lease is logged at WARN, with how long since this
@@ -105,9 +104,8 @@ impl HeldOff {
                 tracing::warn!(
                     holder = %notice,
                     held_off_ms = u64::try_from(for_how_long.as_millis()).unwrap_or(u64::MAX),
-                    "a takeover is held off for longer than a lease by a session holding the \
-                     election's key (a fenced transaction that does not end, a prepared \
-                     transaction, or any session that took the key): end it \
+                    "a takeover is held off for longer than a lease by a fenced transaction \
+                     that does not end (its timeouts lifted, or prepared): end it \
                      (docs/operations.md, \"A takeover held off\")"
                 );
             }

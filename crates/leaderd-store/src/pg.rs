@@ -235,16 +235,18 @@ const RENEW_MANY_TYPES: &[Type] = &[
 /// UPDATE`; a takeover (`t`: an expired row, ours or not) `FOR UPDATE`.
 /// An app's open fenced transaction holds the takeover off: the table's
 /// trigger (`service_leader_take`, installed with `leaderd_fence`) needs the
-/// election's advisory key, which the fence holds shared, and skips the row
-/// (a refusal) until that ends; `FOR UPDATE` is kept for the fence's
-/// fallback under REPEATABLE READ and for a previous version's fence (`FOR
-/// KEY SHARE`), which `FOR NO KEY UPDATE` would not wait for. Each row taken
-/// holds one advisory lock until the statement commits, in a lock table the
-/// server shares with every session (64 × max_connections entries by
-/// default; 20,000 at once ran it out of memory here, failing other
-/// sessions' statements too), so at most [`TAKE_LIMIT`] rows are taken by
-/// one statement: the rest read as refusals of expired rows, and
-/// `acquire_or_renew_many` sends the statement again for them.
+/// election's gate row (`FOR UPDATE SKIP LOCKED`), which the fence holds
+/// `FOR KEY SHARE`, and skips the row (a refusal) until that ends; `FOR
+/// UPDATE` is kept for the fence's fallback under REPEATABLE READ and for
+/// an old version's fence (`FOR KEY SHARE` on the lease row), which `FOR
+/// NO KEY UPDATE` would not wait for. For a minute after an upgrade from a
+/// fence that held an advisory key, each row taken also holds that key
+/// until the statement commits, in a lock table the server shares with
+/// every session (64 × max_connections entries by default; 20,000 at once
+/// ran it out of memory here, failing other sessions' statements too), so
+/// at most [`TAKE_LIMIT`] rows are taken by one statement: the rest read as
+/// refusals of expired rows, and `acquire_or_renew_many` sends the
+/// statement again for them.
 /// The rows to write carry what is written (`c`), so the
 /// `UPDATE` joins nothing else: prepared and planned generically (about
 /// ten rows guessed per array), a join there became a nested loop over the

@@ -10,7 +10,13 @@
 //!   timeout and no stream (see [`ProbeSlot`]): whatever mix of connections
 //!   holds the others (watchers, idle keep-alives, slow heads), the kubelet's
 //!   probes get in, so nobody who can reach the port can fail the liveness
-//!   probe and churn leadership. More wait in the kernel's accept queue;
+//!   probe and churn leadership. There are as many probe slots as served
+//!   connections, so that connections which send nothing, made again as
+//!   fast as they are closed, keep no probe waiting in the kernel's accept
+//!   queue behind them (a probe slot is free again 250 ms after a silent
+//!   connection took it). More wait in the kernel's accept queue;
+//! - a connection costs no request buffer until its first byte arrives, so
+//!   the silent ones hold a socket and a task, nothing more;
 //! - a connection buffers at most [`MAX_BUFFER`] of request, so memory per
 //!   connection is bounded; request bodies are refused (see `http`).
 //!
@@ -42,7 +48,7 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 pub const MAX_CONNECTIONS: usize = 1024;
 pub const MAX_BUFFER: usize = 8 * 1024;
 /// Connections served past [`MAX_CONNECTIONS`], one request each.
-pub const PROBE_SLOTS: usize = 64;
+pub const PROBE_SLOTS: usize = 1024;
 /// The header timeout on a probe slot: a probe sends its request at once,
 /// and a slow head must not keep a slot from the next probe for long.
 pub const PROBE_HEADER_TIMEOUT: Duration = Duration::from_millis(250);
@@ -99,6 +105,32 @@ async fn connection(
         HEADER_TIMEOUT
     };
     let activity = Arc::new(Activity::new(header_timeout));
+    let mut first = [0u8; 1];
+    // Until its first byte, a connection is this small task: hyper's
+    // connection (boxed below) reserves its read buffer at its first read,
+    // data or not, and the future that drives it is kilobytes.
+    tokio::select! {
+        // `readable()` may report a fresh socket ready before any byte;
+        // `peek` waits for one (0: the peer closed).
+        r = stream.peek(&mut first) => if !matches!(r, Ok(n) if n > 0) { return },
+        () = activity.expired() => {
+            debug!(%peer, "closing a connection that sent nothing");
+            return;
+        }
+        () = stop.cancelled() => return,
+    }
+    Box::pin(http(stream, peer, app, stop, probe, activity)).await;
+}
+
+/// Serves HTTP/1 on a connection that has sent its first byte.
+async fn http(
+    stream: TcpStream,
+    peer: SocketAddr,
+    app: Router,
+    stop: CancellationToken,
+    probe: bool,
+    activity: Arc<Activity>,
+) {
     let io = TokioIo::new(Watched {
         inner: stream,
         activity: activity.clone(),
