@@ -38,6 +38,9 @@ enum Weak {
     ShareFallback,
     /// No timeouts set: a hung transaction holds takeovers off.
     NoBound,
+    /// The fence does not need the unique index over the token (which the
+    /// caller then drops): a takeover is no key update.
+    NoTokenKey,
 }
 
 fn req(instance: &str) -> LeaseRequest<'_> {
@@ -107,6 +110,11 @@ async fn weaken(db: &TempDb, w: Weak) {
             "leaderd_fence(varchar, bigint, interval)",
             "PERFORM set_config('idle_in_transaction_session_timeout'",
             "PERFORM 1, concat('idle_in_transaction_session_timeout'",
+        ),
+        Weak::NoTokenKey => (
+            "leaderd_fence(varchar, bigint, interval)",
+            "IF triggers IS DISTINCT FROM 3",
+            "IF triggers IS DISTINCT FROM 2",
         ),
     };
     let def: String = admin
@@ -331,6 +339,53 @@ async fn renewal_then_fence(level: &str, weak: Option<Weak>) -> bool {
     outcome == "ok" && commit == "ok"
 }
 
+/// The app's snapshot is taken; then a handover written by hand, as plain
+/// UPDATEs that lock nothing first: a release naming a successor, and the
+/// successor's take (a new token). Then the fence: refused at every level
+/// (LF001, or 40001 where the snapshot shows the old row), nothing
+/// written. The token is a key (a unique index), so the take is a key
+/// update, which the fallback's `FOR KEY SHARE` cannot pass. Weakened
+/// (the index dropped), REPEATABLE READ passes the old lease: a write
+/// after the take.
+async fn snapshot_then_plain_handover(level: &str, weak: Option<Weak>) -> bool {
+    let (db, _leader, token) = led(weak).await;
+    if weak == Some(Weak::NoTokenKey) {
+        pg_exec(&db.url, &["DROP INDEX service_leader_lock_name_token"]);
+    }
+    let app = session(&db.url).await;
+    begin(&app, level).await;
+    app.query_one("SELECT count(*) FROM app_log", &[])
+        .await
+        .unwrap();
+    pg_exec(
+        &db.url,
+        &[
+            "UPDATE service_leader_lock SET instance = NULL, holder = NULL, successor = 'b', \
+             expires_at = now() + interval '1 second' WHERE name = 'e'",
+            "UPDATE service_leader_lock SET token = token + 1, instance = 'b', holder = 'b', \
+             successor = NULL, acquired_at = now(), renewed_at = now(), \
+             expires_at = now() + interval '30 seconds' WHERE name = 'e'",
+        ],
+    );
+    let outcome = fence_and_log(&app, FENCE_10S, token).await;
+    let commit = if outcome == "ok" {
+        code(&app.batch_execute("COMMIT").await)
+    } else {
+        let _ = app.batch_execute("ROLLBACK").await;
+        outcome.clone()
+    };
+    let watcher = session(&db.url).await;
+    matches!(outcome.as_str(), "LF001" | "40001") && commit != "ok" && logged(&watcher).await == 0
+}
+
+#[tokio::test]
+async fn a_handover_by_hand_after_the_snapshot_is_refused() {
+    for level in LEVELS {
+        assert!(snapshot_then_plain_handover(level, None).await, "{level}");
+    }
+    assert!(!snapshot_then_plain_handover("REPEATABLE READ", Some(Weak::NoTokenKey)).await);
+}
+
 #[tokio::test]
 async fn fence_first_holds_the_takeover_off_until_commit() {
     for level in LEVELS {
@@ -420,8 +475,9 @@ async fn an_earlier_releases_takeover_is_held_off_by_this_fence() {
 /// version's fence and triggers go in beside the open transaction) and
 /// tries to take the expired lease. Its takeover locks the row `FOR
 /// UPDATE`, which the old fence's row lock holds off until the app
-/// commits. A takeover locking only `FOR NO KEY UPDATE` (a plain `UPDATE`)
-/// would have passed: the old fence took no key for the trigger to find.
+/// commits. So does a plain `UPDATE` that gives the row a new token, now
+/// that the token is a key (this version's unique index): before it, such
+/// an update locked only `FOR NO KEY UPDATE` and passed the old fence.
 #[tokio::test]
 async fn a_transaction_fenced_by_the_previous_version_holds_across_the_upgrade() {
     const PREVIOUS_FENCE: &str = include_str!("../fixtures/postgres-fence-3.sql");
@@ -452,22 +508,20 @@ async fn a_transaction_fenced_by_the_previous_version_holds_across_the_upgrade()
     assert_eq!(version, "leaderd fence 6");
     let early = granted_within(&mut b, &req("b"), Duration::from_millis(400)).await;
     assert_eq!(early, None, "taken over under the old fence");
-    // What a takeover without `FOR UPDATE` would have done (rolled back).
-    watcher.batch_execute("BEGIN").await.unwrap();
+    // A takeover without `FOR UPDATE` of its own waits too (cut short).
+    watcher
+        .batch_execute("BEGIN; SET LOCAL lock_timeout = '200ms'")
+        .await
+        .unwrap();
     let plain = watcher
         .query(
             "UPDATE service_leader_lock SET token = token + 1, instance = 'x' \
              WHERE name = 'e' RETURNING token",
             &[],
         )
-        .await
-        .unwrap()
-        .len();
+        .await;
     watcher.batch_execute("ROLLBACK").await.unwrap();
-    assert_eq!(
-        plain, 1,
-        "a plain UPDATE was held off too: the case proves nothing"
-    );
+    assert_eq!(code(&plain), "55P03", "a plain UPDATE passed the old fence");
     app.batch_execute("COMMIT").await.unwrap();
     let taken = acquire(&mut b, &req("b"), Duration::from_secs(3)).await;
     assert!(taken > token);
@@ -475,12 +529,13 @@ async fn a_transaction_fenced_by_the_previous_version_holds_across_the_upgrade()
 }
 
 /// The upgrade from the advisory fence (versions 4 and 5): a transaction
-/// it fenced is open while a new daemon migrates. For a minute after the
-/// upgrade a takeover also needs the advisory key, so that transaction
-/// holds the takeover off until it commits; once the minute has passed,
-/// the key (which any role may take) holds nothing off. Without the
-/// minute, the takeover lands under the open transaction.
-async fn advisory_fence_across_the_upgrade(window: bool) -> bool {
+/// it fenced, with a bound of 90 s, is open while a new daemon migrates.
+/// The election's next takeover also needs the advisory key, so that
+/// transaction holds it off until it commits, however long that takes;
+/// once a takeover has held the key, the key (which any role may take)
+/// holds nothing off. Without the old key (`old_key` cleared), the
+/// takeover lands under the open transaction.
+async fn advisory_fence_across_the_upgrade(old_key: bool) -> bool {
     const PREVIOUS_FENCE: &str = include_str!("../fixtures/postgres-fence-5.sql");
     let (db, _leader, token) = led(None).await;
     // As the previous version left it: no gate.
@@ -490,12 +545,20 @@ async fn advisory_fence_across_the_upgrade(window: bool) -> bool {
     );
     let app = session(&db.url).await;
     begin(&app, "READ COMMITTED").await;
-    assert_eq!(fence_and_log(&app, FENCE_10S, token).await, "ok");
+    assert_eq!(
+        fence_and_log(
+            &app,
+            "SELECT leaderd_fence('e', $1, interval '90 seconds')",
+            token
+        )
+        .await,
+        "ok"
+    );
     let watcher = session(&db.url).await;
     wait_expired(&watcher).await;
     let mut b = migrated(&db.url).await;
-    if !window {
-        pg_exec(&db.url, &["UPDATE service_leader_fence_gate SET keys_until = NULL"]);
+    if !old_key {
+        pg_exec(&db.url, &["UPDATE service_leader_fence_gate SET old_key = false"]);
     }
     let early = granted_within(&mut b, &req("b"), Duration::from_millis(400)).await;
     let _ = app.batch_execute("COMMIT").await;
@@ -505,11 +568,7 @@ async fn advisory_fence_across_the_upgrade(window: bool) -> bool {
     };
     assert!(taken > token);
     let held_off = early.is_none() && writes_before_term(&watcher).await;
-    // Past the minute: a session holding the key holds nothing off.
-    pg_exec(
-        &db.url,
-        &["UPDATE service_leader_fence_gate SET keys_until = clock_timestamp()"],
-    );
+    // The key was held once: a session holding it now holds nothing off.
     let squat = session(&db.url).await;
     squat
         .batch_execute(

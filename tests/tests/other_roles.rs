@@ -678,6 +678,101 @@ fn an_installation_made_by_another_role_is_never_used() {
     assert_eq!(spied, "0", "the planter's trigger ran");
 }
 
+/// An election whose row is free and has no gate row yet (made by a
+/// daemon, taken by nobody), while another session's open transaction
+/// makes that gate row (its own takeover, left uncommitted). The daemon's
+/// next statement takes over that election and renews another it leads:
+/// it answers at once, the free election refused, the renewal granted; it
+/// never waits for the other transaction.
+#[tokio::test]
+async fn a_takeover_never_waits_for_another_transactions_gate_row() {
+    let db = TempDb::postgres();
+    let ttl = Duration::from_secs(5);
+    let mut a = migrated(&db.url).await;
+    let token = acquire(&mut a, &req("a", ttl), Duration::from_secs(10)).await;
+    db.exec(&["INSERT INTO service_leader_lock (name, token, expires_at) \
+               VALUES ('n1', 1, now())"]);
+    let other = session(&db.url).await;
+    other
+        .batch_execute(
+            "BEGIN; INSERT INTO service_leader_lock (name, instance, token, expires_at) \
+             VALUES ('n1', 'x', 1, now()) ON CONFLICT (name) DO NOTHING",
+        )
+        .await
+        .unwrap();
+    let both = [
+        LeaseRequest {
+            election: "n1",
+            ..req("a", ttl)
+        },
+        LeaseRequest {
+            held_token: Some(token),
+            ..req("a", ttl)
+        },
+    ];
+    let started = Instant::now();
+    let answers = tokio::time::timeout(Duration::from_secs(3), a.acquire_or_renew_many(&both))
+        .await
+        .expect("the statement waited for the other transaction")
+        .unwrap();
+    let took = started.elapsed();
+    assert!(took < Duration::from_millis(500), "waited {took:?}");
+    assert!(
+        matches!(answers[0], Ok(Attempt::Refused(_))),
+        "{:?}",
+        answers[0]
+    );
+    assert!(
+        matches!(answers[1], Ok(Attempt::Granted { token: t }) if t == token),
+        "{:?}",
+        answers[1]
+    );
+    other.batch_execute("ROLLBACK").await.unwrap();
+}
+
+/// A role that may create in `public` makes the fence's gate table first,
+/// with a trigger of its own, before the database's owner migrates. The
+/// migration refuses it (it is not a plain table of the migrating role's),
+/// nothing is installed on it, no daemon leads there, and the trigger,
+/// which a takeover would have run with the owner's rights, never runs.
+#[test]
+fn a_gate_table_made_by_another_role_is_refused() {
+    let _s = serial();
+    let db = TempDb::postgres();
+    let owner = PgRole::new(&db, "owner");
+    let planter = PgRole::new(&db, "planter");
+    db.exec(&[
+        &format!("ALTER DATABASE {} OWNER TO {}", db.name(), owner.name),
+        &format!("GRANT CREATE ON SCHEMA public TO {}", planter.name),
+    ]);
+    pg_exec(
+        &db.url_as(&planter.name),
+        &[
+            "CREATE TABLE public.spied (who TEXT)",
+            "GRANT INSERT ON public.spied TO PUBLIC",
+            "CREATE FUNCTION public.spy() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+             INSERT INTO public.spied VALUES (current_user); RETURN NEW; END $$",
+            "CREATE TABLE public.service_leader_fence_gate (name TEXT COLLATE \"C\" PRIMARY KEY, \
+             old_key BOOLEAN NOT NULL DEFAULT false)",
+            "GRANT ALL ON public.service_leader_fence_gate TO PUBLIC",
+            "CREATE TRIGGER spy BEFORE INSERT OR UPDATE ON public.service_leader_fence_gate \
+             FOR EACH ROW EXECUTE FUNCTION public.spy()",
+        ],
+    );
+    let as_owner = db.url_as(&owner.name);
+    let (code, _, err) = run_cli(&["migrate", "--database-url", &as_owner], &[]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("service_leader_fence_gate"), "{err}");
+    let dir = Scratch::new();
+    let d = Daemon::start(&as_owner, "a", &dir, &[]);
+    wait_for(Duration::from_secs(10), "the daemon to refuse", || {
+        d.log_text().contains("unsafe database").then_some(())
+    });
+    assert!(!d.is_leader());
+    let spied = db.scalar("SELECT count(*) FROM public.spied");
+    assert_eq!(spied, "0", "the planter's trigger ran");
+}
+
 /// The app's role may create schemas in the database (it owns it, or runs
 /// its own migrations). It makes one named as the daemon's role, which the
 /// default search_path (`"$user", public`) puts first, with a lock table of

@@ -35,7 +35,8 @@ pub(crate) const POSTGRES: &[&str] = &[
 /// the schema's, in the one query every connect sends. Its version is the
 /// function's comment: this one or a newer one (a newer daemon's) counts as
 /// installed, with both takeover triggers on the lock table (a table made
-/// again has none, and the fence would hold nothing off without them).
+/// again has none, and the fence would hold nothing off without them) and
+/// its unique index over the token (which makes a takeover a key update).
 macro_rules! postgres_fence_current {
     () => {
         "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_proc p \
@@ -49,7 +50,12 @@ macro_rules! postgres_fence_current {
         WHERE t.tgrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(pg_catalog.format('%I.service_leader_lock', \
         pg_catalog.current_schema())) \
         AND t.tgname OPERATOR(pg_catalog.=) ANY (ARRAY['service_leader_take', \
-        'service_leader_take_new']::pg_catalog.name[])) OPERATOR(pg_catalog.=) 2"
+        'service_leader_take_new']::pg_catalog.name[])) OPERATOR(pg_catalog.=) 2 \
+        AND EXISTS (SELECT 1 FROM pg_catalog.pg_index i \
+        WHERE i.indrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(pg_catalog.format('%I.service_leader_lock', \
+        pg_catalog.current_schema())) \
+        AND i.indexrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(pg_catalog.format( \
+        '%I.service_leader_lock_name_token', pg_catalog.current_schema())) AND i.indisunique)"
     };
 }
 pub(crate) use postgres_fence_current;

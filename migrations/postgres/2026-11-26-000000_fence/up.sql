@@ -63,6 +63,7 @@ DO $migrate$
 DECLARE
     s TEXT := pg_catalog.quote_ident(pg_catalog.current_schema());
     trigger TEXT;
+    upgrade BOOLEAN;
 BEGIN
     IF s IS NULL THEN
         RAISE EXCEPTION 'leaderd: no current schema to install into (search_path)';
@@ -75,25 +76,50 @@ BEGIN
     --
     -- Versions 4 and 5 of the fence held the election's advisory key
     -- instead (hashed with service_leader_fence_key's seed). A transaction
-    -- fenced by one of them may be open while this runs: for a minute
-    -- after an upgrade from them, a takeover of a row there was then also
-    -- needs that key, as it did (a fenced transaction bounded by more than
-    -- that minute is not waited for): the gate row's keys_until. Nothing
-    -- here waits for such a transaction, which holds a lock on the key's
-    -- table.
+    -- fenced by one of them may be open while this runs, and may stay open
+    -- for as long as its bound (or longer, its timeouts lifted): after an
+    -- upgrade from them, the next takeover of each election there is also
+    -- needs that key, as it did then (old_key), until one gets it; once a
+    -- takeover has held it, no transaction fenced by them is left on that
+    -- election. The lock table is locked against writes meanwhile (100 ms
+    -- at most, see the migration), so that no row is taken under the old
+    -- fence between the copy below and this installation's commit.
+    -- Nothing here waits for a fenced transaction, which holds no lock
+    -- that conflicts.
     IF pg_catalog.to_regclass(pg_catalog.format('%s.service_leader_fence_gate', s)) IS NULL THEN
         EXECUTE pg_catalog.format('CREATE TABLE %s.service_leader_fence_gate '
-            '(name TEXT COLLATE "C" PRIMARY KEY, keys_until TIMESTAMPTZ)', s);
+            '(name TEXT COLLATE "C" PRIMARY KEY, old_key BOOLEAN NOT NULL DEFAULT false)', s);
     END IF;
     EXECUTE pg_catalog.format('REVOKE ALL ON %s.service_leader_fence_gate FROM PUBLIC', s);
-    EXECUTE pg_catalog.format('INSERT INTO %1$s.service_leader_fence_gate (name, keys_until) '
-        'SELECT l.name, CASE WHEN %2$L THEN pg_catalog.clock_timestamp() '
-        'OPERATOR(pg_catalog.+) interval %3$L END FROM %1$s.service_leader_lock l '
-        'ON CONFLICT DO NOTHING', s,
-        (SELECT pg_catalog.obj_description(p.oid, 'pg_proc') FROM pg_catalog.pg_proc p
-          WHERE p.oid OPERATOR(pg_catalog.=) pg_catalog.to_regprocedure(pg_catalog.format(
-                '%s.leaderd_fence(varchar, bigint, interval)', s)))
-        OPERATOR(pg_catalog.=) ANY (ARRAY['leaderd fence 4', 'leaderd fence 5']), '1 minute');
+    upgrade := (SELECT pg_catalog.obj_description(p.oid, 'pg_proc') FROM pg_catalog.pg_proc p
+                 WHERE p.oid OPERATOR(pg_catalog.=) pg_catalog.to_regprocedure(pg_catalog.format(
+                       '%s.leaderd_fence(varchar, bigint, interval)', s)))
+               OPERATOR(pg_catalog.=) ANY (ARRAY['leaderd fence 4', 'leaderd fence 5']);
+    IF upgrade THEN
+        EXECUTE pg_catalog.format('LOCK TABLE %s.service_leader_lock IN SHARE ROW EXCLUSIVE MODE', s);
+    END IF;
+    -- (An ON CONFLICT DO UPDATE would lock every row it met, and wait for
+    -- the fenced transactions of this version that hold them.)
+    EXECUTE pg_catalog.format('INSERT INTO %1$s.service_leader_fence_gate AS g (name, old_key) '
+        'SELECT l.name, %2$L FROM %1$s.service_leader_lock l ON CONFLICT (name) %3$s', s,
+        COALESCE(upgrade, false),
+        CASE WHEN upgrade THEN 'DO UPDATE SET old_key = true' ELSE 'DO NOTHING' END);
+    -- Under REPEATABLE READ and SERIALIZABLE the fence's fallback (FOR KEY
+    -- SHARE on a row version a later one superseded) raises 40001 only
+    -- when the update that superseded it changed a key: a unique index over
+    -- the token makes every takeover one, whatever statement made it
+    -- (leaderd's own lock the row FOR UPDATE, which does the same; an
+    -- UPDATE by hand or by another program need not). Renewals change no
+    -- key, and stay HOT updates.
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_index i
+                    WHERE i.indrelid OPERATOR(pg_catalog.=)
+                          pg_catalog.to_regclass(pg_catalog.format('%s.service_leader_lock', s))
+                      AND i.indexrelid OPERATOR(pg_catalog.=)
+                          pg_catalog.to_regclass(pg_catalog.format('%s.service_leader_lock_name_token', s))
+                      AND i.indisunique) THEN
+        EXECUTE pg_catalog.format('CREATE UNIQUE INDEX service_leader_lock_name_token '
+            'ON %s.service_leader_lock (name, token)', s);
+    END IF;
     -- The advisory key's seed, which the fence and the trigger read.
     IF pg_catalog.to_regclass(pg_catalog.format('%s.service_leader_fence_key', s)) IS NULL THEN
         EXECUTE pg_catalog.format('CREATE TABLE %s.service_leader_fence_key (seed BIGINT NOT NULL)', s);
@@ -107,39 +133,53 @@ BEGIN
     -- FOR UPDATE (a rename: both names'), never waiting, or is skipped:
     -- RETURN NULL leaves the row as it was, and the statement goes on with
     -- the other rows it writes. A name without a gate row gets one, held
-    -- by the takeover's transaction until it ends.
+    -- by the takeover's transaction until it ends; another transaction
+    -- making the same one is not waited for (a refusal).
     --
     -- A skipped takeover is told who holds the gate in a notice (SQLSTATE
     -- LF012): the session's pid and role, or the prepared transaction's
-    -- name, found from the transaction that locked the row. leaderd logs it
-    -- once the takeover has been held off for longer than a lease (a fenced
-    -- transaction that lifted its own timeouts, or a prepared one where the
-    -- owner may not make the temporary table that refuses PREPARE). Naming
-    -- never fails the takeover's statement.
+    -- name, found from the transaction that locked the row (or, several
+    -- fenced transactions at once, one of its multixact's). leaderd logs
+    -- it once the takeover has been held off for longer than a lease (a
+    -- fenced transaction that lifted its own timeouts, or a prepared one
+    -- where the owner may not make the temporary table that refuses
+    -- PREPARE). Naming never fails the takeover's statement.
     EXECUTE pg_catalog.replace($sql$
 CREATE OR REPLACE FUNCTION {schema}.service_leader_take_key(election VARCHAR, seed BIGINT) RETURNS BOOLEAN
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     gated BOOLEAN;
-    window_end TIMESTAMPTZ;
+    needs_old_key BOOLEAN;
     locker xid;
+    lockers xid[];
     holder TEXT;
+    quiet TEXT;
 BEGIN
-    SELECT g.keys_until INTO window_end FROM {schema}.service_leader_fence_gate g
+    SELECT g.old_key INTO needs_old_key FROM {schema}.service_leader_fence_gate g
      WHERE g.name = (election COLLATE "C") FOR UPDATE SKIP LOCKED;
     gated := FOUND;
     IF NOT gated THEN
-        INSERT INTO {schema}.service_leader_fence_gate AS g (name) VALUES (election)
-            ON CONFLICT DO NOTHING;
-        gated := FOUND;
+        quiet := current_setting('lock_timeout');
+        BEGIN
+            PERFORM set_config('lock_timeout', '1ms', true);
+            INSERT INTO {schema}.service_leader_fence_gate AS g (name) VALUES (election)
+                ON CONFLICT DO NOTHING;
+            gated := FOUND;
+        EXCEPTION WHEN lock_not_available THEN
+            gated := false;
+        END;
+        PERFORM set_config('lock_timeout', quiet, true);
     END IF;
-    -- Within a minute of an upgrade from an advisory fence: its key too.
-    IF gated AND window_end > clock_timestamp()
-       AND NOT pg_try_advisory_xact_lock(hashtextextended(election COLLATE "C", seed)) THEN
-        RAISE NOTICE USING MESSAGE = format('leaderd: takeover of election "%s" held off by %s',
-            election, 'a transaction fenced before the upgrade, or a session holding its key'),
-            ERRCODE = 'LF012';
-        RETURN false;
+    -- After an upgrade from an advisory fence: its key too, until held.
+    IF gated AND needs_old_key THEN
+        IF NOT pg_try_advisory_xact_lock(hashtextextended(election COLLATE "C", seed)) THEN
+            RAISE NOTICE USING MESSAGE = format('leaderd: takeover of election "%s" held off by %s',
+                election, 'a transaction fenced before the upgrade, or a session holding its key'),
+                ERRCODE = 'LF012';
+            RETURN false;
+        END IF;
+        UPDATE {schema}.service_leader_fence_gate g SET old_key = false
+         WHERE g.name = (election COLLATE "C");
     END IF;
     IF gated THEN
         RETURN true;
@@ -147,8 +187,16 @@ BEGIN
     BEGIN
         SELECT g.xmax INTO locker FROM {schema}.service_leader_fence_gate g
          WHERE g.name = (election COLLATE "C");
-        -- One locker's transaction, or (several fenced transactions at
-        -- once) a multixact's members.
+        lockers := ARRAY[locker];
+        -- Not a live transaction: several fenced transactions' multixact.
+        IF NOT EXISTS (SELECT 1 FROM pg_locks k
+                        WHERE k.locktype = 'transactionid' AND k.transactionid = locker) THEN
+            BEGIN
+                lockers := ARRAY(SELECT m.xid FROM pg_get_multixact_members(locker) m);
+            EXCEPTION WHEN OTHERS THEN
+                NULL;
+            END;
+        END IF;
         SELECT CASE WHEN k.pid IS NOT NULL THEN
                    format('pid %s (role %s)', k.pid,
                           COALESCE((SELECT r.rolname::text
@@ -161,16 +209,13 @@ BEGIN
           FROM pg_locks k
           LEFT JOIN pg_prepared_xacts p ON k.pid IS NULL AND p.transaction = k.transactionid
          WHERE k.locktype = 'transactionid' AND k.mode = 'ExclusiveLock' AND k.granted
-           AND (k.transactionid = locker
-                OR (NOT EXISTS (SELECT 1 FROM pg_locks o
-                                 WHERE o.locktype = 'transactionid' AND o.transactionid = locker)
-                    AND k.transactionid IN (SELECT m.xid FROM pg_get_multixact_members(locker) m)))
+           AND k.transactionid = ANY (lockers)
          LIMIT 1;
-        RAISE NOTICE USING MESSAGE = format('leaderd: takeover of election "%s" held off by %s',
-            election, COALESCE(holder, 'a transaction that has just ended')), ERRCODE = 'LF012';
     EXCEPTION WHEN OTHERS THEN
         NULL;
     END;
+    RAISE NOTICE USING MESSAGE = format('leaderd: takeover of election "%s" held off by %s',
+        election, COALESCE(holder, 'a transaction that has just ended')), ERRCODE = 'LF012';
     RETURN false;
 END $fn$$sql$, '{schema}', s);
     EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s.service_leader_take_key(VARCHAR, BIGINT) FROM PUBLIC', s);
@@ -240,17 +285,23 @@ BEGIN
         RAISE EXCEPTION 'leaderd_fence: a read-only transaction (or a standby) cannot be fenced'
             USING ERRCODE = '25006';
     END IF;
-    -- The takeover triggers, and the table of the key an upgrade's window
-    -- needs: without them (a table made again by hand, a trigger disabled)
-    -- the gate below would hold nothing off.
+    -- The takeover triggers, the table of the key an upgrade's window
+    -- needs, and the index that makes a takeover a key update: without
+    -- them (a table made again by hand, a trigger disabled, the index
+    -- dropped) the gate below would hold nothing off, or the fallback
+    -- under REPEATABLE READ would pass a superseded lease.
     SELECT min(k.seed), (SELECT count(*) FROM pg_trigger t
                           WHERE t.tgrelid = '{schema}.service_leader_lock'::regclass
                             AND t.tgname IN ('service_leader_take', 'service_leader_take_new')
                             AND t.tgenabled <> 'D')
+                        + (SELECT count(*) FROM pg_index i
+                            WHERE i.indrelid = '{schema}.service_leader_lock'::regclass
+                              AND i.indexrelid = to_regclass('{schema}.service_leader_lock_name_token')
+                              AND i.indisunique)
       INTO seed, triggers
       FROM {schema}.service_leader_fence_key k;
-    IF triggers IS DISTINCT FROM 2 OR seed IS NULL THEN
-        RAISE EXCEPTION 'leaderd_fence: not installed (the takeover triggers on service_leader_lock are missing or disabled): run leaderd migrate'
+    IF triggers IS DISTINCT FROM 3 OR seed IS NULL THEN
+        RAISE EXCEPTION 'leaderd_fence: not installed (the takeover triggers on service_leader_lock are missing or disabled, or its index service_leader_lock_name_token is missing): run leaderd migrate'
             USING ERRCODE = 'LF007';
     END IF;
     -- The bound, from the lease as the row shows it when none is given.
