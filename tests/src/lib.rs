@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 
+pub mod app;
 pub mod certs;
 pub mod checker;
 pub mod galera;

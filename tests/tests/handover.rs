@@ -3,12 +3,11 @@
 //! wake file), the releaser holds off, and the app-health gate steps an
 //! unhealthy app's replica down.
 
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, TcpListener};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::net::Ipv4Addr;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use leaderd_tests::app::App;
 use leaderd_tests::{
     http_raw, http_raw_from, run_cli, serial, wait_for, wait_single_leader, Daemon, Scratch, TempDb,
 };
@@ -313,45 +312,6 @@ fn release_is_served_on_loopback_only_and_needs_its_header() {
     let (code, out, err) = run_cli(&["release", "--listen", &listen, "--hold", "1s"], &[]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(!d.is_leader(), "released");
-}
-
-/// A tiny app whose health endpoint answers 200 or 500 as told.
-struct App {
-    port: u16,
-    healthy: Arc<AtomicBool>,
-}
-
-impl App {
-    fn start(healthy: bool) -> App {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let flag = Arc::new(AtomicBool::new(healthy));
-        let h = flag.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(mut s) = stream else { return };
-                let mut buf = [0u8; 1024];
-                let _ = s.read(&mut buf);
-                let status = if h.load(Ordering::SeqCst) {
-                    "200 OK"
-                } else {
-                    "500 Oops"
-                };
-                let _ = write!(
-                    s,
-                    "HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                );
-            }
-        });
-        App {
-            port,
-            healthy: flag,
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/healthz", self.port)
-    }
 }
 
 #[test]

@@ -123,6 +123,8 @@ pub struct View {
     /// The local deadline when leading, else the holder's remaining lease as
     /// last observed.
     pub lease_remaining: Option<Duration>,
+    /// Whether this replica competes, else why not (see [`crate::Standing`]).
+    pub standing: crate::Standing,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -324,6 +326,7 @@ impl Engine {
             token,
             leader_address,
             lease_remaining: until.map(|until| until.saturating_since(now)),
+            standing: self.standing(now),
         }
     }
 
@@ -499,6 +502,30 @@ impl Engine {
     /// Whether this replica competes (its app passes its health check).
     pub fn competing(&self) -> bool {
         self.competing
+    }
+
+    /// Whether this replica competes at `now`, else why not, and what is
+    /// left of its hold or drain (see [`crate::Standing`]).
+    pub fn standing(&self, now: BootTime) -> crate::Standing {
+        crate::standing::standing(
+            now,
+            self.role == Role::ShutDown,
+            self.competing,
+            self.hold_until,
+            self.draining_until,
+        )
+    }
+
+    /// Ends a hold and a drain at once (`leaderd resume`): the replica asks
+    /// at its next turn. Whether there was one to end at `now`.
+    pub fn resume(&mut self, now: BootTime) -> bool {
+        let ended = self.hold_until.is_some_and(|h| now < h) || self.draining(now);
+        self.hold_until = None;
+        self.draining_until = None;
+        if ended {
+            self.next_attempt = self.next_attempt.min(now);
+        }
+        ended
     }
 
     /// Steps down on purpose and holds off attempting for `hold`, so that
@@ -1672,6 +1699,42 @@ mod tests {
         f.set_competing(at(0), false, "unused");
         f.poll(at(0));
         assert!(!f.attempt_due(at(0)));
+    }
+
+    #[test]
+    fn a_hold_or_a_drain_is_told_and_resume_ends_both_at_once() {
+        use crate::NotCompeting;
+        let mut e = engine();
+        assert!(e.standing(at(0)).competing());
+        e.on_attempt(at(0), at(5), Attempt::Granted { token: 7 });
+        e.release(at(100), ms(3_600_000), "inst-a2");
+        e.drain(at(100), ms(3_600_000));
+        let held = e.standing(at(1100));
+        assert_eq!(held.not_competing, Some(NotCompeting::Held));
+        assert_eq!(held.hold_remaining, Some(ms(3_599_000)));
+        assert!(!e.attempt_due(at(1100)));
+        assert!(e.resume(at(1100)));
+        assert!(e.standing(at(1100)).competing());
+        assert!(e.attempt_due(at(1100)), "asks at its next turn");
+        assert!(!e.resume(at(1200)), "nothing left to end");
+        // Resume does not make an unhealthy app's replica compete.
+        e.set_competing(at(1300), false, "unused");
+        e.hold(at(1300), ms(60_000));
+        assert!(e.resume(at(1400)));
+        assert_eq!(
+            e.standing(at(1400)).not_competing,
+            Some(NotCompeting::AppUnhealthy)
+        );
+        assert!(!e.attempt_due(at(1400)));
+        // A drain alone.
+        let mut f = engine();
+        f.drain(at(0), ms(5000));
+        assert_eq!(
+            f.standing(at(1000)).not_competing,
+            Some(NotCompeting::Draining)
+        );
+        assert!(f.resume(at(1000)));
+        assert!(!f.draining(at(1000)));
     }
 
     #[test]

@@ -14,11 +14,13 @@
 mod child;
 mod engine;
 pub mod spread;
+mod standing;
 pub mod successor;
 mod time;
 
 pub use child::{ChildAction, ChildTimer, StopGraceError};
 pub use engine::{Attempt, Engine, Event, LossReason, Observed, StepDown, View};
+pub use standing::{NotCompeting, Standing};
 pub use time::{BootTime, Timing, TimingError};
 
 /// Longest `name` or `id`, in characters, that the lock table stores.

@@ -49,6 +49,10 @@ pub enum Command {
     /// Ask the local daemon (at its release address) to step down: exit 0 released,
     /// 3 not leader, 1 no daemon.
     Release(ReleaseArgs),
+    /// Ask the local daemon (at its release address) to end a hold or a
+    /// drain and compete at once: exit 0 resumed, 3 nothing to resume, 1 no
+    /// daemon.
+    Resume(LocalDaemonArgs),
 }
 
 /// Where the database and the other settings come from, and how to log:
@@ -151,6 +155,17 @@ pub struct ExecArgs {
 /// it works in an app container with no other leaderd configuration.
 #[derive(Debug, Args, Default, Clone)]
 pub struct ReleaseArgs {
+    #[command(flatten)]
+    pub daemon: LocalDaemonArgs,
+    /// Do not attempt again for this long [default: 2 × heartbeat; at most 1h]
+    #[arg(long, value_name = "DURATION")]
+    pub hold: Option<String>,
+}
+
+/// Where the local daemon serves `POST /release` and `POST /resume`, and
+/// which of its elections to ask about.
+#[derive(Debug, Args, Default, Clone)]
+pub struct LocalDaemonArgs {
     /// Config file (TOML or YAML, by extension); only `listen` and
     /// `release_listen` are read from it.
     #[arg(long, value_name = "PATH")]
@@ -162,12 +177,9 @@ pub struct ReleaseArgs {
     /// The daemon's release address, when it sets one [default: from --listen]
     #[arg(long, value_name = "ADDR")]
     pub release_listen: Option<String>,
-    /// The election to step down from [default: every one it leads]
+    /// The election [default: every one the daemon runs]
     #[arg(long, value_name = "NAME")]
     pub election: Vec<String>,
-    /// Do not attempt again for this long [default: 2 × heartbeat; at most 1h]
-    #[arg(long, value_name = "DURATION")]
-    pub hold: Option<String>,
 }
 
 /// Every flag a subcommand may set, as `settings` reads them: unset ones
@@ -214,13 +226,15 @@ impl Cli {
             Some(Command::Migrate(source)) | Some(Command::Status { source, .. }) => {
                 ConfigArgs::from(source)
             }
-            Some(Command::Release(r)) => ConfigArgs {
-                config: r.config.clone(),
-                listen: r.listen.clone(),
-                release_listen: r.release_listen.clone(),
-                election: r.election.clone(),
-                ..ConfigArgs::default()
-            },
+            Some(Command::Release(ReleaseArgs { daemon: d, .. }) | Command::Resume(d)) => {
+                ConfigArgs {
+                    config: d.config.clone(),
+                    listen: d.listen.clone(),
+                    release_listen: d.release_listen.clone(),
+                    election: d.election.clone(),
+                    ..ConfigArgs::default()
+                }
+            }
         };
         own.over(top)
     }

@@ -1,19 +1,25 @@
 //! A minimal HTTP/1.1 client for the two requests leaderd makes itself: the
 //! app's health check (`app_health`) and `leaderd release` asking the local
 //! daemon to step down. Plain HTTP to a nearby host only; it reads the status
-//! line and the body, nothing more.
+//! line, the body and the daemon's warning header, nothing more.
 
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// A response: status code and body.
+/// A response: status code, body, and the daemon's warning (the
+/// `Leaderd-Warning` header), if any.
 #[derive(Debug)]
 pub struct Reply {
     pub status: u16,
     pub body: String,
+    pub warning: Option<String>,
 }
+
+/// The header in which the daemon warns the client of a consequence of
+/// its request.
+pub const WARNING_HEADER: &str = "leaderd-warning";
 
 /// Why a request got no reply.
 #[derive(Debug, thiserror::Error)]
@@ -84,9 +90,16 @@ async fn exchange(
         .and_then(|rest| rest.get(2..5))
         .and_then(|code| code.parse().ok())
         .ok_or(ClientError::Malformed)?;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    Ok(Reply { status, body })
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let warning = head.lines().find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.trim()
+            .eq_ignore_ascii_case(WARNING_HEADER)
+            .then(|| value.trim().to_owned())
+    });
+    Ok(Reply {
+        status,
+        body: body.to_owned(),
+        warning,
+    })
 }

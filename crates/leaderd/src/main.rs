@@ -48,8 +48,12 @@ fn main() -> ExitCode {
         }
     };
     let config = cli.config();
-    if let Some(Command::Release(release)) = &cli.command {
-        return http::release::run(&config, release.hold.as_deref());
+    match &cli.command {
+        Some(Command::Release(release)) => {
+            return http::release::run(&config, release.hold.as_deref())
+        }
+        Some(Command::Resume(_)) => return http::release::resume(&config),
+        _ => {}
     }
     let settings = match Settings::load(&config, &ProcessEnv) {
         Ok(s) => s,
@@ -97,7 +101,9 @@ fn main() -> ExitCode {
                 let conn = connect(&settings).await?;
                 status::run(conn, json).await.map(|()| 0)
             }
-            Command::Release(_) => unreachable!("handled before the runtime starts"),
+            Command::Release(_) | Command::Resume(_) => {
+                unreachable!("handled before the runtime starts")
+            }
         }
     });
     // Do not wait for stray blocking tasks (a hung connect) at exit.
@@ -191,6 +197,7 @@ async fn run(settings: Settings, commands: Option<Vec<Vec<OsString>>>) -> anyhow
             settings.timing,
         ),
         daemon.all().to_vec(),
+        daemon.reach().clone(),
     );
     let loops: Vec<_> = daemon
         .all()

@@ -28,6 +28,11 @@ pub struct LeaderBody<'a> {
     heartbeat_ms: u64,
     /// False while the app fails its health check (`app_health`).
     app_healthy: bool,
+    /// Whether this replica asks for the row; else why not, and what is
+    /// left of its hold or drain.
+    competing: bool,
+    not_competing: Option<&'static str>,
+    hold_remaining_ms: Option<u64>,
 }
 
 fn millis(d: std::time::Duration) -> u64 {
@@ -48,6 +53,9 @@ pub fn leader_fields(shared: &Shared, view: leaderd_core::View) -> LeaderBody<'_
         ttl_ms: millis(timing.ttl()),
         heartbeat_ms: millis(timing.heartbeat()),
         app_healthy: shared.app_healthy(),
+        competing: view.standing.competing(),
+        not_competing: view.standing.not_competing.map(leaderd_core::NotCompeting::as_str),
+        hold_remaining_ms: view.standing.hold_remaining.map(millis),
     }
 }
 

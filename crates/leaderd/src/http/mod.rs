@@ -1,13 +1,15 @@
 //! The HTTP edge (this folder: the router here, `watch` for the event
 //! stream, `body` for the bodies, `server` for the connections' limits,
-//! `release` for `leaderd release`'s client). The HTTP surface: `/leader`,
-//! `/elections`, `/`, `/healthz`, `/readyz`, `/metrics`, `POST /release`,
-//! and `/leader/watch` (see `watch`).
+//! `control` for `POST /release` and `POST /resume`, `release` for their
+//! command-line client). The HTTP surface: `/leader`, `/elections`, `/`,
+//! `/healthz`, `/readyz`, `/metrics`, `POST /release`, `POST /resume`, and
+//! `/leader/watch` (see `watch`).
 //! `/leader`, `/leader/watch` and `/release` take `?election=NAME` (404
 //! naming it when unknown); without it they answer for the first election
 //! (`/release`: release all).
 //!
-//! `POST /release` steps the leader down, so it must come from this pod, and
+//! `POST /release` steps the leader down (and `POST /resume` makes a held
+//! replica compete), so it must come from this pod, and
 //! a loopback peer does not prove that: a service mesh forwards outside
 //! traffic from loopback (Istio's inbound passthrough uses 127.0.0.6) and a
 //! browser page can send a simple cross-origin POST to localhost. So it is
@@ -21,13 +23,13 @@
 //! after resuming.
 
 pub mod body;
+mod control;
 pub mod release;
 pub mod server;
 pub mod watch;
 
 use std::sync::Arc;
 
-use axum::extract::ConnectInfo;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -35,7 +37,6 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use axum::http::Uri;
 
@@ -58,7 +59,7 @@ pub enum ReleaseAt {
 /// Builds the router; tests drive it with `oneshot`, no socket needed.
 pub fn router(daemon: Arc<Daemon>, release_at: ReleaseAt) -> Router {
     let release_route = match release_at {
-        ReleaseAt::Here => post(release),
+        ReleaseAt::Here => post(control::release),
         ReleaseAt::Elsewhere(addr) => post(move || async move {
             error(
                 StatusCode::FORBIDDEN,
@@ -71,6 +72,7 @@ pub fn router(daemon: Arc<Daemon>, release_at: ReleaseAt) -> Router {
         .route("/leader/watch", crate::http::watch::route(daemon.clone()))
         .route("/elections", get(elections))
         .route("/release", release_route)
+        .route("/resume", resume_route(release_at))
         .route("/", get(compat))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -80,11 +82,25 @@ pub fn router(daemon: Arc<Daemon>, release_at: ReleaseAt) -> Router {
         .with_state(daemon)
 }
 
+/// `POST /resume`, where `POST /release` is served (see [`ReleaseAt`]).
+fn resume_route(release_at: ReleaseAt) -> axum::routing::MethodRouter<Arc<Daemon>> {
+    match release_at {
+        ReleaseAt::Here => post(control::resume),
+        ReleaseAt::Elsewhere(addr) => post(move || async move {
+            error(
+                StatusCode::FORBIDDEN,
+                &format!("POST /resume is served on the loopback listener {addr} only"),
+            )
+        }),
+    }
+}
+
 /// The loopback listener's router when `listen` is not loopback: `/release`
-/// alone.
+/// and `/resume` alone.
 pub fn release_router(daemon: Arc<Daemon>) -> Router {
     Router::new()
-        .route("/release", post(release))
+        .route("/release", post(control::release))
+        .route("/resume", post(control::resume))
         .fallback(not_found)
         .layer(axum::middleware::from_fn(refuse_bodies))
         .with_state(daemon)
@@ -128,110 +144,6 @@ async fn elections(State(daemon): State<Arc<Daemon>>) -> Response {
         .map(|s| leader_fields(s, s.view()))
         .collect();
     Json(list).into_response()
-}
-
-/// Whether a release's peer is this pod's own loopback address: 127.0.0.1
-/// or ::1 only. The rest of 127.0.0.0/8 is loopback too, but a mesh
-/// forwards outside traffic from there (Istio: 127.0.0.6).
-fn from_this_host(ip: std::net::IpAddr) -> bool {
-    match ip.to_canonical() {
-        std::net::IpAddr::V4(v4) => v4 == std::net::Ipv4Addr::LOCALHOST,
-        std::net::IpAddr::V6(v6) => v6 == std::net::Ipv6Addr::LOCALHOST,
-    }
-}
-
-/// Largest `hold` a release may ask for.
-const MAX_HOLD: Duration = Duration::from_secs(3600);
-
-/// Steps down on request: 403 unless from this pod (see the module docs),
-/// 400 for a bad `hold`, 409 when not leading, else 200 once the row is
-/// released.
-async fn release(
-    State(daemon): State<Arc<Daemon>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: axum::http::HeaderMap,
-    uri: Uri,
-) -> Response {
-    if !from_this_host(peer.ip()) {
-        return error(
-            StatusCode::FORBIDDEN,
-            "release is only accepted from 127.0.0.1 or ::1",
-        );
-    }
-    if headers.contains_key(header::ORIGIN) {
-        return error(
-            StatusCode::FORBIDDEN,
-            "release is not accepted from a web page (the request has an Origin)",
-        );
-    }
-    // The value too, as documented: a header some proxy or client adds
-    // for its own reasons, with another value, asks for nothing.
-    if headers
-        .get(RELEASE_HEADER)
-        .map(axum::http::HeaderValue::as_bytes)
-        != Some(b"1")
-    {
-        return error(
-            StatusCode::FORBIDDEN,
-            "release needs the request header `Leaderd-Release: 1` (`leaderd release` sends it)",
-        );
-    }
-    let q = match query(&uri, &["hold"]) {
-        Ok(q) => q,
-        Err(refusal) => return refusal.into_response(),
-    };
-    let mut hold = daemon.first().timing.heartbeat() * 2;
-    if let Some(value) = q.value("hold") {
-        match humantime::parse_duration(value) {
-            Ok(d) if d <= MAX_HOLD => hold = d,
-            _ => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    "hold must be a duration of at most 1h, e.g. 2s or 500ms",
-                )
-            }
-        }
-    }
-    let chosen: Vec<&Arc<Shared>> = match q.election {
-        Some(_) => match election(&daemon, &q) {
-            Ok(s) => vec![s],
-            Err(refusal) => return refusal.into_response(),
-        },
-        None => daemon.all().iter().collect(),
-    };
-    // The whole replica: drained for the hold, led elections or not. So is
-    // a replica whose only election is named: held off it, it must be
-    // nobody's successor (a release naming it would cost a window).
-    let drain = q.election.is_none() || daemon.all().len() == 1;
-    if drain {
-        daemon.drain(hold);
-    }
-    // Each election's loop releases its own row, all at once.
-    let answers =
-        futures_util::future::join_all(chosen.iter().map(|s| s.release(hold, drain))).await;
-    let mut released = false;
-    let mut bodies = Vec::new();
-    for (shared, answer) in chosen.iter().zip(answers) {
-        match answer {
-            Some(Ok(view)) => {
-                released = true;
-                bodies.push(leader_fields(shared, view));
-            }
-            Some(Err(view)) => bodies.push(leader_fields(shared, view)),
-            None => return error(StatusCode::SERVICE_UNAVAILABLE, "the election has stopped"),
-        }
-    }
-    let status = if released {
-        StatusCode::OK
-    } else {
-        StatusCode::CONFLICT
-    };
-    // One election: its `/leader` body, as always; several: the list.
-    if bodies.len() == 1 {
-        (status, Json(bodies.remove(0))).into_response()
-    } else {
-        (status, Json(bodies)).into_response()
-    }
 }
 
 /// The `/leader` body for a view.
@@ -333,6 +245,10 @@ mod tests {
                             leader_address: None,
                             token: None,
                             lease_remaining: None,
+                            standing: leaderd_core::Standing {
+                                not_competing: None,
+                                hold_remaining: None,
+                            },
                         }));
                     }
                 }

@@ -1,8 +1,10 @@
-//! `leaderd release`: asks the daemon on this host (at `listen`) to step
-//! down, for a `preStop` hook in an image without curl. Exit 0 released, 3
-//! not leader, 1 no daemon (or any other failure), 2 bad input. With
-//! `--election NAME` one election steps down, else every one this daemon
-//! runs (exit 0 when any led).
+//! `leaderd release` and `leaderd resume`: ask the daemon on this host (at
+//! its release address) to step down, or to end a hold or a drain, for a
+//! `preStop` hook in an image without curl and for an operator. Exit 0
+//! done, 3 nothing to do (not the leader; nothing held), 1 no daemon (or
+//! any other failure), 2 bad input. With `--election NAME` one election,
+//! else every one the daemon runs (exit 0 when any was released or
+//! resumed).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -15,25 +17,11 @@ use crate::settings::{release_target, ProcessEnv};
 /// plus, under `exec`, up to a ttl waiting for the command to stop.
 const TIMEOUT: Duration = Duration::from_secs(600 + 5);
 
+/// `leaderd release [--hold D]`.
 pub fn run(config: &ConfigArgs, hold: Option<&str>) -> ExitCode {
-    // `release_listen`, as the daemon derives it: loopback always.
-    let listen = match release_target(config, &ProcessEnv) {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("leaderd: {e}");
-            return ExitCode::from(2);
-        }
-    };
     let mut query = url::form_urlencoded::Serializer::new(String::new());
-    match config.election.as_slice() {
-        [] => {}
-        [one] => {
-            query.append_pair("election", one);
-        }
-        _ => {
-            eprintln!("leaderd: release takes one --election (none releases them all)");
-            return ExitCode::from(2);
-        }
+    if let Err(code) = one_election(config, "release", &mut query) {
+        return code;
     }
     if let Some(hold) = hold {
         match humantime::parse_duration(hold) {
@@ -46,7 +34,52 @@ pub fn run(config: &ConfigArgs, hold: Option<&str>) -> ExitCode {
             }
         }
     }
-    let target = format!("/release?{}", query.finish());
+    ask(config, &format!("/release?{}", query.finish()), "not the leader")
+}
+
+/// `leaderd resume`.
+pub fn resume(config: &ConfigArgs) -> ExitCode {
+    let mut query = url::form_urlencoded::Serializer::new(String::new());
+    if let Err(code) = one_election(config, "resume", &mut query) {
+        return code;
+    }
+    ask(
+        config,
+        &format!("/resume?{}", query.finish()),
+        "nothing to resume (not held, not draining)",
+    )
+}
+
+/// `--election`, at most once, into the query.
+fn one_election(
+    config: &ConfigArgs,
+    what: &str,
+    query: &mut url::form_urlencoded::Serializer<'_, String>,
+) -> Result<(), ExitCode> {
+    match config.election.as_slice() {
+        [] => Ok(()),
+        [one] => {
+            query.append_pair("election", one);
+            Ok(())
+        }
+        _ => {
+            eprintln!("leaderd: {what} takes one --election (none: every election)");
+            Err(ExitCode::from(2))
+        }
+    }
+}
+
+/// Sends `POST target` to the daemon's release address; 409 means
+/// `nothing` (exit 3).
+fn ask(config: &ConfigArgs, target: &str, nothing: &str) -> ExitCode {
+    // `release_listen`, as the daemon derives it: loopback always.
+    let listen = match release_target(config, &ProcessEnv) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("leaderd: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -61,17 +94,20 @@ pub fn run(config: &ConfigArgs, hold: Option<&str>) -> ExitCode {
         &listen.ip().to_string(),
         listen.port(),
         "POST",
-        &target,
+        target,
         &[(crate::http::RELEASE_HEADER, "1")],
         TIMEOUT,
     ));
+    if let Some(warning) = reply.as_ref().ok().and_then(|r| r.warning.as_deref()) {
+        eprintln!("leaderd: warning: {warning}");
+    }
     match reply {
         Ok(r) if r.status == 200 => {
             println!("{}", r.body.trim());
             ExitCode::SUCCESS
         }
         Ok(r) if r.status == 409 => {
-            eprintln!("leaderd: not the leader: {}", r.body.trim());
+            eprintln!("leaderd: {nothing}: {}", r.body.trim());
             ExitCode::from(3)
         }
         Ok(r) => {

@@ -227,8 +227,13 @@ pub fn render(elections: &[Scraped<'_>]) -> String {
             &|e| f64::from(u8::from(e.metrics.app_healthy.load(Ordering::Relaxed))),
         ),
         gauges(
+            "leaderd_competing",
+            "1 while this replica asks for the row; 0 while its app fails, it is held, draining or stopping (see /leader's not_competing)",
+            &|e| f64::from(u8::from(e.view.standing.competing())),
+        ),
+        gauges(
             "leaderd_db_up",
-            "1 when a database round trip succeeded within max(3 x heartbeat, ttl)",
+            "1 when the database answered within max(3 x heartbeat, ttl), whether this replica competes or not",
             &|e| f64::from(u8::from(e.db_up)),
         ),
         counters(
@@ -252,6 +257,16 @@ pub fn render(elections: &[Scraped<'_>]) -> String {
             "leaderd_heartbeat_errors_total",
             "Failed acquire-or-renew attempts",
             &|e| e.metrics.heartbeat_errors.get(),
+        ),
+        gauges(
+            "leaderd_hold_remaining_seconds",
+            "What is left of this replica's hold or drain (0 when none): it competes again then, or at leaderd resume",
+            &|e| {
+                e.view
+                    .standing
+                    .hold_remaining
+                    .map_or(0.0, |d| d.as_secs_f64())
+            },
         ),
         gauges(
             "leaderd_is_leader",

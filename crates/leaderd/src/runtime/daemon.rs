@@ -12,6 +12,7 @@ use std::time::Duration;
 use leaderd_core::BootTime;
 
 use crate::clock::boot_now;
+use crate::runtime::reach::Reach;
 use crate::runtime::roster::Roster;
 use crate::runtime::shared::Shared;
 use crate::settings::Settings;
@@ -23,6 +24,8 @@ pub struct Daemon {
     roster: Arc<Roster>,
     /// Until when the replica drains (see [`Daemon::drain`]).
     draining_until: Mutex<Option<BootTime>>,
+    /// Whether the database answers the daemon's connection.
+    reach: Arc<Reach>,
 }
 
 /// No election of that name runs here: the message names it and the ones
@@ -47,6 +50,7 @@ impl Daemon {
             elections,
             roster,
             draining_until: Mutex::new(None),
+            reach: Arc::new(Reach::new(&each[0].timing)),
         }
     }
 
@@ -64,6 +68,20 @@ impl Daemon {
             .unwrap_or_else(|e| e.into_inner());
         *draining = Some(draining.map_or(until, |was| was.max(until)));
         self.roster.nudge();
+    }
+
+    /// Ends the replica's drain (`leaderd resume`): whether there was one.
+    pub fn resume(&self) -> bool {
+        let mut draining = self
+            .draining_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let was = draining.take().is_some_and(|until| boot_now() < until);
+        drop(draining);
+        if was {
+            self.roster.nudge();
+        }
+        was
     }
 
     /// Whether the replica drains at `now`.
@@ -113,14 +131,21 @@ impl Daemon {
         self.elections.iter().all(|s| s.healthy())
     }
 
-    /// Every election reached the database lately.
+    /// The database answered the daemon's connection lately, whether or
+    /// not this replica competes (see `reach`).
     pub fn db_up(&self) -> bool {
-        self.elections.iter().all(|s| s.db_up())
+        self.reach.up(boot_now())
+    }
+
+    /// What the daemon's connection records its answers in.
+    pub fn reach(&self) -> &Arc<Reach> {
+        &self.reach
     }
 
     /// Prometheus text for every election: one family per metric name, one
     /// series per election (a name must not appear twice in one scrape).
     pub fn render_metrics(&self) -> String {
+        let db_up = self.db_up();
         let scraped: Vec<_> = self
             .elections
             .iter()
@@ -128,7 +153,7 @@ impl Daemon {
                 election: &shared.election,
                 metrics: &shared.metrics,
                 view: shared.view(),
-                db_up: shared.db_up(),
+                db_up,
                 renew_every: shared.timing.renew_every(),
                 renewal_budget: shared.timing.renewal_budget(),
             })

@@ -4,8 +4,8 @@
 //! the one connection (`link`, opened by `connector`), release wake-ups
 //! (`wakeups`), the presence rows (`presence`) and who they show live
 //! (`roster`, which names successors) and on which Galera nodes (`nodes`), the spread across replicas
-//! (`spread`), requests to a loop (`inbox`) and the app-health gate
-//! (`app_health`).
+//! (`spread`), requests to a loop (`inbox`), the app-health gate
+//! (`app_health`) and whether the database answers (`reach`).
 //!
 //! A new capability of the elections goes in a module of its own here,
 //! beside the loop, not into it.
@@ -18,6 +18,7 @@ pub mod inbox;
 pub mod link;
 pub mod nodes;
 pub mod presence;
+pub mod reach;
 pub mod roster;
 pub mod shared;
 pub mod spread;

@@ -192,6 +192,16 @@ impl Roster {
         view.read_at = Some(now);
     }
 
+    /// How many other replicas compete (keep a presence row), as the rows
+    /// read within a ttl of `now` show; `None` when they were not read
+    /// since.
+    pub fn others_competing(&self, now: BootTime) -> Option<usize> {
+        let view = self.view();
+        view.read_at
+            .filter(|at| now.saturating_since(*at) <= self.timing.ttl())
+            .map(|_| view.peers.len())
+    }
+
     /// How many elections each other replica leads (see [`View::leads`]).
     pub fn count_leads(&self, leads: HashMap<String, usize>) {
         self.view().leads = leads;

@@ -34,6 +34,9 @@ pub enum Control {
         drain: bool,
         reply: oneshot::Sender<Result<View, View>>,
     },
+    /// End a hold and a drain now (`leaderd resume`); answered with whether
+    /// there was one.
+    Resume { reply: oneshot::Sender<bool> },
     /// The app passes (or fails) its health check.
     AppHealthy(bool),
     /// Leave free rows to others for a heartbeat, or stop (see `spread`).
@@ -50,8 +53,6 @@ pub struct Shared {
     /// Fixed for the process; kept here so readers need not lock the engine.
     pub timing: Timing,
     pub(crate) engine: Mutex<Engine>,
-    /// Last successful database round trip, for `/readyz`.
-    pub(crate) last_db_ok: Mutex<Option<BootTime>>,
     /// Last time the loop went round, for the `/healthz` watchdog.
     pub(crate) last_progress: Mutex<BootTime>,
     pub metrics: Metrics,
@@ -79,6 +80,9 @@ pub struct Leadership {
     pub is_leader: bool,
     pub leader: Option<String>,
     pub token: Option<i64>,
+    /// Why this replica does not compete (a hold's remaining time is not
+    /// announced: it changes all the time).
+    pub not_competing: Option<leaderd_core::NotCompeting>,
 }
 
 impl From<View> for Leadership {
@@ -87,6 +91,7 @@ impl From<View> for Leadership {
             is_leader: v.is_leader,
             leader: v.leader,
             token: v.token,
+            not_competing: v.standing.not_competing,
         }
     }
 }
@@ -108,7 +113,6 @@ impl Shared {
             roster,
             timing: settings.timing,
             engine: Mutex::new(engine),
-            last_db_ok: Mutex::new(None),
             last_progress: Mutex::new(now),
             metrics: Metrics::default(),
             control: Inbox::default(),
@@ -145,11 +149,16 @@ impl Shared {
     /// deadline passing is announced too. Watchers wake only on a change.
     pub fn publish(&self) {
         let engine = self.engine();
-        let (is_leader, leader, token) = engine.leadership(boot_now());
+        let now = boot_now();
+        let (is_leader, leader, token) = engine.leadership(now);
+        let not_competing = engine.standing(now).not_competing;
         // Compared in place, under the read lock: the write lock and a copy
         // only when it changed (rarely; this runs at every turn).
         let same = |was: &Leadership| {
-            was.is_leader == is_leader && was.token == token && was.leader.as_deref() == leader
+            was.is_leader == is_leader
+                && was.token == token
+                && was.leader.as_deref() == leader
+                && was.not_competing == not_competing
         };
         if same(&self.changes.borrow()) {
             return;
@@ -162,6 +171,7 @@ impl Shared {
                 is_leader,
                 leader: leader.map(str::to_owned),
                 token,
+                not_competing,
             };
             true
         });
@@ -228,6 +238,16 @@ impl Shared {
         answer.await.ok()
     }
 
+    /// Asks the loop to end its hold and drain (see [`Control::Resume`]):
+    /// whether there was one, `None` when the loop has stopped.
+    pub async fn resume(&self) -> Option<bool> {
+        let (reply, answer) = oneshot::channel();
+        if !self.control(Control::Resume { reply }) {
+            return None;
+        }
+        answer.await.ok()
+    }
+
     /// Whether this replica competes (its app passes its health check, or
     /// none is configured).
     pub fn app_healthy(&self) -> bool {
@@ -261,14 +281,6 @@ impl Shared {
         self.engine().view(boot_now())
     }
 
-    /// A database round trip succeeded within `max(3 × heartbeat, ttl)`.
-    pub fn db_up(&self) -> bool {
-        let t = self.timing;
-        let window = (t.heartbeat() * 3).max(t.ttl());
-        let last = *self.last_db_ok.lock().unwrap_or_else(|e| e.into_inner());
-        last.is_some_and(|at| boot_now().saturating_since(at) <= window)
-    }
-
     /// The loop went round recently. It wakes at least once per heartbeat and
     /// every attempt is bounded (a follower's by a heartbeat, a leader's
     /// renewal by the local lease it would grant), so silence longer than
@@ -283,9 +295,5 @@ impl Shared {
 
     pub(crate) fn progress(&self, now: BootTime) {
         *self.last_progress.lock().unwrap_or_else(|e| e.into_inner()) = now;
-    }
-
-    pub(crate) fn db_ok(&self, now: BootTime) {
-        *self.last_db_ok.lock().unwrap_or_else(|e| e.into_inner()) = Some(now);
     }
 }

@@ -121,7 +121,6 @@ impl Loop {
         let events = match result {
             Ok(answer) => {
                 self.granted = matches!(answer, leaderd_core::Attempt::Granted { .. });
-                self.shared.db_ok(received_at);
                 if self.last_error.take().is_some() {
                     info!(election = %self.shared.election, "database reachable again");
                 }

@@ -64,6 +64,13 @@ impl Loop {
             let heir = presence::successor(&roster, &self.db.link, leaving).await;
             if let Some(heir) = &heir {
                 info!(election, successor = %heir.id, instance = %heir.daemon, "naming the successor");
+            } else if roster.others_competing(boot_now()) == Some(0) {
+                warn!(
+                    election,
+                    "releasing with no successor to name: no other replica competes, so nobody \
+                     leads until one does (a replica held or draining competes again at \
+                     `leaderd resume`)"
+                );
             }
             self.db.release(&election, instance, heir).await
         })

@@ -9,7 +9,7 @@ use super::Loop;
 
 use std::sync::atomic::Ordering;
 
-use tracing::{info, warn};
+use tracing::{debug, info};
 
 impl Loop {
     /// What [`Shared::wake`] was woken for, beside a request.
@@ -61,14 +61,19 @@ impl Loop {
                 }
                 let _ = reply.send(Ok(self.shared.view()));
             }
+            Control::Resume { reply } => {
+                let ended = self.shared.engine().resume(now);
+                if ended {
+                    info!(election = %self.shared.election, "resuming on request: competing again");
+                }
+                let _ = reply.send(ended);
+            }
             Control::AppHealthy(healthy) => {
                 let fresh = uuid::Uuid::new_v4().to_string();
                 let step_down = self.shared.engine().set_competing(now, healthy, fresh);
-                if healthy {
-                    info!(election = %self.shared.election, "the app passes its health check; competing");
-                } else {
-                    warn!(election = %self.shared.election, "the app fails its health check; not competing");
-                }
+                // Said once for the daemon, with the check's outcome, by
+                // `app_health`.
+                debug!(election = %self.shared.election, healthy, "the app's health changed");
                 if let Some(step_down) = step_down {
                     self.step_down(step_down, true).await;
                 }

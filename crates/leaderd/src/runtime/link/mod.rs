@@ -24,6 +24,12 @@
 //! without being sent; a release, a read or a wake-up lock to take waits
 //! for one (a wake-up lock to free went with the last one).
 //!
+//! Every answer is recorded in the daemon's [`Reach`] (`/readyz`); when
+//! nothing was answered for a heartbeat (no election asks: none competes,
+//! or all are held), the task reads the first election's row itself, and
+//! connects first if it must, so that readiness tells of the database
+//! whether this replica competes or not.
+//!
 //! This file holds the handle ([`Link`]) and the task's life (connects and
 //! drops); the task's batches are in `gather` (the renewals' wait),
 //! `send` (a batch's statements), `wake_locks` (MySQL's locks) and
@@ -39,6 +45,7 @@ use tokio::sync::{mpsc, oneshot, watch, Notify};
 
 use crate::clock::boot_now;
 use crate::runtime::connector::Connector;
+use crate::runtime::reach::Reach;
 use crate::runtime::roster::Heir;
 use crate::runtime::shared::Shared;
 
@@ -185,8 +192,9 @@ impl Drop for LookTurn {
 
 impl Link {
     /// Starts the link's task over `connector`; `elections` are the loops it
-    /// may ask to renew early. The task ends when every handle is dropped.
-    pub fn start(connector: Connector, elections: Vec<Arc<Shared>>) -> Link {
+    /// may ask to renew early, `reach` where it records its answers. The
+    /// task ends when every handle is dropped.
+    pub fn start(connector: Connector, elections: Vec<Arc<Shared>>, reach: Arc<Reach>) -> Link {
         let (jobs, rx) = mpsc::unbounded_channel();
         let (state_tx, state) = watch::channel(State::default());
         let want = Arc::new(Notify::new());
@@ -211,6 +219,7 @@ impl Link {
                 .first()
                 .map_or(Duration::ZERO, |s| s.timing.gather_renewals()),
             elections,
+            reach,
         };
         tokio::spawn(task.run());
         Link {
@@ -374,6 +383,7 @@ struct Task {
     /// How long a batch waits for the leaders asked to join it
     /// ([`leaderd_core::Timing::gather_renewals`]).
     gather_for: Duration,
+    reach: Arc<Reach>,
 }
 
 impl Task {
@@ -388,11 +398,13 @@ impl Task {
             if waiting && self.conn.is_none() {
                 self.connector.start();
             }
+            let now = boot_now();
             let next_connect = self
                 .connector
                 .next_start()
-                .map(|at| at.saturating_since(boot_now()))
+                .map(|at| at.saturating_since(now))
                 .unwrap_or(Duration::from_millis(100));
+            let ask_in = self.reach.ask_at(now).saturating_since(now);
             tokio::select! {
                 job = self.rx.recv() => match job {
                     Some(job) => self.pending.push_back(job),
@@ -401,7 +413,25 @@ impl Task {
                 () = self.want.notified() => self.wanted = self.conn.is_none(),
                 opened = self.connector.finished() => self.opened(opened),
                 () = tokio::time::sleep(next_connect), if waiting && self.conn.is_none() => {}
+                // Once a connection is wanted, the connector's own pace
+                // applies.
+                () = tokio::time::sleep(ask_in), if !self.elections.is_empty()
+                    && (self.conn.is_some() || !self.wanted) => self.ask(),
             }
+        }
+    }
+
+    /// Nothing was answered for a heartbeat: reads the first election's
+    /// row (one index read; nobody waits for the answer), or asks for a
+    /// connection.
+    fn ask(&mut self) {
+        if self.conn.is_none() {
+            self.wanted = true;
+        } else if self.pending.is_empty() {
+            self.pending.push_back(Job::Read {
+                prefix: self.elections[0].election.clone(),
+                reply: oneshot::channel().0,
+            });
         }
     }
 
@@ -444,6 +474,7 @@ impl Task {
                     .map(Arc::from);
                 self.conn = Some(conn);
                 self.wanted = false;
+                self.reach.answered(boot_now());
                 self.state.send_modify(|s| {
                     s.connected = true;
                     s.error = None;

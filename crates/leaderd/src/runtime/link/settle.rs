@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use leaderd_store::StoreError;
 
+use crate::clock::boot_now;
+
 use super::{Failure, Job, Reached, Task, RELEASE_CAP};
 
 impl Task {
@@ -31,7 +33,10 @@ impl Task {
         what: &str,
     ) -> Result<T, String> {
         match outcome {
-            Ok(Ok(value)) => Ok(value),
+            Ok(Ok(value)) => {
+                self.reach.answered(boot_now());
+                Ok(value)
+            }
             Ok(Err(e)) => {
                 self.drop_connection((!e.answered()).then_some(limit));
                 Err(e.to_string())
