@@ -80,8 +80,18 @@ Usage, from a parent chart that has this one as a dependency:
   ports:
     - name: leaderd
       containerPort: {{ .Values.port }}
+  {{- if .Values.startupProbe.enabled }}
+  # The app's containers start once this passes: a new pod is a candidate
+  # to be named before it can be Ready.
+  startupProbe:
+    httpGet:
+      path: /readyz
+      port: leaderd
+    periodSeconds: {{ .Values.startupProbe.periodSeconds }}
+    failureThreshold: {{ .Values.startupProbe.failureThreshold }}
+  {{- end }}
   {{- if .Values.readinessProbe.enabled }}
-  # Ready once connected and competing, leader or not.
+  # Ready while the database answers, leader or not, competing or not.
   readinessProbe:
     httpGet:
       path: /readyz

@@ -175,7 +175,8 @@ async fn healthz(State(daemon): State<Arc<Daemon>>) -> Response {
 }
 
 async fn readyz(State(daemon): State<Arc<Daemon>>) -> Response {
-    status_json(daemon.db_up(), "database")
+    // Not before the replica is a candidate to be named (see `Roster`).
+    status_json(daemon.db_up() && daemon.roster().begun(), "database")
 }
 
 async fn metrics(State(daemon): State<Arc<Daemon>>) -> Response {

@@ -51,6 +51,9 @@ pub struct Roster {
     joined: tokio::sync::watch::Sender<bool>,
     /// Whether the release waiter listens (see [`Roster::joined`]).
     listening: tokio::sync::watch::Sender<bool>,
+    /// The election loops are past their wait for [`Roster::joined`]: the
+    /// replica may be ready (`/readyz`).
+    begun: std::sync::atomic::AtomicBool,
     /// Wakes the presence task when this replica begins to drain, so that
     /// it leaves its presence row at once, not at its next round.
     nudge: tokio::sync::Notify,
@@ -91,6 +94,7 @@ impl Roster {
             view: Mutex::new(View::default()),
             rereads: tokio::sync::Mutex::new(None),
             joined: tokio::sync::watch::Sender::new(false),
+            begun: std::sync::atomic::AtomicBool::new(false),
             listening: tokio::sync::watch::Sender::new(false),
             nudge: tokio::sync::Notify::new(),
         }
@@ -110,6 +114,18 @@ impl Roster {
     pub fn set_joined(&self) {
         self.joined
             .send_if_modified(|j| !std::mem::replace(j, true));
+    }
+
+    /// An election loop is past its wait for [`Roster::joined`].
+    pub fn set_begun(&self) {
+        self.begun.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether the loops are past their wait for [`Roster::joined`]: a
+    /// replica is ready only then, so that a rolling update that stops an
+    /// old replica the moment a new one is ready names the new one.
+    pub fn begun(&self) -> bool {
+        self.begun.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The release waiter listens (or has nothing to listen to): a

@@ -141,7 +141,7 @@ impl Election {
         let roster = self.lp.shared.roster.clone();
         let heartbeat = self.lp.shared.timing.heartbeat();
         tokio::select! {
-            () = presence::joined(&roster, &self.lp.db.link, heartbeat) => {}
+            () = presence::joined(&roster, &self.lp.db.link, heartbeat) => roster.set_begun(),
             () = shutdown.cancelled() => {}
         }
         self.lp.elect(&shutdown).await;
