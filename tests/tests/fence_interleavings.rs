@@ -530,12 +530,12 @@ async fn a_transaction_fenced_by_the_previous_version_holds_across_the_upgrade()
 
 /// The upgrade from the advisory fence (versions 4 and 5): a transaction
 /// it fenced, with a bound of 90 s, is open while a new daemon migrates.
-/// The election's next takeover also needs the advisory key, so that
-/// transaction holds it off until it commits, however long that takes;
-/// once a takeover has held the key, the key (which any role may take)
-/// holds nothing off. Without the old key (`old_key` cleared), the
-/// takeover lands under the open transaction.
-async fn advisory_fence_across_the_upgrade(old_key: bool) -> bool {
+/// While a transaction open at the upgrade lives, a takeover also needs
+/// the advisory key, so that transaction holds it off until it commits,
+/// however long that takes; once none is left, the key (which any role
+/// may take) holds nothing off. Without the list of those transactions,
+/// the takeover lands under the open transaction.
+async fn advisory_fence_across_the_upgrade(old_fences: bool) -> bool {
     const PREVIOUS_FENCE: &str = include_str!("../fixtures/postgres-fence-5.sql");
     let (db, _leader, token) = led(None).await;
     // As the previous version left it: no gate.
@@ -557,8 +557,11 @@ async fn advisory_fence_across_the_upgrade(old_key: bool) -> bool {
     let watcher = session(&db.url).await;
     wait_expired(&watcher).await;
     let mut b = migrated(&db.url).await;
-    if !old_key {
-        pg_exec(&db.url, &["UPDATE service_leader_fence_gate SET old_key = false"]);
+    if !old_fences {
+        pg_exec(
+            &db.url,
+            &["UPDATE service_leader_fence_gate SET old_fences = NULL WHERE name = ''"],
+        );
     }
     let early = granted_within(&mut b, &req("b"), Duration::from_millis(400)).await;
     let _ = app.batch_execute("COMMIT").await;
@@ -568,7 +571,8 @@ async fn advisory_fence_across_the_upgrade(old_key: bool) -> bool {
     };
     assert!(taken > token);
     let held_off = early.is_none() && writes_before_term(&watcher).await;
-    // The key was held once: a session holding it now holds nothing off.
+    // No transaction open at the upgrade is left: a session holding the
+    // key now holds nothing off.
     let squat = session(&db.url).await;
     squat
         .batch_execute(
@@ -582,6 +586,33 @@ async fn advisory_fence_across_the_upgrade(old_key: bool) -> bool {
     let mut c = connect(&db.url).await;
     let after = granted_within(&mut c, &req("c"), Duration::from_millis(400)).await;
     held_off && after.is_some()
+}
+
+/// The same upgrade, with the fenced election's row deleted while the
+/// transaction is open (a delete takes nothing), made again after the
+/// upgrade and taken: the takeover still needs the advisory key while
+/// that transaction lives, though no row of the election was there to
+/// install with.
+#[tokio::test]
+async fn a_row_deleted_across_the_upgrade_is_still_held_off() {
+    const PREVIOUS_FENCE: &str = include_str!("../fixtures/postgres-fence-5.sql");
+    let (db, _leader, token) = led(None).await;
+    pg_exec(
+        &db.url,
+        &[PREVIOUS_FENCE, "DROP TABLE service_leader_fence_gate"],
+    );
+    let app = session(&db.url).await;
+    begin(&app, "READ COMMITTED").await;
+    assert_eq!(fence_and_log(&app, FENCE_10S, token).await, "ok");
+    pg_exec(&db.url, &["DELETE FROM service_leader_lock WHERE name = 'e'"]);
+    let mut b = migrated(&db.url).await;
+    let early = granted_within(&mut b, &req("b"), Duration::from_millis(600)).await;
+    assert_eq!(early, None, "taken under the open transaction");
+    app.batch_execute("COMMIT").await.unwrap();
+    let taken = acquire(&mut b, &req("b"), Duration::from_secs(3)).await;
+    assert!(taken > token);
+    let watcher = session(&db.url).await;
+    assert!(writes_before_term(&watcher).await);
 }
 
 #[tokio::test]

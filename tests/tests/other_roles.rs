@@ -730,6 +730,65 @@ async fn a_takeover_never_waits_for_another_transactions_gate_row() {
     other.batch_execute("ROLLBACK").await.unwrap();
 }
 
+/// The migrating role has given another role rights on every table it
+/// makes in the schema (`ALTER DEFAULT PRIVILEGES`). The lock table keeps
+/// them; the fence's own tables (the gate, the key's seed, the tokens of
+/// deleted rows) do not: a role that could lock or update them could hold
+/// takeovers off, or let one pass.
+#[test]
+fn default_privileges_give_no_role_the_fences_tables() {
+    let _s = serial();
+    let db = TempDb::postgres();
+    let daemon = PgRole::new(&db, "daemon");
+    db.exec(&[&format!(
+        "ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT ALL ON TABLES TO {}",
+        daemon.name
+    )]);
+    let (code, _, err) = run_cli(&["migrate", "--database-url", &db.url], &[]);
+    assert_eq!(code, 0, "{err}");
+    let may = |table: &str| {
+        db.scalar(&format!(
+            "has_table_privilege('{}', '{table}', 'SELECT, UPDATE, DELETE')",
+            daemon.name
+        ))
+    };
+    assert_eq!(may("service_leader_lock"), "true");
+    for table in [
+        "service_leader_fence_gate",
+        "service_leader_fence_key",
+        "service_leader_token",
+    ] {
+        assert_eq!(may(table), "false", "{table}");
+    }
+}
+
+/// The app fences with a token that is not the live lease (at READ
+/// COMMITTED), is refused, and leaves its aborted transaction open (a
+/// client slow to roll back). The leader's lease runs out meanwhile: the
+/// takeover comes within a lease of the expiry, held off by nothing.
+#[tokio::test]
+async fn a_refused_fence_holds_no_takeover_off() {
+    let db = TempDb::postgres();
+    let ttl = Duration::from_millis(800);
+    let mut a = migrated(&db.url).await;
+    let token = acquire(&mut a, &req("a", ttl), Duration::from_secs(3)).await;
+    let app = session(&db.url).await;
+    app.batch_execute("BEGIN").await.unwrap();
+    let r = app
+        .query_one("SELECT leaderd_fence('e1', $1)", &[&(token - 1)])
+        .await;
+    assert_eq!(state(&r), "LF001", "{r:?}");
+    drop(a);
+    let admin = session(&db.url).await;
+    wait_expired(&admin, "e1").await;
+    let mut b = connect(&db.url).await;
+    let taken = granted_within(&mut b, &req("b", ttl), ttl)
+        .await
+        .expect("held off by a refused fence");
+    assert!(taken > token);
+    app.batch_execute("ROLLBACK").await.unwrap();
+}
+
 /// A role that may create in `public` makes the fence's gate table first,
 /// with a trigger of its own, before the database's owner migrates. The
 /// migration refuses it (it is not a plain table of the migrating role's),
@@ -753,7 +812,7 @@ fn a_gate_table_made_by_another_role_is_refused() {
             "CREATE FUNCTION public.spy() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
              INSERT INTO public.spied VALUES (current_user); RETURN NEW; END $$",
             "CREATE TABLE public.service_leader_fence_gate (name TEXT COLLATE \"C\" PRIMARY KEY, \
-             old_key BOOLEAN NOT NULL DEFAULT false)",
+             old_fences TEXT[])",
             "GRANT ALL ON public.service_leader_fence_gate TO PUBLIC",
             "CREATE TRIGGER spy BEFORE INSERT OR UPDATE ON public.service_leader_fence_gate \
              FOR EACH ROW EXECUTE FUNCTION public.spy()",

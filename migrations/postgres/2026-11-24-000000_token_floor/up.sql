@@ -68,6 +68,20 @@ BEGIN
             '(another role made it, or it is a view, or has row security): its owner could run code '
             'with %s''s rights; nothing installed (docs/security.md)', s, CURRENT_USER, CURRENT_USER);
     END IF;
+    -- Nor another role's relation where the fence's index goes (the
+    -- index would not be made, and the fence not installed).
+    IF EXISTS (
+        SELECT 1 FROM pg_catalog.pg_class c
+         WHERE c.relnamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(s)
+           AND c.relname OPERATOR(pg_catalog.=) 'service_leader_lock_name_token'
+           AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_index i
+                            WHERE i.indexrelid OPERATOR(pg_catalog.=) c.oid
+                              AND i.indrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(
+                                  pg_catalog.format('%s.service_leader_lock', s)))) THEN
+        RAISE EXCEPTION USING ERRCODE = 'LF010', MESSAGE = pg_catalog.format(
+            'leaderd: %s.service_leader_lock_name_token is not an index of the lock table (another '
+            'role made it, where leaderd''s index goes); nothing installed (docs/security.md)', s);
+    END IF;
     -- Nor may another role's function stand where these go: CREATE OR
     -- REPLACE keeps a function's owner, who could then rewrite its body.
     -- Only the very functions (name and arguments): one of the same name

@@ -63,47 +63,21 @@ DO $migrate$
 DECLARE
     s TEXT := pg_catalog.quote_ident(pg_catalog.current_schema());
     trigger TEXT;
-    upgrade BOOLEAN;
+    grantee TEXT;
 BEGIN
     IF s IS NULL THEN
         RAISE EXCEPTION 'leaderd: no current schema to install into (search_path)';
     END IF;
     -- The gate: one row per election, made by the first takeover of a
-    -- name (and here for the rows there are), never deleted, read and
-    -- locked by nobody but its owner (the functions below run with the
-    -- owner's rights). Names compare byte by byte, whatever collation a
-    -- caller's value carries.
-    --
-    -- Versions 4 and 5 of the fence held the election's advisory key
-    -- instead (hashed with service_leader_fence_key's seed). A transaction
-    -- fenced by one of them may be open while this runs, and may stay open
-    -- for as long as its bound (or longer, its timeouts lifted): after an
-    -- upgrade from them, the next takeover of each election there is also
-    -- needs that key, as it did then (old_key), until one gets it; once a
-    -- takeover has held it, no transaction fenced by them is left on that
-    -- election. The lock table is locked against writes meanwhile (100 ms
-    -- at most, see the migration), so that no row is taken under the old
-    -- fence between the copy below and this installation's commit.
-    -- Nothing here waits for a fenced transaction, which holds no lock
-    -- that conflicts.
+    -- name (or by a fence that finds none), never deleted, read and locked
+    -- by nobody but its owner (the functions below run with the owner's
+    -- rights). Names compare byte by byte, whatever collation a caller's
+    -- value carries. The row named '' (no election's) says which
+    -- transactions were open at an upgrade from versions 4 and 5 (below).
     IF pg_catalog.to_regclass(pg_catalog.format('%s.service_leader_fence_gate', s)) IS NULL THEN
         EXECUTE pg_catalog.format('CREATE TABLE %s.service_leader_fence_gate '
-            '(name TEXT COLLATE "C" PRIMARY KEY, old_key BOOLEAN NOT NULL DEFAULT false)', s);
+            '(name TEXT COLLATE "C" PRIMARY KEY, old_fences TEXT[])', s);
     END IF;
-    EXECUTE pg_catalog.format('REVOKE ALL ON %s.service_leader_fence_gate FROM PUBLIC', s);
-    upgrade := (SELECT pg_catalog.obj_description(p.oid, 'pg_proc') FROM pg_catalog.pg_proc p
-                 WHERE p.oid OPERATOR(pg_catalog.=) pg_catalog.to_regprocedure(pg_catalog.format(
-                       '%s.leaderd_fence(varchar, bigint, interval)', s)))
-               OPERATOR(pg_catalog.=) ANY (ARRAY['leaderd fence 4', 'leaderd fence 5']);
-    IF upgrade THEN
-        EXECUTE pg_catalog.format('LOCK TABLE %s.service_leader_lock IN SHARE ROW EXCLUSIVE MODE', s);
-    END IF;
-    -- (An ON CONFLICT DO UPDATE would lock every row it met, and wait for
-    -- the fenced transactions of this version that hold them.)
-    EXECUTE pg_catalog.format('INSERT INTO %1$s.service_leader_fence_gate AS g (name, old_key) '
-        'SELECT l.name, %2$L FROM %1$s.service_leader_lock l ON CONFLICT (name) %3$s', s,
-        COALESCE(upgrade, false),
-        CASE WHEN upgrade THEN 'DO UPDATE SET old_key = true' ELSE 'DO NOTHING' END);
     -- Under REPEATABLE READ and SERIALIZABLE the fence's fallback (FOR KEY
     -- SHARE on a row version a later one superseded) raises 40001 only
     -- when the update that superseded it changed a key: a unique index over
@@ -127,7 +101,25 @@ BEGIN
             'pg_catalog.substr(pg_catalog.md5(pg_catalog.random()::text OPERATOR(pg_catalog.||) '
             'pg_catalog.clock_timestamp()::text), 1, 16))::bit(64)::bigint)', s, 'x');
     END IF;
-    EXECUTE pg_catalog.format('REVOKE ALL ON %s.service_leader_fence_key FROM PUBLIC', s);
+    -- Only the owner: PUBLIC's rights, and any a default privilege of the
+    -- schema gave another role (a role that may lock or update these rows
+    -- could hold takeovers off, or let one pass).
+    FOREACH trigger IN ARRAY ARRAY['service_leader_fence_gate', 'service_leader_fence_key',
+                                   'service_leader_token'] LOOP
+        IF pg_catalog.to_regclass(pg_catalog.format('%s.%s', s, trigger)) IS NOT NULL THEN
+            EXECUTE pg_catalog.format('REVOKE ALL ON %s.%s FROM PUBLIC', s, trigger);
+            FOR grantee IN
+                SELECT DISTINCT pg_catalog.quote_ident(r.rolname)
+                  FROM pg_catalog.pg_class c,
+                       LATERAL pg_catalog.aclexplode(c.relacl) a
+                  JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) a.grantee
+                 WHERE c.oid OPERATOR(pg_catalog.=)
+                       pg_catalog.to_regclass(pg_catalog.format('%s.%s', s, trigger))
+                   AND a.grantee OPERATOR(pg_catalog.<>) c.relowner LOOP
+                EXECUTE pg_catalog.format('REVOKE ALL ON %s.%s FROM %s', s, trigger, grantee);
+            END LOOP;
+        END IF;
+    END LOOP;
     -- Every takeover (the token changes, or a process takes a row), every
     -- row made already held, and every rename locks the election's gate
     -- FOR UPDATE (a rename: both names'), never waiting, or is skipped:
@@ -149,13 +141,14 @@ CREATE OR REPLACE FUNCTION {schema}.service_leader_take_key(election VARCHAR, se
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     gated BOOLEAN;
-    needs_old_key BOOLEAN;
+    old_fences TEXT[];
+    key BIGINT;
     locker xid;
     lockers xid[];
     holder TEXT;
     quiet TEXT;
 BEGIN
-    SELECT g.old_key INTO needs_old_key FROM {schema}.service_leader_fence_gate g
+    PERFORM 1 FROM {schema}.service_leader_fence_gate g
      WHERE g.name = (election COLLATE "C") FOR UPDATE SKIP LOCKED;
     gated := FOUND;
     IF NOT gated THEN
@@ -170,16 +163,38 @@ BEGIN
         END;
         PERFORM set_config('lock_timeout', quiet, true);
     END IF;
-    -- After an upgrade from an advisory fence: its key too, until held.
-    IF gated AND needs_old_key THEN
-        IF NOT pg_try_advisory_xact_lock(hashtextextended(election COLLATE "C", seed)) THEN
-            RAISE NOTICE USING MESSAGE = format('leaderd: takeover of election "%s" held off by %s',
-                election, 'a transaction fenced before the upgrade, or a session holding its key'),
-                ERRCODE = 'LF012';
-            RETURN false;
+    -- After an upgrade from an advisory fence, while a transaction open
+    -- then lives: its key too, as that fence held it.
+    SELECT g.old_fences INTO old_fences FROM {schema}.service_leader_fence_gate g
+     WHERE g.name = '';
+    IF gated AND old_fences IS NOT NULL THEN
+        IF EXISTS (SELECT 1 FROM pg_locks k
+                    WHERE k.locktype = 'virtualxid' AND k.virtualxid = ANY (old_fences)) THEN
+            key := hashtextextended(election COLLATE "C", seed);
+            IF NOT pg_try_advisory_xact_lock(key) THEN
+                SELECT format('pid %s (role %s), fenced before the upgrade', k.pid,
+                              COALESCE((SELECT r.rolname::text
+                                          FROM pg_stat_get_activity(k.pid) a
+                                          JOIN pg_roles r ON r.oid = a.usesysid
+                                         LIMIT 1), 'unknown'))
+                  INTO holder
+                  FROM pg_locks k
+                 WHERE k.locktype = 'advisory' AND k.granted AND k.objsubid = 1
+                   AND k.classid = ((key >> 32) & 4294967295)::oid
+                   AND k.objid = (key & 4294967295)::oid
+                 LIMIT 1;
+                RAISE NOTICE USING MESSAGE = format('leaderd: takeover of election "%s" held off by %s',
+                    election, COALESCE(holder, 'a transaction fenced before the upgrade')),
+                    ERRCODE = 'LF012';
+                RETURN false;
+            END IF;
+        ELSE
+            -- None left: the window ends (whoever holds the row now ends
+            -- it instead).
+            UPDATE {schema}.service_leader_fence_gate g SET old_fences = NULL
+             WHERE g.name IN (SELECT o.name FROM {schema}.service_leader_fence_gate o
+                               WHERE o.name = '' FOR UPDATE SKIP LOCKED);
         END IF;
-        UPDATE {schema}.service_leader_fence_gate g SET old_key = false
-         WHERE g.name = (election COLLATE "C");
     END IF;
     IF gated THEN
         RETURN true;
@@ -330,6 +345,17 @@ BEGIN
         CREATE TEMPORARY TABLE IF NOT EXISTS leaderd_fenced ();
         PERFORM set_config('client_min_messages', quiet, true);
     END IF;
+    -- Under READ COMMITTED this read is current: a token that is not the
+    -- live lease is refused before the gate is taken, so that a caller
+    -- with a wrong token holds no takeover off, even for a moment. (Under
+    -- REPEATABLE READ the snapshot may be older than the caller's token.)
+    IF current_setting('transaction_isolation') = 'read committed'
+       AND NOT EXISTS (SELECT 1 FROM {schema}.service_leader_lock l
+                        WHERE l.name = (election COLLATE "default") AND l.instance IS NOT NULL
+                          AND l.token = leaderd_fence.token AND l.expires_at > clock_timestamp()) THEN
+        RAISE EXCEPTION 'leaderd_fence: election "%": token % is not the live lease', election, token
+            USING ERRCODE = 'LF001';
+    END IF;
     -- The election's gate, shared. A takeover holding it now is waited
     -- for, for the bound at most (LF011); so is one making the gate row of
     -- a name that has none yet. Only the owner's functions lock it.
@@ -383,5 +409,27 @@ BEGIN
     RETURN held;
 END $fn$$sql$, '{schema}', s);
     EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s.leaderd_fence(VARCHAR, BIGINT, INTERVAL) FROM PUBLIC', s);
+    -- Versions 4 and 5 of the fence held the election's advisory key
+    -- instead (hashed with service_leader_fence_key's seed). A transaction
+    -- fenced by one of them may be open while this runs, and stay open for
+    -- as long as its bound (or longer, its timeouts lifted): while any
+    -- transaction of this database that is open now lives, a takeover also
+    -- needs that key, as it did then (and is named the session holding it).
+    -- Those transactions are read last, just before this one commits and
+    -- the old fence is replaced: one that begins after cannot call it.
+    -- Nothing here waits for them.
+    IF (SELECT pg_catalog.obj_description(p.oid, 'pg_proc') FROM pg_catalog.pg_proc p
+         WHERE p.oid OPERATOR(pg_catalog.=) pg_catalog.to_regprocedure(pg_catalog.format(
+               '%s.leaderd_fence(varchar, bigint, interval)', s)))
+       OPERATOR(pg_catalog.=) ANY (ARRAY['leaderd fence 4', 'leaderd fence 5']) THEN
+        EXECUTE pg_catalog.format('INSERT INTO %s.service_leader_fence_gate AS g (name, old_fences) '
+            'VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET old_fences = EXCLUDED.old_fences', s)
+          USING '', ARRAY(SELECT k.virtualxid FROM pg_catalog.pg_locks k
+                           WHERE k.locktype OPERATOR(pg_catalog.=) 'virtualxid'
+                             AND k.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()
+                             AND (SELECT a.datid FROM pg_catalog.pg_stat_get_activity(k.pid) a)
+                                 OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                                  WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()));
+    END IF;
     EXECUTE pg_catalog.format('COMMENT ON FUNCTION %s.leaderd_fence(VARCHAR, BIGINT, INTERVAL) IS %L', s, 'leaderd fence 6');
 END $migrate$;

@@ -5,8 +5,9 @@
 //! elections are left to others) sends no attempts, yet its link must not
 //! read as down: on-call would be sent to a database that is fine, and a
 //! readiness probe on `/readyz` would take the pod out of its Service. So
-//! the daemon's connection records every round trip that succeeds (any
-//! statement, or a connect), and when it has sent nothing for a heartbeat
+//! the daemon's connection records every statement that succeeds (a
+//! connect alone is not enough: the table may be gone, a right revoked),
+//! and when it has sent nothing for a heartbeat
 //! it asks the database itself (see `link`), which costs an idle replica
 //! one read a heartbeat and a busy one nothing.
 
@@ -49,10 +50,13 @@ impl Reach {
     }
 
     /// When the link must ask the database, having sent nothing that was
-    /// answered since: a heartbeat after the last answer, or `now` when
-    /// there was none.
-    pub fn ask_at(&self, now: BootTime) -> BootTime {
-        self.last().map_or(now, |at| at + self.ask_after)
+    /// answered since: a heartbeat after the last answer and after its own
+    /// last ask (`asked`: a database that fails every statement is asked
+    /// once a heartbeat, not as fast as it fails), or `now` when neither
+    /// happened.
+    pub fn ask_at(&self, now: BootTime, asked: Option<BootTime>) -> BootTime {
+        let after = |at: Option<BootTime>| at.map_or(now, |at| at + self.ask_after);
+        after(self.last()).max(after(asked))
     }
 
     fn last(&self) -> Option<BootTime> {
@@ -77,14 +81,17 @@ mod tests {
         let start = BootTime::from_since_boot(Duration::from_secs(10));
         let reach = Reach::new(&timing(1000, 1200));
         assert!(!reach.up(start), "never answered");
-        assert_eq!(reach.ask_at(start), start, "asks at once");
+        assert_eq!(reach.ask_at(start, None), start, "asks at once");
+        // Asked and not answered: again a heartbeat later, not at once.
+        let asked = Some(start);
+        assert_eq!(reach.ask_at(start, asked), start + Duration::from_secs(1));
         reach.answered(start);
         assert!(reach.up(start + Duration::from_millis(3000)));
         assert!(!reach.up(start + Duration::from_millis(3001)));
-        assert_eq!(reach.ask_at(start), start + Duration::from_secs(1));
+        assert_eq!(reach.ask_at(start, None), start + Duration::from_secs(1));
         // A late answer of an earlier send never moves it back.
         reach.answered(start - Duration::from_millis(500));
-        assert_eq!(reach.ask_at(start), start + Duration::from_secs(1));
+        assert_eq!(reach.ask_at(start, None), start + Duration::from_secs(1));
         // A ttl longer than three heartbeats sets the window.
         let long = Reach::new(&timing(100, 1200));
         long.answered(start);

@@ -24,7 +24,10 @@
 //! without being sent; a release, a read or a wake-up lock to take waits
 //! for one (a wake-up lock to free went with the last one).
 //!
-//! Every answer is recorded in the daemon's [`Reach`] (`/readyz`); when
+//! Every statement answered without error is recorded in the daemon's
+//! [`Reach`] (`/readyz`; a connect is not: a database that accepts
+//! connections but fails every statement, its table dropped or a right
+//! revoked, is not up); when
 //! nothing was answered for a heartbeat (no election asks: none competes,
 //! or all are held), the task reads the first election's row itself, and
 //! connects first if it must, so that readiness tells of the database
@@ -220,6 +223,7 @@ impl Link {
                 .map_or(Duration::ZERO, |s| s.timing.gather_renewals()),
             elections,
             reach,
+            asked_at: None,
         };
         tokio::spawn(task.run());
         Link {
@@ -384,6 +388,8 @@ struct Task {
     /// ([`leaderd_core::Timing::gather_renewals`]).
     gather_for: Duration,
     reach: Arc<Reach>,
+    /// When the task last asked the database itself (see [`Task::ask`]).
+    asked_at: Option<BootTime>,
 }
 
 impl Task {
@@ -404,7 +410,7 @@ impl Task {
                 .next_start()
                 .map(|at| at.saturating_since(now))
                 .unwrap_or(Duration::from_millis(100));
-            let ask_in = self.reach.ask_at(now).saturating_since(now);
+            let ask_in = self.reach.ask_at(now, self.asked_at).saturating_since(now);
             tokio::select! {
                 job = self.rx.recv() => match job {
                     Some(job) => self.pending.push_back(job),
@@ -425,6 +431,7 @@ impl Task {
     /// row (one index read; nobody waits for the answer), or asks for a
     /// connection.
     fn ask(&mut self) {
+        self.asked_at = Some(boot_now());
         if self.conn.is_none() {
             self.wanted = true;
         } else if self.pending.is_empty() {
@@ -474,7 +481,6 @@ impl Task {
                     .map(Arc::from);
                 self.conn = Some(conn);
                 self.wanted = false;
-                self.reach.answered(boot_now());
                 self.state.send_modify(|s| {
                     s.connected = true;
                     s.error = None;
