@@ -102,7 +102,9 @@ fn a_hold_is_told_and_resume_ends_it() {
     assert_eq!(body["not_competing"], "held", "{body}");
     let left = body["hold_remaining_ms"].as_u64().unwrap();
     assert!((3_590_000..=3_600_000).contains(&left), "{body}");
-    let seconds: f64 = metric(&d, "leaderd_hold_remaining_seconds").parse().unwrap();
+    let seconds: f64 = metric(&d, "leaderd_hold_remaining_seconds")
+        .parse()
+        .unwrap();
     assert!((3590.0..=3600.0).contains(&seconds), "{seconds}");
     assert_eq!(metric(&d, "leaderd_competing"), "0");
     let (code, out, err) = run_cli(&["resume", "--listen", &listen], &[]);

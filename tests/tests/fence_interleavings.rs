@@ -604,7 +604,10 @@ async fn a_row_deleted_across_the_upgrade_is_still_held_off() {
     let app = session(&db.url).await;
     begin(&app, "READ COMMITTED").await;
     assert_eq!(fence_and_log(&app, FENCE_10S, token).await, "ok");
-    pg_exec(&db.url, &["DELETE FROM service_leader_lock WHERE name = 'e'"]);
+    pg_exec(
+        &db.url,
+        &["DELETE FROM service_leader_lock WHERE name = 'e'"],
+    );
     let mut b = migrated(&db.url).await;
     let early = granted_within(&mut b, &req("b"), Duration::from_millis(600)).await;
     assert_eq!(early, None, "taken under the open transaction");

@@ -690,8 +690,10 @@ async fn a_takeover_never_waits_for_another_transactions_gate_row() {
     let ttl = Duration::from_secs(5);
     let mut a = migrated(&db.url).await;
     let token = acquire(&mut a, &req("a", ttl), Duration::from_secs(10)).await;
-    db.exec(&["INSERT INTO service_leader_lock (name, token, expires_at) \
-               VALUES ('n1', 1, now())"]);
+    db.exec(
+        &["INSERT INTO service_leader_lock (name, token, expires_at) \
+               VALUES ('n1', 1, now())"],
+    );
     let other = session(&db.url).await;
     other
         .batch_execute(

@@ -65,7 +65,8 @@ pub(crate) fn standing(
     hold_until: Option<BootTime>,
     draining_until: Option<BootTime>,
 ) -> Standing {
-    let left = |until: Option<BootTime>| until.filter(|u| now < *u).map(|u| u.saturating_since(now));
+    let left =
+        |until: Option<BootTime>| until.filter(|u| now < *u).map(|u| u.saturating_since(now));
     let (hold, drain) = (left(hold_until), left(draining_until));
     let not_competing = if shut_down {
         Some(NotCompeting::ShuttingDown)

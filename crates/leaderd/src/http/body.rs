@@ -54,7 +54,10 @@ pub fn leader_fields(shared: &Shared, view: leaderd_core::View) -> LeaderBody<'_
         heartbeat_ms: millis(timing.heartbeat()),
         app_healthy: shared.app_healthy(),
         competing: view.standing.competing(),
-        not_competing: view.standing.not_competing.map(leaderd_core::NotCompeting::as_str),
+        not_competing: view
+            .standing
+            .not_competing
+            .map(leaderd_core::NotCompeting::as_str),
         hold_remaining_ms: view.standing.hold_remaining.map(millis),
     }
 }

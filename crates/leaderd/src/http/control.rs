@@ -19,19 +19,15 @@ use crate::runtime::daemon::Daemon;
 use crate::runtime::shared::Shared;
 
 /// The guards of a request on purpose (see the module docs of `http`):
-/// from 127.0.0.1 or ::1, no `Origin`, and `Leaderd-Release: 1`; else the
-/// 403 that says which failed.
-fn from_this_pod(what: &str, peer: SocketAddr, headers: &HeaderMap) -> Result<(), Response> {
+/// from 127.0.0.1 or ::1, no `Origin`, and `Leaderd-Release: 1`; else why
+/// not (a 403).
+fn from_this_pod(what: &str, peer: SocketAddr, headers: &HeaderMap) -> Result<(), String> {
     if !from_this_host(peer.ip()) {
-        return Err(error(
-            StatusCode::FORBIDDEN,
-            &format!("{what} is only accepted from 127.0.0.1 or ::1"),
-        ));
+        return Err(format!("{what} is only accepted from 127.0.0.1 or ::1"));
     }
     if headers.contains_key(header::ORIGIN) {
-        return Err(error(
-            StatusCode::FORBIDDEN,
-            &format!("{what} is not accepted from a web page (the request has an Origin)"),
+        return Err(format!(
+            "{what} is not accepted from a web page (the request has an Origin)"
         ));
     }
     // The value too, as documented: a header some proxy or client adds
@@ -41,11 +37,8 @@ fn from_this_pod(what: &str, peer: SocketAddr, headers: &HeaderMap) -> Result<()
         .map(axum::http::HeaderValue::as_bytes)
         != Some(b"1")
     {
-        return Err(error(
-            StatusCode::FORBIDDEN,
-            &format!(
-                "{what} needs the request header `Leaderd-Release: 1` (`leaderd {what}` sends it)"
-            ),
+        return Err(format!(
+            "{what} needs the request header `Leaderd-Release: 1` (`leaderd {what}` sends it)"
         ));
     }
     Ok(())
@@ -73,8 +66,8 @@ pub(super) async fn release(
     headers: HeaderMap,
     uri: Uri,
 ) -> Response {
-    if let Err(refused) = from_this_pod("release", peer, &headers) {
-        return refused;
+    if let Err(why) = from_this_pod("release", peer, &headers) {
+        return error(StatusCode::FORBIDDEN, &why);
     }
     let q = match query(&uri, &["hold"]) {
         Ok(q) => q,
@@ -145,7 +138,6 @@ pub(super) async fn release(
     response
 }
 
-
 /// Ends a hold or a drain on request (`leaderd resume`), behind the same
 /// guards as a release: 200 with the `/leader` body (a list for several
 /// elections) once any election competes again, 409 when none was held or
@@ -156,8 +148,8 @@ pub(super) async fn resume(
     headers: HeaderMap,
     uri: Uri,
 ) -> Response {
-    if let Err(refused) = from_this_pod("resume", peer, &headers) {
-        return refused;
+    if let Err(why) = from_this_pod("resume", peer, &headers) {
+        return error(StatusCode::FORBIDDEN, &why);
     }
     let q = match query(&uri, &[]) {
         Ok(q) => q,

@@ -34,7 +34,11 @@ pub fn run(config: &ConfigArgs, hold: Option<&str>) -> ExitCode {
             }
         }
     }
-    ask(config, &format!("/release?{}", query.finish()), "not the leader")
+    ask(
+        config,
+        &format!("/release?{}", query.finish()),
+        "not the leader",
+    )
 }
 
 /// `leaderd resume`.

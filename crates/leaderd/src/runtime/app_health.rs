@@ -95,7 +95,9 @@ pub async fn watch(
 enum Say {
     /// It counts as failing: first since it passed (or since the start),
     /// or a minute since this was last said; `since` it began to fail.
-    Failing { since: Duration },
+    Failing {
+        since: Duration,
+    },
     /// It passes again after failing (not at the first pass after a start
     /// that was never failing long enough to be said).
     Passing,
