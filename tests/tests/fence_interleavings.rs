@@ -264,6 +264,21 @@ async fn takeover_in_flight(level: &str, weak: Option<Weak>) -> bool {
     waited && refused && commit != "ok" && writes_before_term(&watcher).await
 }
 
+/// The fence with `token`, then a write, then COMMIT (ROLLBACK when the
+/// fence failed): whether the fence was refused (LF001, or 40001 where the
+/// snapshot shows the old row) and nothing was written.
+async fn refused_and_nothing_written(db: &TempDb, app: &Client, token: i64) -> bool {
+    let outcome = fence_and_log(app, FENCE_10S, token).await;
+    let commit = if outcome == "ok" {
+        code(&app.batch_execute("COMMIT").await)
+    } else {
+        let _ = app.batch_execute("ROLLBACK").await;
+        outcome.clone()
+    };
+    let watcher = session(&db.url).await;
+    matches!(outcome.as_str(), "LF001" | "40001") && commit != "ok" && logged(&watcher).await == 0
+}
+
 /// The app's snapshot is taken (a first statement); the leader releases to
 /// a named successor, whose take commits; then the fence. Held: refused
 /// (LF001, or 40001 where the snapshot shows the old row), nothing written.
@@ -286,15 +301,7 @@ async fn snapshot_then_handover(level: &str, weak: Option<Weak>) -> bool {
     let mut heir = connect(&db.url).await;
     let taken = acquire(&mut heir, &heir_req(), Duration::from_secs(3)).await;
     assert!(taken > token);
-    let outcome = fence_and_log(&app, FENCE_10S, token).await;
-    let commit = if outcome == "ok" {
-        code(&app.batch_execute("COMMIT").await)
-    } else {
-        let _ = app.batch_execute("ROLLBACK").await;
-        outcome.clone()
-    };
-    let watcher = session(&db.url).await;
-    matches!(outcome.as_str(), "LF001" | "40001") && commit != "ok" && logged(&watcher).await == 0
+    refused_and_nothing_written(&db, &app, token).await
 }
 
 /// A fenced transaction left idle with the default bound (the lease's
@@ -367,15 +374,7 @@ async fn snapshot_then_plain_handover(level: &str, weak: Option<Weak>) -> bool {
              expires_at = now() + interval '30 seconds' WHERE name = 'e'",
         ],
     );
-    let outcome = fence_and_log(&app, FENCE_10S, token).await;
-    let commit = if outcome == "ok" {
-        code(&app.batch_execute("COMMIT").await)
-    } else {
-        let _ = app.batch_execute("ROLLBACK").await;
-        outcome.clone()
-    };
-    let watcher = session(&db.url).await;
-    matches!(outcome.as_str(), "LF001" | "40001") && commit != "ok" && logged(&watcher).await == 0
+    refused_and_nothing_written(&db, &app, token).await
 }
 
 #[tokio::test]
