@@ -587,6 +587,41 @@ async fn advisory_fence_across_the_upgrade(old_fences: bool) -> bool {
     held_off && after.is_some()
 }
 
+/// The old fence called while the upgrade's transaction is open, after it
+/// read which transactions are open and before its commit is seen (the
+/// old function is the one the app still sees). The first takeover since
+/// lists the open transactions again, and the fenced one holds it off
+/// until it commits.
+#[tokio::test]
+async fn an_old_fence_called_during_the_upgrade_still_holds() {
+    const PREVIOUS_FENCE: &str = include_str!("../fixtures/postgres-fence-5.sql");
+    const FLOOR: &str =
+        include_str!("../../migrations/postgres/2026-11-24-000000_token_floor/up.sql");
+    const FENCE: &str = include_str!("../../migrations/postgres/2026-11-26-000000_fence/up.sql");
+    let (db, _leader, token) = led(None).await;
+    pg_exec(
+        &db.url,
+        &[PREVIOUS_FENCE, "DROP TABLE service_leader_fence_gate"],
+    );
+    let migrator = session(&db.url).await;
+    migrator.batch_execute("BEGIN").await.unwrap();
+    migrator.batch_execute(FLOOR).await.unwrap();
+    migrator.batch_execute(FENCE).await.unwrap();
+    let app = session(&db.url).await;
+    begin(&app, "READ COMMITTED").await;
+    assert_eq!(fence_and_log(&app, FENCE_10S, token).await, "ok");
+    migrator.batch_execute("COMMIT").await.unwrap();
+    let watcher = session(&db.url).await;
+    wait_expired(&watcher).await;
+    let mut b = connect(&db.url).await;
+    let early = granted_within(&mut b, &req("b"), Duration::from_millis(600)).await;
+    assert_eq!(early, None, "taken under the open transaction");
+    app.batch_execute("COMMIT").await.unwrap();
+    let taken = acquire(&mut b, &req("b"), Duration::from_secs(3)).await;
+    assert!(taken > token);
+    assert!(writes_before_term(&watcher).await);
+}
+
 /// The same upgrade, with the fenced election's row deleted while the
 /// transaction is open (a delete takes nothing), made again after the
 /// upgrade and taken: the takeover still needs the advisory key while

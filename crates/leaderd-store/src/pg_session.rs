@@ -59,7 +59,8 @@ macro_rules! untrusted {
              FROM pg_catalog.pg_proc p WHERE p.pronamespace OPERATOR(pg_catalog.=) ",
             $nsp,
             " AND ((p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['service_leader_keep_token', \
-             'service_leader_seed_token', 'service_leader_take']::pg_catalog.name[]) \
+             'service_leader_seed_token', 'service_leader_take', \
+             'service_leader_open_transactions']::pg_catalog.name[]) \
              AND p.pronargs OPERATOR(pg_catalog.=) 0) \
              OR (p.proname OPERATOR(pg_catalog.=) 'service_leader_token_floor' \
              AND pg_catalog.oidvectortypes(p.proargtypes) OPERATOR(pg_catalog.=) 'character varying') \

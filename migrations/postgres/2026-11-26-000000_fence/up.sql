@@ -76,7 +76,7 @@ BEGIN
     -- transactions were open at an upgrade from versions 4 and 5 (below).
     IF pg_catalog.to_regclass(pg_catalog.format('%s.service_leader_fence_gate', s)) IS NULL THEN
         EXECUTE pg_catalog.format('CREATE TABLE %s.service_leader_fence_gate '
-            '(name TEXT COLLATE "C" PRIMARY KEY, old_fences TEXT[])', s);
+            '(name TEXT COLLATE "C" PRIMARY KEY, old_fences TEXT[], settled BOOLEAN)', s);
     END IF;
     -- Under REPEATABLE READ and SERIALIZABLE the fence's fallback (FOR KEY
     -- SHARE on a row version a later one superseded) raises 40001 only
@@ -108,18 +108,39 @@ BEGIN
                                    'service_leader_token'] LOOP
         IF pg_catalog.to_regclass(pg_catalog.format('%s.%s', s, trigger)) IS NOT NULL THEN
             EXECUTE pg_catalog.format('REVOKE ALL ON %s.%s FROM PUBLIC', s, trigger);
+            -- Table and column grants (a table's REVOKE takes both), and
+            -- what their grantees granted on (CASCADE).
             FOR grantee IN
                 SELECT DISTINCT pg_catalog.quote_ident(r.rolname)
-                  FROM pg_catalog.pg_class c,
-                       LATERAL pg_catalog.aclexplode(c.relacl) a
+                  FROM pg_catalog.pg_class c
+                  JOIN LATERAL (SELECT t.acl FROM (VALUES (c.relacl)) t(acl)
+                                UNION ALL
+                                SELECT t.attacl FROM pg_catalog.pg_attribute t
+                                 WHERE t.attrelid OPERATOR(pg_catalog.=) c.oid) g ON true
+                  JOIN LATERAL pg_catalog.aclexplode(g.acl) a ON true
                   JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) a.grantee
                  WHERE c.oid OPERATOR(pg_catalog.=)
                        pg_catalog.to_regclass(pg_catalog.format('%s.%s', s, trigger))
                    AND a.grantee OPERATOR(pg_catalog.<>) c.relowner LOOP
-                EXECUTE pg_catalog.format('REVOKE ALL ON %s.%s FROM %s', s, trigger, grantee);
+                EXECUTE pg_catalog.format('REVOKE ALL ON %s.%s FROM %s CASCADE', s, trigger, grantee);
             END LOOP;
         END IF;
     END LOOP;
+    -- The transactions of this database open now, other than the caller's:
+    -- live sessions' ('v:' and the virtual transaction id) and prepared
+    -- ones ('p:' and the transaction id; they hold no virtual one).
+    EXECUTE pg_catalog.replace($sql$
+CREATE OR REPLACE FUNCTION {schema}.service_leader_open_transactions() RETURNS TEXT[]
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+SELECT ARRAY(SELECT 'v:' || k.virtualxid FROM pg_locks k
+              WHERE k.locktype = 'virtualxid' AND k.pid <> pg_backend_pid()
+                AND (SELECT a.datid FROM pg_stat_get_activity(k.pid) a)
+                    = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+             UNION ALL
+             SELECT 'p:' || p.transaction::text FROM pg_prepared_xacts p
+              WHERE p.database = current_database())
+$fn$$sql$, '{schema}', s);
+    EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s.service_leader_open_transactions() FROM PUBLIC', s);
     -- Every takeover (the token changes, or a process takes a row), every
     -- row made already held, and every rename locks the election's gate
     -- FOR UPDATE (a rename: both names'), never waiting, or is skipped:
@@ -142,6 +163,9 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     gated BOOLEAN;
     old_fences TEXT[];
+    settled BOOLEAN;
+    marker BOOLEAN;
+    relisted TEXT[];
     key BIGINT;
     locker xid;
     lockers xid[];
@@ -164,15 +188,35 @@ BEGIN
         PERFORM set_config('lock_timeout', quiet, true);
     END IF;
     -- After an upgrade from an advisory fence, while a transaction open
-    -- then lives: its key too, as that fence held it.
-    SELECT g.old_fences INTO old_fences FROM {schema}.service_leader_fence_gate g
-     WHERE g.name = '';
-    IF gated AND old_fences IS NOT NULL THEN
-        IF EXISTS (SELECT 1 FROM pg_locks k
-                    WHERE k.locktype = 'virtualxid' AND k.virtualxid = ANY (old_fences)) THEN
-            key := hashtextextended(election COLLATE "C", seed);
+    -- then lives: its key too, as that fence held it. The list the
+    -- installation read may miss an old fence called after it was read,
+    -- before its commit was seen: the first takeover since adds what is
+    -- open then (settled). Until then, and where the row '' is not seen (a
+    -- snapshot older than the upgrade), any holder of the key holds the
+    -- takeover off; after, only a transaction of the list.
+    SELECT g.old_fences, g.settled INTO old_fences, settled
+      FROM {schema}.service_leader_fence_gate g WHERE g.name = '';
+    marker := FOUND;
+    IF gated AND marker AND old_fences IS NOT NULL AND NOT settled THEN
+        UPDATE {schema}.service_leader_fence_gate g
+           SET old_fences = g.old_fences || {schema}.service_leader_open_transactions(), settled = true
+         WHERE g.name IN (SELECT o.name FROM {schema}.service_leader_fence_gate o
+                           WHERE o.name = '' AND NOT o.settled FOR UPDATE SKIP LOCKED)
+        RETURNING g.old_fences INTO relisted;
+        IF FOUND THEN
+            old_fences := relisted;
+            settled := true;
+        END IF;
+    END IF;
+    IF gated AND (NOT marker OR old_fences IS NOT NULL) THEN
+        key := hashtextextended(election COLLATE "C", seed);
+        IF NOT marker OR NOT settled
+           OR EXISTS (SELECT 1 FROM pg_locks k
+                       WHERE k.locktype = 'virtualxid' AND 'v:' || k.virtualxid = ANY (old_fences))
+           OR EXISTS (SELECT 1 FROM pg_prepared_xacts p
+                       WHERE 'p:' || p.transaction::text = ANY (old_fences)) THEN
             IF NOT pg_try_advisory_xact_lock(key) THEN
-                SELECT format('pid %s (role %s), fenced before the upgrade', k.pid,
+                SELECT format('pid %s (role %s)', k.pid,
                               COALESCE((SELECT r.rolname::text
                                           FROM pg_stat_get_activity(k.pid) a
                                           JOIN pg_roles r ON r.oid = a.usesysid
@@ -182,11 +226,20 @@ BEGIN
                  WHERE k.locktype = 'advisory' AND k.granted AND k.objsubid = 1
                    AND k.classid = ((key >> 32) & 4294967295)::oid
                    AND k.objid = (key & 4294967295)::oid
+                   AND (NOT marker OR NOT settled
+                        OR (k.pid IS NOT NULL AND 'v:' || k.virtualtransaction = ANY (old_fences))
+                        OR (k.pid IS NULL AND EXISTS (SELECT 1 FROM pg_prepared_xacts p
+                                 WHERE 'p:' || p.transaction::text = ANY (old_fences))))
                  LIMIT 1;
-                RAISE NOTICE USING MESSAGE = format('leaderd: takeover of election "%s" held off by %s',
-                    election, COALESCE(holder, 'a transaction fenced before the upgrade')),
-                    ERRCODE = 'LF012';
-                RETURN false;
+                -- Held by a transaction open at the upgrade (or, until the
+                -- list is settled, by anyone): an old fence, perhaps.
+                IF FOUND OR NOT marker OR NOT settled THEN
+                    RAISE NOTICE USING MESSAGE = format('leaderd: takeover of election "%s" held off by %s',
+                        election, COALESCE(holder || ', open since before the upgrade',
+                                           'a transaction open since before the upgrade')),
+                        ERRCODE = 'LF012';
+                    RETURN false;
+                END IF;
             END IF;
         ELSE
             -- None left: the window ends (whoever holds the row now ends
@@ -413,23 +466,21 @@ END $fn$$sql$, '{schema}', s);
     -- instead (hashed with service_leader_fence_key's seed). A transaction
     -- fenced by one of them may be open while this runs, and stay open for
     -- as long as its bound (or longer, its timeouts lifted): while any
-    -- transaction of this database that is open now lives, a takeover also
-    -- needs that key, as it did then (and is named the session holding it).
-    -- Those transactions are read last, just before this one commits and
-    -- the old fence is replaced: one that begins after cannot call it.
-    -- Nothing here waits for them.
+    -- transaction of this database that is open at the upgrade lives, a
+    -- takeover also needs that key, when one of them holds it (see the
+    -- trigger, which lists them again after this commits). Nothing here
+    -- waits for them. The row '' is written at every installation: a
+    -- takeover that cannot see it has a snapshot older than this one.
     IF (SELECT pg_catalog.obj_description(p.oid, 'pg_proc') FROM pg_catalog.pg_proc p
          WHERE p.oid OPERATOR(pg_catalog.=) pg_catalog.to_regprocedure(pg_catalog.format(
                '%s.leaderd_fence(varchar, bigint, interval)', s)))
        OPERATOR(pg_catalog.=) ANY (ARRAY['leaderd fence 4', 'leaderd fence 5']) THEN
-        EXECUTE pg_catalog.format('INSERT INTO %s.service_leader_fence_gate AS g (name, old_fences) '
-            'VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET old_fences = EXCLUDED.old_fences', s)
-          USING '', ARRAY(SELECT k.virtualxid FROM pg_catalog.pg_locks k
-                           WHERE k.locktype OPERATOR(pg_catalog.=) 'virtualxid'
-                             AND k.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()
-                             AND (SELECT a.datid FROM pg_catalog.pg_stat_get_activity(k.pid) a)
-                                 OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
-                                  WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()));
+        EXECUTE pg_catalog.format('INSERT INTO %1$s.service_leader_fence_gate AS g (name, old_fences, settled) '
+            'VALUES ($1, %1$s.service_leader_open_transactions(), false) ON CONFLICT (name) '
+            'DO UPDATE SET old_fences = EXCLUDED.old_fences, settled = false', s) USING '';
+    ELSE
+        EXECUTE pg_catalog.format('INSERT INTO %s.service_leader_fence_gate AS g (name, settled) '
+            'VALUES ($1, true) ON CONFLICT (name) DO NOTHING', s) USING '';
     END IF;
     EXECUTE pg_catalog.format('COMMENT ON FUNCTION %s.leaderd_fence(VARCHAR, BIGINT, INTERVAL) IS %L', s, 'leaderd fence 6');
 END $migrate$;
