@@ -622,44 +622,6 @@ async fn an_old_fence_called_during_the_upgrade_still_holds() {
     assert!(writes_before_term(&watcher).await);
 }
 
-/// A role that may only connect keeps a transaction open across the
-/// upgrade (it fenced nothing, and holds no advisory lock), then takes the
-/// old key in it: it holds no takeover off. Only transactions that hold
-/// an advisory lock shared, as an old fence does, are waited for.
-#[tokio::test]
-async fn a_transaction_open_across_the_upgrade_that_fenced_nothing_holds_nothing_off() {
-    const PREVIOUS_FENCE: &str = include_str!("../fixtures/postgres-fence-5.sql");
-    let (db, _leader, _token) = led(None).await;
-    pg_exec(
-        &db.url,
-        &[PREVIOUS_FENCE, "DROP TABLE service_leader_fence_gate"],
-    );
-    let role = leaderd_tests::PgRole::new(&db, "nobody");
-    let open = session(&db.url_as(&role.name)).await;
-    open.batch_execute("BEGIN; SELECT 1").await.unwrap();
-    let mut b = migrated(&db.url).await;
-    let watcher = session(&db.url).await;
-    let key: i64 = watcher
-        .query_one(
-            "SELECT hashtextextended('e' COLLATE \"C\", \
-             (SELECT min(seed) FROM service_leader_fence_key))",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    open.query_one("SELECT pg_advisory_xact_lock($1)", &[&key])
-        .await
-        .unwrap();
-    wait_expired(&watcher).await;
-    let taken = granted_within(&mut b, &req("b"), Duration::from_millis(600)).await;
-    assert!(
-        taken.is_some(),
-        "held off by a transaction that fenced nothing"
-    );
-    open.batch_execute("ROLLBACK").await.unwrap();
-}
-
 /// The same upgrade, with the fenced election's row deleted while the
 /// transaction is open (a delete takes nothing), made again after the
 /// upgrade and taken: the takeover still needs the advisory key while

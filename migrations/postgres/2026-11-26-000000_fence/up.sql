@@ -126,20 +126,16 @@ BEGIN
             END LOOP;
         END IF;
     END LOOP;
-    -- The transactions of this database that could be fenced by versions
-    -- 4 and 5 now, other than the caller's: sessions' that hold or await an
-    -- advisory lock shared, as those fences took it ('v:' and the virtual
-    -- transaction id), and every prepared one ('p:' and the transaction
-    -- id; they hold no virtual one). Not every open transaction: one of a
-    -- role that may only connect, listed, could take the old key later and
-    -- hold takeovers off for as long as it stayed open.
+    -- The transactions of this database open now, other than the caller's:
+    -- live sessions' ('v:' and the virtual transaction id) and prepared
+    -- ones ('p:' and the transaction id; they hold no virtual one).
     EXECUTE pg_catalog.replace($sql$
 CREATE OR REPLACE FUNCTION {schema}.service_leader_open_transactions() RETURNS TEXT[]
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
-SELECT ARRAY(SELECT DISTINCT 'v:' || k.virtualtransaction FROM pg_locks k
-              WHERE k.locktype = 'advisory' AND k.mode = 'ShareLock' AND k.objsubid = 1
-                AND k.pid IS NOT NULL AND k.pid <> pg_backend_pid()
-                AND k.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+SELECT ARRAY(SELECT 'v:' || k.virtualxid FROM pg_locks k
+              WHERE k.locktype = 'virtualxid' AND k.pid <> pg_backend_pid()
+                AND (SELECT a.datid FROM pg_stat_get_activity(k.pid) a)
+                    = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
              UNION ALL
              SELECT 'p:' || p.transaction::text FROM pg_prepared_xacts p
               WHERE p.database = current_database())
@@ -214,32 +210,26 @@ BEGIN
     END IF;
     IF gated AND (NOT marker OR old_fences IS NOT NULL) THEN
         key := hashtextextended(election COLLATE "C", seed);
-        -- Alive: a listed transaction, or a prepared one holding an
-        -- advisory lock shared (a listed one may have been prepared since,
-        -- and its locks moved to a transaction without a session).
         IF NOT marker OR NOT settled
            OR EXISTS (SELECT 1 FROM pg_locks k
                        WHERE k.locktype = 'virtualxid' AND 'v:' || k.virtualxid = ANY (old_fences))
            OR EXISTS (SELECT 1 FROM pg_prepared_xacts p
-                       WHERE 'p:' || p.transaction::text = ANY (old_fences))
-           OR EXISTS (SELECT 1 FROM pg_locks k
-                       WHERE k.locktype = 'advisory' AND k.mode = 'ShareLock' AND k.pid IS NULL
-                         AND k.database = (SELECT d.oid FROM pg_database d
-                                            WHERE d.datname = current_database())) THEN
+                       WHERE 'p:' || p.transaction::text = ANY (old_fences)) THEN
             IF NOT pg_try_advisory_xact_lock(key) THEN
-                SELECT CASE WHEN k.pid IS NULL THEN 'a prepared transaction'
-                       ELSE format('pid %s (role %s)', k.pid,
+                SELECT format('pid %s (role %s)', k.pid,
                               COALESCE((SELECT r.rolname::text
                                           FROM pg_stat_get_activity(k.pid) a
                                           JOIN pg_roles r ON r.oid = a.usesysid
-                                         LIMIT 1), 'unknown')) END
+                                         LIMIT 1), 'unknown'))
                   INTO holder
                   FROM pg_locks k
                  WHERE k.locktype = 'advisory' AND k.granted AND k.objsubid = 1
                    AND k.classid = ((key >> 32) & 4294967295)::oid
                    AND k.objid = (key & 4294967295)::oid
-                   AND (NOT marker OR NOT settled OR k.pid IS NULL
-                        OR 'v:' || k.virtualtransaction = ANY (old_fences))
+                   AND (NOT marker OR NOT settled
+                        OR (k.pid IS NOT NULL AND 'v:' || k.virtualtransaction = ANY (old_fences))
+                        OR (k.pid IS NULL AND EXISTS (SELECT 1 FROM pg_prepared_xacts p
+                                 WHERE 'p:' || p.transaction::text = ANY (old_fences))))
                  LIMIT 1;
                 -- Held by a transaction open at the upgrade (or, until the
                 -- list is settled, by anyone): an old fence, perhaps.
@@ -479,9 +469,7 @@ END $fn$$sql$, '{schema}', s);
     -- transaction of this database that is open at the upgrade lives, a
     -- takeover also needs that key, when one of them holds it (see the
     -- trigger, which lists them again after this commits). Nothing here
-    -- waits for them (nor for another role's transaction, which it does
-    -- not list unless it holds an advisory lock shared). The row '' is
-    -- written at every installation: a
+    -- waits for them. The row '' is written at every installation: a
     -- takeover that cannot see it has a snapshot older than this one.
     IF (SELECT pg_catalog.obj_description(p.oid, 'pg_proc') FROM pg_catalog.pg_proc p
          WHERE p.oid OPERATOR(pg_catalog.=) pg_catalog.to_regprocedure(pg_catalog.format(
