@@ -241,8 +241,9 @@ const RENEW_MANY_TYPES: &[Type] = &[
 /// `FOR KEY SHARE`, and skips the row (a refusal) until that ends; `FOR
 /// UPDATE` is kept for the fence's fallback under REPEATABLE READ and for
 /// an old version's fence (`FOR KEY SHARE` on the lease row), which `FOR
-/// NO KEY UPDATE` would not wait for. For a minute after an upgrade from a
-/// fence that held an advisory key, each row taken also holds that key
+/// NO KEY UPDATE` would not wait for. After an upgrade from a fence that
+/// held an advisory key, while a transaction open then lives (see the
+/// fence's SQL), each row taken also holds that key
 /// until the statement commits, in a lock table the server shares with
 /// every session (64 × max_connections entries by default; 20,000 at once
 /// ran it out of memory here, failing other sessions' statements too), so
