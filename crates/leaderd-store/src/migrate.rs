@@ -576,7 +576,10 @@ async fn again_current<M: Migrator>(conn: &mut M, retry_busy: bool, check: &'sta
 
 /// Whether a step was refused because a lock it needs was not granted
 /// within the plan's bound: PostgreSQL's `lock_not_available` (55P03),
-/// MySQL's lock wait timeout (1205).
+/// MySQL's lock wait timeout (1205), or a deadlock (1213), which is also
+/// how a Galera node reports a statement that lost to another node's
+/// (seen with three nodes migrating at once on a busy machine): each
+/// statement of the migration may run again.
 fn lock_wait_cut(e: &StoreError) -> bool {
     match e {
         StoreError::Postgres(e) => {
@@ -585,6 +588,9 @@ fn lock_wait_cut(e: &StoreError) -> bool {
         StoreError::Query(diesel::result::Error::DatabaseError(_, info)) => {
             // diesel keeps MySQL's message, not its number.
             info.message().contains("Lock wait timeout exceeded")
+                || info
+                    .message()
+                    .contains("Deadlock found when trying to get lock")
         }
         _ => false,
     }
