@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use crate::clock::boot_now;
-use crate::http::body::{election, error, leader_fields, query};
+use crate::http::body::{election, error, leader_fields, query, LeaderBody, Query, Refusal};
 use crate::http::RELEASE_HEADER;
 use crate::runtime::daemon::Daemon;
 use crate::runtime::shared::Shared;
@@ -85,12 +85,9 @@ pub(super) async fn release(
             }
         }
     }
-    let chosen: Vec<&Arc<Shared>> = match q.election {
-        Some(_) => match election(&daemon, &q) {
-            Ok(s) => vec![s],
-            Err(refusal) => return refusal.into_response(),
-        },
-        None => daemon.all().iter().collect(),
+    let chosen = match chosen(&daemon, &q) {
+        Ok(c) => c,
+        Err(refusal) => return refusal.into_response(),
     };
     // The whole replica: drained for the hold, led elections or not. So is
     // a replica whose only election is named: held off it, it must be
@@ -119,12 +116,7 @@ pub(super) async fn release(
     } else {
         StatusCode::CONFLICT
     };
-    // One election: its `/leader` body, as always; several: the list.
-    let mut response = if bodies.len() == 1 {
-        (status, Json(bodies.remove(0))).into_response()
-    } else {
-        (status, Json(bodies)).into_response()
-    };
+    let mut response = answer(status, bodies);
     // This replica steps aside, and the rows say nobody else competes.
     if (released || drain) && daemon.roster().others_competing(boot_now()) == Some(0) {
         response.headers_mut().insert(
@@ -155,12 +147,9 @@ pub(super) async fn resume(
         Ok(q) => q,
         Err(refusal) => return refusal.into_response(),
     };
-    let chosen: Vec<&Arc<Shared>> = match q.election {
-        Some(_) => match election(&daemon, &q) {
-            Ok(s) => vec![s],
-            Err(refusal) => return refusal.into_response(),
-        },
-        None => daemon.all().iter().collect(),
+    let chosen = match chosen(&daemon, &q) {
+        Ok(c) => c,
+        Err(refusal) => return refusal.into_response(),
     };
     // The whole replica's drain ends too: it counts as present again for
     // the spread.
@@ -178,7 +167,22 @@ pub(super) async fn resume(
     } else {
         StatusCode::CONFLICT
     };
-    let mut bodies: Vec<_> = chosen.iter().map(|s| leader_fields(s, s.view())).collect();
+    answer(
+        status,
+        chosen.iter().map(|s| leader_fields(s, s.view())).collect(),
+    )
+}
+
+/// The elections a request on purpose names (`?election`), or all of them.
+fn chosen<'d>(daemon: &'d Daemon, q: &Query) -> Result<Vec<&'d Arc<Shared>>, Refusal> {
+    match q.election {
+        Some(_) => election(daemon, q).map(|s| vec![s]),
+        None => Ok(daemon.all().iter().collect()),
+    }
+}
+
+/// One election: its `/leader` body, as always; several: the list.
+fn answer(status: StatusCode, mut bodies: Vec<LeaderBody<'_>>) -> Response {
     if bodies.len() == 1 {
         (status, Json(bodies.remove(0))).into_response()
     } else {
