@@ -41,6 +41,15 @@ enum Weak {
     /// The fence does not need the unique index over the token (which the
     /// caller then drops): a takeover is no key update.
     NoTokenKey,
+    /// After an upgrade from the advisory fence, a takeover counts every
+    /// listed holder of the old key, whatever its role may do.
+    AnyListedHolder,
+    /// ... counts only roles that hold the fence's grant by inheritance (a
+    /// member that must `SET ROLE` is not counted).
+    NoSetRole,
+    /// ... counts no role reaching the fence through another's `SECURITY
+    /// DEFINER` function.
+    NoWrappers,
 }
 
 fn req(instance: &str) -> LeaseRequest<'_> {
@@ -115,6 +124,21 @@ async fn weaken(db: &TempDb, w: Weak) {
             "leaderd_fence(varchar, bigint, interval)",
             "IF triggers IS DISTINCT FROM 3",
             "IF triggers IS DISTINCT FROM 2",
+        ),
+        Weak::AnyListedHolder => (
+            "service_leader_may_fence(oid)",
+            "SELECT CASE",
+            "SELECT true OR CASE",
+        ),
+        Weak::NoSetRole => (
+            "service_leader_may_fence(oid)",
+            "pg_has_role(who, g.role, 'MEMBER')",
+            "pg_has_role(who, g.role, 'USAGE')",
+        ),
+        Weak::NoWrappers => (
+            "service_leader_may_fence(oid)",
+            "OR EXISTS (SELECT 1 FROM pg_proc p, grantees g",
+            "OR FALSE AND EXISTS (SELECT 1 FROM pg_proc p, grantees g",
         ),
     };
     let def: String = admin
@@ -527,6 +551,19 @@ async fn a_transaction_fenced_by_the_previous_version_holds_across_the_upgrade()
     assert!(writes_before_term(&watcher).await);
 }
 
+const PREVIOUS_FENCE_5: &str = include_str!("../fixtures/postgres-fence-5.sql");
+
+/// `a` leads `e` in a database as the advisory fence (version 5) left it:
+/// its functions, no gate.
+async fn led_on_fence_5() -> (TempDb, Connection, i64) {
+    let (db, leader, token) = led(None).await;
+    pg_exec(
+        &db.url,
+        &[PREVIOUS_FENCE_5, "DROP TABLE service_leader_fence_gate"],
+    );
+    (db, leader, token)
+}
+
 /// The upgrade from the advisory fence (versions 4 and 5): a transaction
 /// it fenced, with a bound of 90 s, is open while a new daemon migrates.
 /// While a transaction open at the upgrade lives, a takeover also needs
@@ -535,13 +572,7 @@ async fn a_transaction_fenced_by_the_previous_version_holds_across_the_upgrade()
 /// may take) holds nothing off. Without the list of those transactions,
 /// the takeover lands under the open transaction.
 async fn advisory_fence_across_the_upgrade(old_fences: bool) -> bool {
-    const PREVIOUS_FENCE: &str = include_str!("../fixtures/postgres-fence-5.sql");
-    let (db, _leader, token) = led(None).await;
-    // As the previous version left it: no gate.
-    pg_exec(
-        &db.url,
-        &[PREVIOUS_FENCE, "DROP TABLE service_leader_fence_gate"],
-    );
+    let (db, _leader, token) = led_on_fence_5().await;
     let app = session(&db.url).await;
     begin(&app, "READ COMMITTED").await;
     assert_eq!(
@@ -594,15 +625,10 @@ async fn advisory_fence_across_the_upgrade(old_fences: bool) -> bool {
 /// until it commits.
 #[tokio::test]
 async fn an_old_fence_called_during_the_upgrade_still_holds() {
-    const PREVIOUS_FENCE: &str = include_str!("../fixtures/postgres-fence-5.sql");
     const FLOOR: &str =
         include_str!("../../migrations/postgres/2026-11-24-000000_token_floor/up.sql");
     const FENCE: &str = include_str!("../../migrations/postgres/2026-11-26-000000_fence/up.sql");
-    let (db, _leader, token) = led(None).await;
-    pg_exec(
-        &db.url,
-        &[PREVIOUS_FENCE, "DROP TABLE service_leader_fence_gate"],
-    );
+    let (db, _leader, token) = led_on_fence_5().await;
     let migrator = session(&db.url).await;
     migrator.batch_execute("BEGIN").await.unwrap();
     migrator.batch_execute(FLOOR).await.unwrap();
@@ -629,12 +655,7 @@ async fn an_old_fence_called_during_the_upgrade_still_holds() {
 /// install with.
 #[tokio::test]
 async fn a_row_deleted_across_the_upgrade_is_still_held_off() {
-    const PREVIOUS_FENCE: &str = include_str!("../fixtures/postgres-fence-5.sql");
-    let (db, _leader, token) = led(None).await;
-    pg_exec(
-        &db.url,
-        &[PREVIOUS_FENCE, "DROP TABLE service_leader_fence_gate"],
-    );
+    let (db, _leader, token) = led_on_fence_5().await;
     let app = session(&db.url).await;
     begin(&app, "READ COMMITTED").await;
     assert_eq!(fence_and_log(&app, FENCE_10S, token).await, "ok");
@@ -656,6 +677,134 @@ async fn a_row_deleted_across_the_upgrade_is_still_held_off() {
 async fn a_transaction_fenced_by_the_advisory_version_holds_across_the_upgrade() {
     assert!(advisory_fence_across_the_upgrade(true).await);
     assert!(!advisory_fence_across_the_upgrade(false).await);
+}
+
+/// The key an old fence takes, computed as its owner would.
+async fn old_key(admin: &Client) -> i64 {
+    admin
+        .query_one(
+            "SELECT hashtextextended('e' COLLATE \"C\", (SELECT min(seed) FROM service_leader_fence_key))",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// A session of a role that may only connect keeps a transaction open
+/// across the upgrade from the advisory fence and holds the old key in it
+/// (any role can read the key in `pg_locks` while a fenced transaction is
+/// open). It is on the upgrade's list, but its role may not call the
+/// fence, so it holds no takeover off: the expired lease is taken within
+/// a lease. Weakened (every listed holder counts), it holds the election
+/// leaderless for as long as its transaction lives.
+async fn a_squatter_across_the_upgrade(weak: Option<Weak>) -> bool {
+    let (db, _leader, _token) = led_on_fence_5().await;
+    let role = leaderd_tests::PgRole::new(&db, "squatter");
+    let admin = session(&db.url).await;
+    let key = old_key(&admin).await;
+    let squatter = session(&db.url_as(&role.name)).await;
+    squatter.batch_execute("BEGIN").await.unwrap();
+    squatter
+        .execute("SELECT pg_advisory_xact_lock($1)", &[&key])
+        .await
+        .unwrap();
+    let mut b = migrated(&db.url).await;
+    if let Some(w) = weak {
+        weaken(&db, w).await;
+    }
+    wait_expired(&admin).await;
+    granted_within(&mut b, &req("b"), 2 * TTL).await.is_some()
+}
+
+#[tokio::test]
+async fn a_role_that_may_not_fence_holds_no_takeover_off_across_the_upgrade() {
+    assert!(a_squatter_across_the_upgrade(None).await);
+    assert!(!a_squatter_across_the_upgrade(Some(Weak::AnyListedHolder)).await);
+}
+
+/// How the app reaches the old fence in a transaction open across the
+/// upgrade.
+#[derive(Debug, Clone, Copy)]
+enum Reach {
+    /// A role that inherits nothing, a member of the app's role, which it
+    /// becomes by `SET ROLE`.
+    SetRole,
+    /// A role with no grant on the fence, through a `SECURITY DEFINER`
+    /// function of a role that has one.
+    Wrapper,
+}
+
+/// A transaction fenced by the old version, by a role that reaches the
+/// fence only as `reach` says, is open across the upgrade: it holds the
+/// takeover off until it commits, and its write lands before the new
+/// term. Weakened as `weak` (that way of reaching the fence not counted),
+/// the takeover lands under the open transaction.
+async fn an_old_fence_reached(reach: Reach, weak: Option<Weak>) -> bool {
+    let (db, _leader, token) = led_on_fence_5().await;
+    let granted = leaderd_tests::PgRole::new(&db, "fencer");
+    let caller = leaderd_tests::PgRole::new(&db, "caller");
+    let (g, c) = (&granted.name, &caller.name);
+    let mut setup = vec![
+        format!("GRANT EXECUTE ON FUNCTION leaderd_fence(varchar, bigint, interval) TO {g}"),
+        format!("GRANT INSERT ON app_log TO {g}, {c}"),
+        format!("GRANT USAGE ON SEQUENCE app_log_seq_seq TO {g}, {c}"),
+    ];
+    let fence = match reach {
+        Reach::SetRole => {
+            setup.push(format!("ALTER ROLE {c} NOINHERIT"));
+            setup.push(format!("GRANT {g} TO {c}"));
+            FENCE_10S
+        }
+        Reach::Wrapper => {
+            setup.push(
+                "CREATE FUNCTION app_fence(e varchar, t bigint) RETURNS bigint \
+                 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, public \
+                 AS $$ SELECT public.leaderd_fence(e, t, interval '10 seconds') $$"
+                    .into(),
+            );
+            setup.push(format!(
+                "ALTER FUNCTION app_fence(varchar, bigint) OWNER TO {g}"
+            ));
+            setup.push("REVOKE ALL ON FUNCTION app_fence(varchar, bigint) FROM PUBLIC".into());
+            setup.push(format!(
+                "GRANT EXECUTE ON FUNCTION app_fence(varchar, bigint) TO {c}"
+            ));
+            "SELECT app_fence('e', $1)"
+        }
+    };
+    let setup: Vec<&str> = setup.iter().map(String::as_str).collect();
+    pg_exec(&db.url, &setup);
+    let app = session(&db.url_as(c)).await;
+    if let Reach::SetRole = reach {
+        app.batch_execute(&format!("SET ROLE {g}")).await.unwrap();
+    }
+    begin(&app, "READ COMMITTED").await;
+    assert_eq!(fence_and_log(&app, fence, token).await, "ok");
+    let mut b = migrated(&db.url).await;
+    if let Some(w) = weak {
+        weaken(&db, w).await;
+    }
+    let watcher = session(&db.url).await;
+    wait_expired(&watcher).await;
+    let early = granted_within(&mut b, &req("b"), Duration::from_millis(600)).await;
+    let _ = app.batch_execute("COMMIT").await;
+    if early.is_none() {
+        acquire(&mut b, &req("b"), Duration::from_secs(3)).await;
+    }
+    early.is_none() && writes_before_term(&watcher).await
+}
+
+#[tokio::test]
+async fn an_old_fence_reached_by_set_role_holds_across_the_upgrade() {
+    assert!(an_old_fence_reached(Reach::SetRole, None).await);
+    assert!(!an_old_fence_reached(Reach::SetRole, Some(Weak::NoSetRole)).await);
+}
+
+#[tokio::test]
+async fn an_old_fence_reached_through_a_definers_function_holds_across_the_upgrade() {
+    assert!(an_old_fence_reached(Reach::Wrapper, None).await);
+    assert!(!an_old_fence_reached(Reach::Wrapper, Some(Weak::NoWrappers)).await);
 }
 
 /// Renames by hand while a transaction is fenced: the fenced row renamed

@@ -272,6 +272,7 @@ mod postgres {
             [
                 "leaderd_fence",
                 "service_leader_keep_token",
+                "service_leader_may_fence",
                 "service_leader_open_transactions",
                 "service_leader_seed_token",
                 "service_leader_take",

@@ -141,6 +141,44 @@ SELECT ARRAY(SELECT 'v:' || k.virtualxid FROM pg_locks k
               WHERE p.database = current_database())
 $fn$$sql$, '{schema}', s);
     EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s.service_leader_open_transactions() FROM PUBLIC', s);
+    -- Whether a session of role `who` (a prepared transaction's owner)
+    -- may have called the fence: a superuser, a member of a role that may
+    -- execute it (its owner, its grantees: membership, so a role that
+    -- inherits nothing and reaches them by SET ROLE counts), or, where
+    -- any SECURITY DEFINER routine other than leaderd's own belongs to
+    -- such a role (a wrapper that may call the fence for roles with no
+    -- grant of their own), every role. Unknown: true. Only a takeover
+    -- held off by an old fence's key asks (below).
+    EXECUTE pg_catalog.replace($sql$
+CREATE OR REPLACE FUNCTION {schema}.service_leader_may_fence(who OID) RETURNS BOOLEAN
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+WITH grantees AS (
+    SELECT f.proowner AS role FROM pg_proc f
+     WHERE f.oid = to_regprocedure('{schema}.leaderd_fence(varchar, bigint, interval)')
+    UNION
+    SELECT a.grantee FROM pg_proc f,
+           aclexplode(COALESCE(f.proacl, acldefault('f', f.proowner))) a
+     WHERE f.oid = to_regprocedure('{schema}.leaderd_fence(varchar, bigint, interval)')
+       AND a.privilege_type = 'EXECUTE'),
+own AS (
+    SELECT to_regprocedure('{schema}.' || n) AS oid
+      FROM unnest(ARRAY['leaderd_fence(varchar, bigint, interval)',
+                        'service_leader_take_key(varchar, bigint)', 'service_leader_take()',
+                        'service_leader_open_transactions()', 'service_leader_may_fence(oid)',
+                        'service_leader_keep_token()', 'service_leader_seed_token()',
+                        'service_leader_token_floor(varchar)']) n)
+SELECT CASE
+    WHEN NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.oid = who) THEN true
+    ELSE EXISTS (SELECT 1 FROM grantees g
+                  WHERE CASE WHEN g.role = 0 THEN true ELSE pg_has_role(who, g.role, 'MEMBER') END)
+      OR EXISTS (SELECT 1 FROM pg_proc p, grantees g
+                  WHERE p.prosecdef
+                    AND NOT EXISTS (SELECT 1 FROM own o WHERE o.oid = p.oid)
+                    AND CASE WHEN g.role = 0 THEN true
+                             ELSE pg_has_role(p.proowner, g.role, 'MEMBER') END)
+END
+$fn$$sql$, '{schema}', s);
+    EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s.service_leader_may_fence(OID) FROM PUBLIC', s);
     -- Every takeover (the token changes, or a process takes a row), every
     -- row made already held, and every rename locks the election's gate
     -- FOR UPDATE (a rename: both names'), never waiting, or is skipped:
@@ -193,7 +231,11 @@ BEGIN
     -- before its commit was seen: the first takeover since adds what is
     -- open then (settled). Until then, and where the row '' is not seen (a
     -- snapshot older than the upgrade), any holder of the key holds the
-    -- takeover off; after, only a transaction of the list.
+    -- takeover off; after, only a transaction of the list whose role may
+    -- have called the fence (a session of another role that kept a
+    -- transaction open across the upgrade and took the key holds nothing
+    -- off; a fence called since then refuses the lease the takeover
+    -- takes, which is free or expired by clock_timestamp()).
     SELECT g.old_fences, g.settled INTO old_fences, settled
       FROM {schema}.service_leader_fence_gate g WHERE g.name = '';
     marker := FOUND;
@@ -227,12 +269,17 @@ BEGIN
                    AND k.classid = ((key >> 32) & 4294967295)::oid
                    AND k.objid = (key & 4294967295)::oid
                    AND (NOT marker OR NOT settled
-                        OR (k.pid IS NOT NULL AND 'v:' || k.virtualtransaction = ANY (old_fences))
+                        OR (k.pid IS NOT NULL AND 'v:' || k.virtualtransaction = ANY (old_fences)
+                            AND {schema}.service_leader_may_fence(
+                                    (SELECT a.usesysid FROM pg_stat_get_activity(k.pid) a LIMIT 1)))
                         OR (k.pid IS NULL AND EXISTS (SELECT 1 FROM pg_prepared_xacts p
-                                 WHERE 'p:' || p.transaction::text = ANY (old_fences))))
+                                 WHERE 'p:' || p.transaction::text = ANY (old_fences)
+                                   AND {schema}.service_leader_may_fence(
+                                           (SELECT r.oid FROM pg_roles r WHERE r.rolname = p.owner)))))
                  LIMIT 1;
-                -- Held by a transaction open at the upgrade (or, until the
-                -- list is settled, by anyone): an old fence, perhaps.
+                -- Held by a transaction open at the upgrade whose role may
+                -- fence (or, until the list is settled, by anyone): an old
+                -- fence, perhaps.
                 IF FOUND OR NOT marker OR NOT settled THEN
                     RAISE NOTICE USING MESSAGE = format('leaderd: takeover of election "%s" held off by %s',
                         election, COALESCE(holder || ', open since before the upgrade',
