@@ -136,3 +136,56 @@ fn a_held_replica_stays_ready_while_the_database_answers() {
         ready_throughout(&d, Duration::from_secs(5), "held");
     }
 }
+
+/// Nobody leads, and `leaderd status` run anywhere says why: one replica's
+/// app fails its health check, the other was released for an hour. Each
+/// is listed with its reason (and what is left of the hold) from the rows
+/// they keep, in the summary beside the table and with `--replicas`; once
+/// resumed, the held one competes (and leads) again, and says so. On each
+/// backend (the note rides in the row's address, which each writes).
+#[test]
+fn status_lists_every_replica_and_why_it_does_not_compete() {
+    let _s = serial();
+    for db in [TempDb::sqlite(), TempDb::postgres(), TempDb::mysql()] {
+        let dir = Scratch::new();
+        let app = App::start(false);
+        let a = Daemon::start(&db.url, "a", &dir, &["--app-health", &app.url()]);
+        let b = Daemon::start(&db.url, "b", &dir, &[]);
+        wait_for(Duration::from_secs(10), "b leads", || {
+            b.is_leader().then_some(())
+        });
+        b.release("?hold=1h");
+        let replicas = || {
+            let (code, out, err) = run_cli(
+                &["status", "--replicas", "--json", "--database-url", &db.url],
+                &[],
+            );
+            assert_eq!(code, 0, "{out} {err}");
+            serde_json::from_str::<serde_json::Value>(&out).expect("JSON")
+        };
+        let list = wait_for(Duration::from_secs(5), "both away", || {
+            let list = replicas();
+            (list[0]["not_competing"] == "app_unhealthy" && list[1]["not_competing"] == "held")
+                .then_some(list)
+        });
+        assert_eq!(list[0]["replica"], "a", "{list}");
+        assert_eq!(list[1]["replica"], "b", "{list}");
+        assert_eq!(list[1]["competing"], false, "{list}");
+        let left = list[1]["hold_remaining_ms"].as_u64().unwrap();
+        assert!((3_500_000..=3_600_000).contains(&left), "{list}");
+        let (code, out, err) = run_cli(&["status", "--database-url", &db.url], &[]);
+        assert_eq!(code, 0, "{out} {err}");
+        assert!(
+            err.contains("replicas: a app_unhealthy; b held, 59 min left"),
+            "{err}"
+        );
+        let listen = format!("127.0.0.1:{}", b.port);
+        let (code, out, err) = run_cli(&["resume", "--listen", &listen], &[]);
+        assert_eq!(code, 0, "{out} {err}");
+        wait_for(Duration::from_secs(5), "b competes again", || {
+            let list = replicas();
+            (list[1]["competing"] == true && b.is_leader()).then_some(())
+        });
+        assert!(!a.is_leader());
+    }
+}

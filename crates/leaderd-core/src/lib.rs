@@ -20,7 +20,7 @@ mod time;
 
 pub use child::{ChildAction, ChildTimer, StopGraceError};
 pub use engine::{Attempt, Engine, Event, LossReason, Observed, StepDown, View};
-pub use standing::{NotCompeting, Standing};
+pub use standing::{away_note, away_prefix, read_away_note, NotCompeting, Standing, AWAY_PREFIX};
 pub use time::{BootTime, Timing, TimingError};
 
 /// Longest `name` or `id`, in characters, that the lock table stores.

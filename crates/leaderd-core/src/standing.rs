@@ -85,9 +85,82 @@ pub(crate) fn standing(
     }
 }
 
+/// Where a replica that competes in none of its elections keeps a row of
+/// its own, so that `leaderd status` on any host shows it and why: under
+/// the presence rows (an election may not be named so), yet apart from
+/// every group's (`spread::PRESENCE_PREFIX` + group), which name
+/// successors and share elections. The group's part follows, then a slot.
+pub const AWAY_PREFIX: &str = "leaderd-presence/away/";
+
+/// The away rows' prefix of the group whose presence rows start with
+/// `group_prefix`.
+pub fn away_prefix(group_prefix: &str) -> String {
+    let group = group_prefix
+        .strip_prefix(crate::spread::PRESENCE_PREFIX)
+        .unwrap_or(group_prefix);
+    format!("{AWAY_PREFIX}{group}")
+}
+
+/// What an away row's address column says: the reason, then what is left
+/// of a hold or a drain in milliseconds (as of the row's last renewal).
+pub fn away_note(standing: &Standing) -> Option<String> {
+    let why = standing.not_competing?.as_str();
+    Some(match standing.hold_remaining {
+        Some(left) => format!("{why} {}", left.as_millis()),
+        None => why.to_owned(),
+    })
+}
+
+/// An away row's note read back: the reason as written, and what was left.
+/// Text another version wrote is kept as it is, with nothing left.
+pub fn read_away_note(note: &str) -> (&str, Option<Duration>) {
+    match note.split_once(' ') {
+        Some((why, ms)) => match ms.parse() {
+            Ok(ms) => (why, Some(Duration::from_millis(ms))),
+            Err(_) => (note, None),
+        },
+        None => (note, None),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_away_note_reads_back_as_written() {
+        let held = Standing {
+            not_competing: Some(NotCompeting::Held),
+            hold_remaining: Some(Duration::from_millis(3_480_000)),
+        };
+        let note = away_note(&held).unwrap();
+        assert_eq!(note, "held 3480000");
+        assert_eq!(
+            read_away_note(&note),
+            ("held", Some(Duration::from_secs(3_480)))
+        );
+        let unhealthy = Standing {
+            not_competing: Some(NotCompeting::AppUnhealthy),
+            hold_remaining: None,
+        };
+        assert_eq!(
+            read_away_note(&away_note(&unhealthy).unwrap()),
+            ("app_unhealthy", None)
+        );
+        assert_eq!(
+            away_note(&Standing {
+                not_competing: None,
+                hold_remaining: None
+            }),
+            None
+        );
+        assert_eq!(read_away_note("held soon"), ("held soon", None));
+        let p = away_prefix("leaderd-presence/0123456789abcdef/");
+        assert_eq!(p, "leaderd-presence/away/0123456789abcdef/");
+        assert!(p.starts_with(crate::spread::PRESENCE_PREFIX));
+        // Never a group's own prefix: a group's hash is hex.
+        assert!(!p.starts_with("leaderd-presence/0123456789abcdef/"));
+    }
 
     fn at(ms: u64) -> BootTime {
         BootTime::from_since_boot(Duration::from_millis(ms))

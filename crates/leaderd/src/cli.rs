@@ -39,6 +39,10 @@ pub enum Command {
         /// Print JSON instead of one line per election.
         #[arg(long)]
         json: bool,
+        /// List the live replicas instead of the elections: whether each
+        /// competes, and why not (held, draining, app unhealthy).
+        #[arg(long)]
+        replicas: bool,
         #[command(flatten)]
         source: SourceArgs,
     },

@@ -97,9 +97,9 @@ fn main() -> ExitCode {
         match cli.command.unwrap_or(Command::Run(cli.run)) {
             Command::Run(_) | Command::Exec(_) => run(settings, commands).await,
             Command::Migrate(_) => migrate(settings).await.map(|()| 0),
-            Command::Status { json, .. } => {
+            Command::Status { json, replicas, .. } => {
                 let conn = connect(&settings).await?;
-                status::run(conn, json).await.map(|()| 0)
+                status::run(conn, json, replicas).await.map(|()| 0)
             }
             Command::Release(_) | Command::Resume(_) => {
                 unreachable!("handled before the runtime starts")

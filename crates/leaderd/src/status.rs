@@ -7,13 +7,22 @@
 //! a release may also predate fenced writes, whose renewals a fenced
 //! transaction blocks: that leader loses its lease while apps fence. So
 //! those holders are named, and apps should not fence until none is left.
+//!
+//! With `--replicas` (and, in one line on stderr, beside the table) it
+//! lists the live replicas from their presence and away rows: whether each
+//! competes, and why not (`runtime::away`). When nobody leads, this is
+//! where on-call sees that the candidates are held, draining or unhealthy.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
 
 use anyhow::Context;
 use leaderd_core::spread::PRESENCE_PREFIX;
+use leaderd_core::{read_away_note, AWAY_PREFIX};
 use leaderd_store::{Connection, ElectionRow};
 
 /// Prints the table (or JSON) on stdout and the notes on stderr.
-pub async fn run(mut conn: Connection, json: bool) -> anyhow::Result<()> {
+pub async fn run(mut conn: Connection, json: bool, replicas: bool) -> anyhow::Result<()> {
     // The spread's presence rows are not elections.
     let (presence, rows): (Vec<_>, Vec<_>) = conn
         .elections("")
@@ -21,6 +30,9 @@ pub async fn run(mut conn: Connection, json: bool) -> anyhow::Result<()> {
         .context("cannot read service_leader_lock")?
         .into_iter()
         .partition(|r| r.name.starts_with(PRESENCE_PREFIX));
+    if replicas {
+        return print_replicas(&live_replicas(&presence), json);
+    }
     let old = without_presence(&presence, &rows);
     let galera = conn.galera_node().map(str::to_owned);
     let fence = conn
@@ -69,6 +81,7 @@ pub async fn run(mut conn: Connection, json: bool) -> anyhow::Result<()> {
             );
         }
         // Beside the table, not in it: stdout stays one line per election.
+        eprintln!("replicas: {}", summary(&live_replicas(&presence)));
         eprintln!("fenced writes (docs/integrating.md, \"Fenced writes\"): {fence}");
         if let Some(node) = &galera {
             eprintln!(
@@ -109,6 +122,100 @@ fn printable(text: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
+/// A live replica as its rows show it: its id, and why it does not
+/// compete (with what was left of a hold or drain at its row's last
+/// renewal) when it keeps an away row.
+#[derive(Debug, PartialEq, Eq)]
+struct Replica<'a> {
+    id: &'a str,
+    away: Option<(&'a str, Option<Duration>)>,
+}
+
+/// Every replica with a live presence or away row, by id, once each (its
+/// away row first: a replica held in all its elections may still keep a
+/// presence row).
+fn live_replicas(rows: &[ElectionRow]) -> Vec<Replica<'_>> {
+    let mut seen: BTreeMap<&str, Option<(&str, Option<Duration>)>> = BTreeMap::new();
+    for r in rows {
+        let Some(id) = r.live_holder() else {
+            continue;
+        };
+        if r.name.starts_with(AWAY_PREFIX) {
+            let note = r.live_address().unwrap_or("not competing");
+            seen.insert(id, Some(read_away_note(note)));
+        } else {
+            seen.entry(id).or_insert(None);
+        }
+    }
+    seen.into_iter()
+        .map(|(id, away)| Replica { id, away })
+        .collect()
+}
+
+/// `58 min`, `1 h 5 min`, `45 s`: what is left of a hold, as on-call reads it.
+fn left(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        3600.. => format!("{} h {} min", s / 3600, s % 3600 / 60),
+        60.. => format!("{} min", s / 60),
+        _ => format!("{s} s"),
+    }
+}
+
+/// One replica as the summary line shows it: `b held, 58 min left`.
+fn describe(r: &Replica<'_>) -> String {
+    match r.away {
+        None => format!("{} competing", printable(r.id)),
+        Some((why, None)) => format!("{} {}", printable(r.id), printable(why)),
+        Some((why, Some(d))) => format!("{} {}, {} left", printable(r.id), printable(why), left(d)),
+    }
+}
+
+/// The replicas in one line.
+fn summary(replicas: &[Replica<'_>]) -> String {
+    if replicas.is_empty() {
+        return "none live (no daemon of this version runs on this table)".into();
+    }
+    replicas.iter().map(describe).collect::<Vec<_>>().join("; ")
+}
+
+/// `--replicas`: one line per replica, or JSON.
+fn print_replicas(replicas: &[Replica<'_>], json: bool) -> anyhow::Result<()> {
+    if json {
+        let list: Vec<_> = replicas
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "replica": r.id,
+                    "competing": r.away.is_none(),
+                    "not_competing": r.away.map(|(why, _)| why),
+                    "hold_remaining_ms": r.away.and_then(|(_, d)| d).map(|d| d.as_millis() as u64),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&list)?);
+        return Ok(());
+    }
+    println!(
+        "{:<30} {:<10} {:<16} LEFT",
+        "REPLICA", "COMPETING", "WHY NOT"
+    );
+    for r in replicas {
+        let (competing, why, remaining) = match r.away {
+            None => ("yes", "-".into(), "-".to_owned()),
+            Some((why, d)) => ("no", printable(why), d.map_or("-".to_owned(), left)),
+        };
+        println!(
+            "{:<30} {:<10} {:<16} {}",
+            printable(r.id),
+            competing,
+            why,
+            remaining
+        );
+    }
+    Ok(())
+}
+
 /// The live holders of `elections` that hold no live row of `presence`,
 /// by id, sorted and once each.
 fn without_presence<'a>(presence: &[ElectionRow], elections: &'a [ElectionRow]) -> Vec<&'a str> {
@@ -140,6 +247,34 @@ mod tests {
             held_us: 0,
             address: None,
         }
+    }
+
+    #[test]
+    fn replicas_are_listed_once_with_why_they_do_not_compete() {
+        let mut held = row("leaderd-presence/away/g/slot-0", Some("b"), 500);
+        held.address = Some("held 3480000".into());
+        let mut unhealthy = row("leaderd-presence/away/g/slot-1", Some("c"), 500);
+        unhealthy.address = Some("app_unhealthy".into());
+        let rows = [
+            row("leaderd-presence/g/slot-0", Some("a"), 500),
+            // Held in every election, yet present: its away row counts.
+            row("leaderd-presence/g/slot-1", Some("b"), 500),
+            held,
+            unhealthy,
+            // Gone: its rows expired.
+            row("leaderd-presence/away/g/slot-2", Some("d"), -5),
+        ];
+        let replicas = live_replicas(&rows);
+        assert_eq!(
+            summary(&replicas),
+            "a competing; b held, 58 min left; c app_unhealthy"
+        );
+        assert_eq!(left(Duration::from_secs(3_900)), "1 h 5 min");
+        assert_eq!(left(Duration::from_millis(45_900)), "45 s");
+        assert_eq!(
+            summary(&[]),
+            "none live (no daemon of this version runs on this table)"
+        );
     }
 
     #[test]

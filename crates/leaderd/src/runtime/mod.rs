@@ -11,6 +11,7 @@
 //! beside the loop, not into it.
 
 pub mod app_health;
+pub mod away;
 pub mod connector;
 pub mod daemon;
 pub mod election;
@@ -21,5 +22,6 @@ pub mod presence;
 pub mod reach;
 pub mod roster;
 pub mod shared;
+pub mod slots;
 pub mod spread;
 pub mod wakeups;
