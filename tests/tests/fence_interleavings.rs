@@ -26,6 +26,7 @@ const TTL: Duration = Duration::from_millis(800);
 const LEVELS: [&str; 3] = ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"];
 const FENCE_10S: &str = "SELECT leaderd_fence('e', $1, interval '10 seconds')";
 const HEIR: &str = "0/heir";
+const FENCED_SESSION: &str = "service_leader_fenced_session(text, integer, oid, text[])";
 
 /// A copy of the installed SQL with one safeguard taken out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,14 +43,28 @@ enum Weak {
     /// caller then drops): a takeover is no key update.
     NoTokenKey,
     /// After an upgrade from the advisory fence, a takeover counts every
-    /// listed holder of the old key, whatever its role may do.
+    /// listed holder of the old key, whether or not its session fenced.
     AnyListedHolder,
-    /// ... counts only roles that hold the fence's grant by inheritance (a
-    /// member that must `SET ROLE` is not counted).
+    /// ... counts a session whose first fence is in its open transaction
+    /// only when its role holds the fence's grant by inheritance (a member
+    /// that must `SET ROLE` is not counted).
     NoSetRole,
-    /// ... counts no role reaching the fence through another's `SECURITY
-    /// DEFINER` function.
+    /// ... counts no such session reaching the fence through another
+    /// role's `SECURITY DEFINER` function.
     NoWrappers,
+    /// ... counts no role that could call the fence at the upgrade only
+    /// (the upgrade revokes PUBLIC's right).
+    NoRecordedGrants,
+    /// ... counts no session by the fence table made in an earlier
+    /// transaction.
+    NoTable,
+    /// The installation's list of open transactions leaves out the
+    /// sessions that the caller's statistics (as its transaction first
+    /// read them) do not show in this database.
+    StatsFilter,
+    /// ... counts a prepared transaction only when it is listed, where
+    /// the old fence's transactions could be prepared.
+    PreparedListedOnly,
 }
 
 fn req(instance: &str) -> LeaseRequest<'_> {
@@ -98,7 +113,19 @@ async fn led(weak: Option<Weak>) -> (TempDb, Connection, i64) {
 /// Replaces the installed function named by `w` with a copy missing the
 /// safeguard (its text edited; the edit must apply).
 async fn weaken(db: &TempDb, w: Weak) {
-    let admin = session(&db.url).await;
+    weaken_at(&db.url, w).await;
+}
+
+async fn weaken_at(url: &str, w: Weak) {
+    let admin = session(url).await;
+    if w == Weak::PreparedListedOnly {
+        const TAKE_KEY: &str = "service_leader_take_key(varchar, bigint)";
+        edit(&admin, TAKE_KEY, "OR NOT tempered)) THEN", ")) THEN").await;
+        let listed = "OR (k.pid IS NULL AND NOT tempered AND \
+                      'p:' || split_part(k.virtualtransaction, '/', 2) = ANY (old_fences)))";
+        edit(&admin, TAKE_KEY, "OR (k.pid IS NULL AND NOT tempered))", listed).await;
+        return;
+    }
     let (function, from, to) = match w {
         Weak::NoKey => (
             "service_leader_take_key(varchar, bigint)",
@@ -126,21 +153,43 @@ async fn weaken(db: &TempDb, w: Weak) {
             "IF triggers IS DISTINCT FROM 2",
         ),
         Weak::AnyListedHolder => (
-            "service_leader_may_fence(oid)",
-            "SELECT CASE",
-            "SELECT true OR CASE",
+            FENCED_SESSION,
+            "SELECT EXISTS (SELECT 1 FROM pg_class c",
+            "SELECT true OR EXISTS (SELECT 1 FROM pg_class c",
         ),
         Weak::NoSetRole => (
-            "service_leader_may_fence(oid)",
-            "pg_has_role(who, g.role, 'MEMBER')",
-            "pg_has_role(who, g.role, 'USAGE')",
+            FENCED_SESSION,
+            "pg_has_role(w.id, g.role, 'MEMBER')",
+            "pg_has_role(w.id, g.role, 'USAGE')",
         ),
         Weak::NoWrappers => (
-            "service_leader_may_fence(oid)",
-            "OR EXISTS (SELECT 1 FROM pg_proc p, grantees g",
-            "OR FALSE AND EXISTS (SELECT 1 FROM pg_proc p, grantees g",
+            FENCED_SESSION,
+            "OR EXISTS (SELECT 1 FROM pg_proc p",
+            "OR FALSE AND EXISTS (SELECT 1 FROM pg_proc p",
         ),
+        Weak::NoRecordedGrants => (
+            FENCED_SESSION,
+            "FROM unnest(listed) x WHERE x LIKE 'r:%'",
+            "FROM unnest(listed) x WHERE false",
+        ),
+        Weak::NoTable => (
+            FENCED_SESSION,
+            "SELECT EXISTS (SELECT 1 FROM pg_class c",
+            "SELECT FALSE AND EXISTS (SELECT 1 FROM pg_class c",
+        ),
+        Weak::StatsFilter => (
+            "service_leader_open_transactions()",
+            "k.pid <> pg_backend_pid()",
+            "k.pid <> pg_backend_pid() \
+             AND (SELECT a.datid FROM pg_stat_get_activity(k.pid) a) IS NOT NULL",
+        ),
+        Weak::PreparedListedOnly => unreachable!(),
     };
+    edit(&admin, function, from, to).await;
+}
+
+/// Replaces `function` with its text, `from` made `to` (which must apply).
+async fn edit(admin: &Client, function: &str, from: &str, to: &str) {
     let def: String = admin
         .query_one(
             &format!("SELECT pg_get_functiondef('{function}'::regprocedure)"),
@@ -149,7 +198,7 @@ async fn weaken(db: &TempDb, w: Weak) {
         .await
         .unwrap()
         .get(0);
-    assert!(def.contains(from), "{w:?}: no {from:?} in {def}");
+    assert!(def.contains(from), "{function}: no {from:?} in {def}");
     admin.batch_execute(&def.replace(from, to)).await.unwrap();
 }
 
@@ -694,17 +743,33 @@ async fn old_key(admin: &Client) -> i64 {
 /// A session of a role that may only connect keeps a transaction open
 /// across the upgrade from the advisory fence and holds the old key in it
 /// (any role can read the key in `pg_locks` while a fenced transaction is
-/// open). It is on the upgrade's list, but its role may not call the
-/// fence, so it holds no takeover off: the expired lease is taken within
-/// a lease. Weakened (every listed holder counts), it holds the election
-/// leaderless for as long as its transaction lives.
+/// open). It is on the upgrade's list, and made a table in its
+/// transaction as a first fence does, but it has no fence table, and its
+/// role may not call the fence (a superuser's function it may not reach
+/// does not change that), so it holds no takeover off: the expired lease
+/// is taken within a lease. Weakened (every listed holder counts), it
+/// holds the election leaderless for as long as its transaction lives.
 async fn a_squatter_across_the_upgrade(weak: Option<Weak>) -> bool {
     let (db, _leader, _token) = led_on_fence_5().await;
     let role = leaderd_tests::PgRole::new(&db, "squatter");
     let admin = session(&db.url).await;
     let key = old_key(&admin).await;
+    // A superuser's SECURITY DEFINER function where the squatter may not
+    // go (a monitoring helper in its own schema).
+    admin
+        .batch_execute(
+            "CREATE SCHEMA monitor; CREATE FUNCTION monitor.explain() RETURNS int \
+             LANGUAGE sql SECURITY DEFINER AS 'SELECT 1'",
+        )
+        .await
+        .unwrap();
     let squatter = session(&db.url_as(&role.name)).await;
-    squatter.batch_execute("BEGIN").await.unwrap();
+    // A relation made in its transaction, as a session's first fence makes
+    // its table.
+    squatter
+        .batch_execute("BEGIN; CREATE TEMPORARY TABLE mine ()")
+        .await
+        .unwrap();
     squatter
         .execute("SELECT pg_advisory_xact_lock($1)", &[&key])
         .await
@@ -714,7 +779,11 @@ async fn a_squatter_across_the_upgrade(weak: Option<Weak>) -> bool {
         weaken(&db, w).await;
     }
     wait_expired(&admin).await;
-    granted_within(&mut b, &req("b"), 2 * TTL).await.is_some()
+    let taken = granted_within(&mut b, &req("b"), 2 * TTL).await.is_some();
+    // Its temporary table goes with it, before its role is dropped.
+    squatter.batch_execute("ROLLBACK").await.unwrap();
+    drop(squatter);
+    taken
 }
 
 #[tokio::test]
@@ -733,6 +802,12 @@ enum Reach {
     /// A role with no grant on the fence, through a `SECURITY DEFINER`
     /// function of a role that has one.
     Wrapper,
+    /// Any role, by PUBLIC's right (granted by hand), which the upgrade
+    /// revokes.
+    Public,
+    /// A member of the app's role that fenced in an earlier transaction of
+    /// the same session, and is no member since the upgrade.
+    Revoked,
 }
 
 /// A transaction fenced by the old version, by a role that reaches the
@@ -772,6 +847,16 @@ async fn an_old_fence_reached(reach: Reach, weak: Option<Weak>) -> bool {
             ));
             "SELECT app_fence('e', $1)"
         }
+        Reach::Public => {
+            setup.push(
+                "GRANT EXECUTE ON FUNCTION leaderd_fence(varchar, bigint, interval) TO PUBLIC".into(),
+            );
+            FENCE_10S
+        }
+        Reach::Revoked => {
+            setup.push(format!("GRANT {g} TO {c}"));
+            FENCE_10S
+        }
     };
     let setup: Vec<&str> = setup.iter().map(String::as_str).collect();
     pg_exec(&db.url, &setup);
@@ -779,9 +864,17 @@ async fn an_old_fence_reached(reach: Reach, weak: Option<Weak>) -> bool {
     if let Reach::SetRole = reach {
         app.batch_execute(&format!("SET ROLE {g}")).await.unwrap();
     }
+    if let Reach::Revoked = reach {
+        begin(&app, "READ COMMITTED").await;
+        assert_eq!(fence_and_log(&app, fence, token).await, "ok");
+        app.batch_execute("COMMIT").await.unwrap();
+    }
     begin(&app, "READ COMMITTED").await;
     assert_eq!(fence_and_log(&app, fence, token).await, "ok");
     let mut b = migrated(&db.url).await;
+    if let Reach::Revoked = reach {
+        pg_exec(&db.url, &[&format!("REVOKE {g} FROM {c}")]);
+    }
     if let Some(w) = weak {
         weaken(&db, w).await;
     }
@@ -805,6 +898,165 @@ async fn an_old_fence_reached_by_set_role_holds_across_the_upgrade() {
 async fn an_old_fence_reached_through_a_definers_function_holds_across_the_upgrade() {
     assert!(an_old_fence_reached(Reach::Wrapper, None).await);
     assert!(!an_old_fence_reached(Reach::Wrapper, Some(Weak::NoWrappers)).await);
+}
+
+#[tokio::test]
+async fn an_old_fence_reached_by_a_right_the_upgrade_revokes_holds() {
+    assert!(an_old_fence_reached(Reach::Public, None).await);
+    assert!(!an_old_fence_reached(Reach::Public, Some(Weak::NoRecordedGrants)).await);
+}
+
+#[tokio::test]
+async fn an_old_fence_of_a_session_that_fenced_before_holds_whatever_its_role_becomes() {
+    assert!(an_old_fence_reached(Reach::Revoked, None).await);
+    assert!(!an_old_fence_reached(Reach::Revoked, Some(Weak::NoTable)).await);
+}
+
+/// The first takeover after the upgrade lists the open transactions again,
+/// from a transaction that read the server's statistics before the app's
+/// session began (a daemon's session that looked at `pg_stat_activity`):
+/// the app's transaction, fenced by the old version while the upgrade
+/// was being installed, is listed all the same and holds the takeover
+/// off. Weakened (the list keeps only sessions those statistics show in
+/// this database), the takeover lands under the open transaction.
+async fn a_stale_look_at_the_sessions(weak: Option<Weak>) -> bool {
+    const FLOOR: &str =
+        include_str!("../../migrations/postgres/2026-11-24-000000_token_floor/up.sql");
+    const FENCE: &str = include_str!("../../migrations/postgres/2026-11-26-000000_fence/up.sql");
+    const TAKE_BY_HAND: &str = "UPDATE service_leader_lock SET token = token + 1, holder = 'x', \
+         instance = 'x', acquired_at = now(), renewed_at = now(), \
+         expires_at = now() + interval '10 s' \
+         WHERE name = 'e' AND expires_at <= clock_timestamp() RETURNING token";
+    let (db, _leader, token) = led_on_fence_5().await;
+    let stale = session(&db.url).await;
+    stale
+        .batch_execute("BEGIN; SELECT count(*) FROM pg_stat_activity")
+        .await
+        .unwrap();
+    let migrator = session(&db.url).await;
+    migrator.batch_execute("BEGIN").await.unwrap();
+    migrator.batch_execute(FLOOR).await.unwrap();
+    migrator.batch_execute(FENCE).await.unwrap();
+    let app = session(&db.url).await;
+    begin(&app, "READ COMMITTED").await;
+    assert_eq!(fence_and_log(&app, FENCE_10S, token).await, "ok");
+    migrator.batch_execute("COMMIT").await.unwrap();
+    if let Some(w) = weak {
+        weaken(&db, w).await;
+    }
+    let watcher = session(&db.url).await;
+    wait_expired(&watcher).await;
+    let taken = stale.query(TAKE_BY_HAND, &[]).await.unwrap().len();
+    stale.batch_execute("COMMIT").await.unwrap();
+    app.batch_execute("COMMIT").await.unwrap();
+    if taken == 0 {
+        let mut b = connect(&db.url).await;
+        acquire(&mut b, &req("b"), Duration::from_secs(3)).await;
+    }
+    taken == 0 && writes_before_term(&watcher).await
+}
+
+#[tokio::test]
+async fn an_old_fence_is_listed_whatever_the_settling_takeover_saw() {
+    assert!(a_stale_look_at_the_sessions(None).await);
+    assert!(!a_stale_look_at_the_sessions(Some(Weak::StatsFilter)).await);
+}
+
+/// When a transaction fenced by the old version is prepared.
+#[derive(Debug, Clone, Copy)]
+enum Prepared {
+    /// Before the upgrade, by a session that then became a role with no
+    /// right (the prepared transaction's owner).
+    AsAnotherRole,
+    /// After the first takeover since the upgrade listed the open
+    /// transactions again (it was listed as a session's).
+    AfterTheList,
+}
+
+/// Where the fence's owner may not make temporary tables, the old fence
+/// made no table, and a transaction it fenced could be prepared (on a
+/// server that allows two-phase commit). A prepared transaction holding
+/// the old key then holds every takeover off until it is resolved, and
+/// its write lands before the new term. Weakened (only a listed prepared
+/// transaction counts), the takeover lands first.
+async fn prepared_across_the_upgrade(when: Prepared, weak: Option<Weak>) -> bool {
+    let server = leaderd_tests::pgserver::PgServer::start_with(
+        leaderd_tests::pgserver::newest_bin(),
+        &[("max_prepared_transactions", "4")],
+    );
+    let admin_url = server.url();
+    let admin = session(&admin_url).await;
+    admin
+        .batch_execute(
+            "CREATE ROLE migrator LOGIN; CREATE ROLE app LOGIN; CREATE ROLE nobody; \
+             GRANT nobody TO app",
+        )
+        .await
+        .unwrap();
+    admin.batch_execute("CREATE DATABASE d").await.unwrap();
+    admin
+        .batch_execute("REVOKE TEMPORARY ON DATABASE d FROM PUBLIC")
+        .await
+        .unwrap();
+    let as_role = |role: &str| format!("postgres://{role}@127.0.0.1:{}/d", server.port);
+    let db_admin = as_role("postgres");
+    pg_exec(&db_admin, &["GRANT CREATE ON SCHEMA public TO migrator"]);
+    let url = as_role("migrator");
+    let mut a = migrated(&url).await;
+    pg_exec(
+        &url,
+        &[
+            "CREATE TABLE app_log (seq BIGSERIAL PRIMARY KEY, token BIGINT NOT NULL, \
+             at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())",
+            "GRANT INSERT ON app_log TO app",
+            "GRANT USAGE ON SEQUENCE app_log_seq_seq TO app",
+            PREVIOUS_FENCE_5,
+            "DROP TABLE service_leader_fence_gate",
+            "GRANT EXECUTE ON FUNCTION leaderd_fence(varchar, bigint, interval) TO app",
+        ],
+    );
+    let token = acquire(&mut a, &req("a"), Duration::from_secs(3)).await;
+    let app = session(&as_role("app")).await;
+    begin(&app, "READ COMMITTED").await;
+    assert_eq!(fence_and_log(&app, FENCE_10S, token).await, "ok");
+    if let Prepared::AsAnotherRole = when {
+        app.batch_execute("SET ROLE nobody; PREPARE TRANSACTION 'fenced'")
+            .await
+            .unwrap();
+    }
+    let mut b = migrated(&url).await;
+    if let Some(w) = weak {
+        weaken_at(&db_admin, w).await;
+    }
+    let watcher = session(&db_admin).await;
+    wait_expired(&watcher).await;
+    let mut early = granted_within(&mut b, &req("b"), Duration::from_millis(400)).await;
+    if let (Prepared::AfterTheList, None) = (when, early) {
+        app.batch_execute("PREPARE TRANSACTION 'fenced'")
+            .await
+            .unwrap();
+        early = granted_within(&mut b, &req("b"), Duration::from_millis(600)).await;
+    }
+    admin_of(&db_admin, "COMMIT PREPARED 'fenced'").await;
+    if early.is_none() {
+        acquire(&mut b, &req("b"), Duration::from_secs(3)).await;
+    }
+    early.is_none() && writes_before_term(&watcher).await
+}
+
+async fn admin_of(url: &str, sql: &str) {
+    session(url).await.batch_execute(sql).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_prepared_old_fence_holds_across_the_upgrade() {
+    for when in [Prepared::AsAnotherRole, Prepared::AfterTheList] {
+        assert!(prepared_across_the_upgrade(when, None).await, "{when:?}");
+        assert!(
+            !prepared_across_the_upgrade(when, Some(Weak::PreparedListedOnly)).await,
+            "{when:?} weakened"
+        );
+    }
 }
 
 /// Renames by hand while a transaction is fenced: the fenced row renamed

@@ -271,8 +271,8 @@ mod postgres {
             names,
             [
                 "leaderd_fence",
+                "service_leader_fenced_session",
                 "service_leader_keep_token",
-                "service_leader_may_fence",
                 "service_leader_open_transactions",
                 "service_leader_seed_token",
                 "service_leader_take",

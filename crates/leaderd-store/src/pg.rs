@@ -79,7 +79,7 @@ macro_rules! trusted_by_a_superuser {
         WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(pg_catalog.quote_ident(pg_catalog.current_schema())) \
         AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['service_leader_keep_token', 'service_leader_seed_token', \
         'service_leader_token_floor', 'service_leader_take', 'service_leader_take_key', \
-        'service_leader_open_transactions', 'service_leader_may_fence', \
+        'service_leader_open_transactions', 'service_leader_fenced_session', \
         'leaderd_fence']::pg_catalog.name[]) \
         AND NOT o.rolsuper) \
         AND EXISTS (SELECT 1 FROM pg_catalog.pg_namespace n \

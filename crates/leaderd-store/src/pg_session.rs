@@ -64,8 +64,8 @@ macro_rules! untrusted {
              AND p.pronargs OPERATOR(pg_catalog.=) 0) \
              OR (p.proname OPERATOR(pg_catalog.=) 'service_leader_token_floor' \
              AND pg_catalog.oidvectortypes(p.proargtypes) OPERATOR(pg_catalog.=) 'character varying') \
-             OR (p.proname OPERATOR(pg_catalog.=) 'service_leader_may_fence' \
-             AND pg_catalog.oidvectortypes(p.proargtypes) OPERATOR(pg_catalog.=) 'oid') \
+             OR (p.proname OPERATOR(pg_catalog.=) 'service_leader_fenced_session' \
+             AND pg_catalog.oidvectortypes(p.proargtypes) OPERATOR(pg_catalog.=) 'text, integer, oid, text[]') \
              OR (p.proname OPERATOR(pg_catalog.=) 'service_leader_take_key' \
              AND pg_catalog.oidvectortypes(p.proargtypes) OPERATOR(pg_catalog.=) \
              'character varying, bigint') \
