@@ -371,16 +371,16 @@ mod postgres {
     #[test]
     fn nothing_is_installed_where_another_role_could_replace_the_tables() {
         use leaderd_tests::run_cli;
-        // A database the app's role owns (so public is its own), migrated
-        // by a superuser; the app left a trap on a table the migration
-        // would clean up.
+        // A database the app's role owns, and its schema public (as
+        // PostgreSQL 15 makes it; older servers give it to the bootstrap
+        // superuser), migrated by a superuser; the app left a trap on a
+        // table the migration would clean up.
         let db = TempDb::postgres();
         let app = PgRole::new(&db, "owner");
-        db.exec(&[&format!(
-            "ALTER DATABASE {} OWNER TO {}",
-            db.name(),
-            app.name
-        )]);
+        db.exec(&[
+            &format!("ALTER DATABASE {} OWNER TO {}", db.name(), app.name),
+            &format!("ALTER SCHEMA public OWNER TO {}", app.name),
+        ]);
         leaderd_tests::block_on({
             let url = db.url_as(&app.name);
             let name = app.name.clone();

@@ -990,13 +990,40 @@ impl PgStore {
     }
 
     pub(crate) async fn migrate(mut self) -> Result<Migrated, StoreError> {
-        migrate::run(&mut self.client, &MIGRATION).await
+        let migrated = migrate::run(&mut self.client, &MIGRATION).await?;
+        self.client.batch_execute(SETTLE_UPGRADE).await?;
+        Ok(migrated)
     }
 
     pub(crate) async fn fence_status(&mut self) -> Result<FenceStatus, StoreError> {
         migrate::fence_status(&mut self.client, &MIGRATION).await
     }
 }
+
+/// After an upgrade from the advisory fence (versions 4 and 5), the
+/// transactions open once it has committed, listed with those open while
+/// it was installed (see the fence's SQL): an old fence called after the
+/// installation read its list, and before its commit was seen, is on it
+/// then, and a transaction begun later is not. Skips a list a takeover is
+/// settling now (it lists the same), and does nothing once settled.
+const SETTLE_UPGRADE: &str = "DO $settle$
+DECLARE
+    s TEXT := pg_catalog.quote_ident(pg_catalog.current_schema());
+BEGIN
+    -- Only its owner may (a daemon's role that runs migrate does not).
+    IF pg_catalog.to_regclass(pg_catalog.format('%s.service_leader_fence_gate', s)) IS NOT NULL
+       AND pg_catalog.to_regprocedure(pg_catalog.format('%s.service_leader_open_transactions()', s))
+           IS NOT NULL
+       AND pg_catalog.has_table_privilege(pg_catalog.format('%s.service_leader_fence_gate', s), 'UPDATE')
+       AND pg_catalog.has_function_privilege(
+               pg_catalog.format('%s.service_leader_open_transactions()', s), 'EXECUTE') THEN
+        EXECUTE pg_catalog.format('UPDATE %1$s.service_leader_fence_gate g '
+            'SET old_fences = g.old_fences OPERATOR(pg_catalog.||) %1$s.service_leader_open_transactions(), '
+            'settled = true WHERE g.name IN (SELECT o.name FROM %1$s.service_leader_fence_gate o '
+            'WHERE o.name OPERATOR(pg_catalog.=) $1 AND NOT o.settled AND o.old_fences IS NOT NULL '
+            'FOR UPDATE SKIP LOCKED)', s) USING '';
+    END IF;
+END $settle$";
 
 /// The checks are unnamed statements and the lock and steps one transaction,
 /// so a transaction pooler runs them all on one server connection.

@@ -64,17 +64,6 @@ DECLARE
     s TEXT := pg_catalog.quote_ident(pg_catalog.current_schema());
     trigger TEXT;
     grantee TEXT;
-    -- Who may call the fence as installed now, before this replaces it
-    -- and revokes PUBLIC's right ('r:' and the role; 0 is PUBLIC): an
-    -- upgrade's window counts them (see the trigger).
-    fencers TEXT[] := ARRAY(
-        SELECT 'r:' OPERATOR(pg_catalog.||) a.grantee::text
-          FROM pg_catalog.pg_proc f,
-               pg_catalog.aclexplode(COALESCE(f.proacl, pg_catalog.acldefault('f', f.proowner))) a
-         WHERE f.oid OPERATOR(pg_catalog.=) pg_catalog.to_regprocedure(pg_catalog.format(
-                   '%s.leaderd_fence(varchar, bigint, interval)',
-                   pg_catalog.quote_ident(pg_catalog.current_schema())))
-           AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE');
 BEGIN
     IF s IS NULL THEN
         RAISE EXCEPTION 'leaderd: no current schema to install into (search_path)';
@@ -153,73 +142,30 @@ SELECT ARRAY(SELECT 'v:' || k.virtualxid FROM pg_locks k
               WHERE p.database = current_database())
 $fn$$sql$, '{schema}', s);
     EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s.service_leader_open_transactions() FROM PUBLIC', s);
-    -- Whether the session `pid` (virtual transaction `vxid`), holding
-    -- the old key in a transaction open at an upgrade from version 5, may
-    -- be holding a fence of that version (see the trigger). Version 5's
-    -- fence made the table pg_temp.leaderd_fenced in its caller's
-    -- session, owned by the fence's owner `fencer`, which no other role
-    -- can make: the session counts when it has that table. A session's
-    -- first fence made it in the transaction still open, where nobody
-    -- else sees it yet; a relation made in that transaction (a lock on
-    -- one that cannot be seen) counts then, when the session's role may
-    -- have called the fence: a superuser, a member of a role that may
-    -- execute it (its owner, its grantees now or at the upgrade, which
-    -- `listed` names; membership, so a role reaching them by SET ROLE
-    -- counts), or a member of a role that may execute a
-    -- SECURITY DEFINER function (other than leaderd's own, or one in a
-    -- session's temporary schema) of such a role, which may call it (the
-    -- function's EXECUTE and its schema's USAGE).
-    -- Unknown: true.
+    -- Whether the session of virtual transaction `vxid`, holding the old
+    -- key in a transaction open at an upgrade from version 5, may be
+    -- holding a fence of that version (see the trigger). That fence made
+    -- the table pg_temp.leaderd_fenced in its caller's session, owned by
+    -- the fence's owner `fencer`, which no other role can make: the
+    -- session counts when it has that table, or when its open transaction
+    -- made a relation nobody else can see yet (a lock on one that is not
+    -- in pg_class: the table of the session's first fence, perhaps),
+    -- whatever its role (a role may reach a fence in more ways than can
+    -- be told: SET ROLE, functions and triggers of other roles, grants
+    -- changed since).
     EXECUTE pg_catalog.replace($sql$
-CREATE OR REPLACE FUNCTION {schema}.service_leader_fenced_session(vxid TEXT, pid INT, fencer OID,
-                                                                 listed TEXT[])
-RETURNS BOOLEAN
+CREATE OR REPLACE FUNCTION {schema}.service_leader_fenced_session(vxid TEXT, fencer OID) RETURNS BOOLEAN
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
-WITH who AS (
-    SELECT (SELECT a.usesysid FROM pg_stat_get_activity(pid) a LIMIT 1) AS id),
-fencers AS (
-    SELECT f.proowner AS role FROM pg_proc f
-     WHERE f.oid = to_regprocedure('{schema}.leaderd_fence(varchar, bigint, interval)')
-    UNION
-    SELECT a.grantee FROM pg_proc f,
-           aclexplode(COALESCE(f.proacl, acldefault('f', f.proowner))) a
-     WHERE f.oid = to_regprocedure('{schema}.leaderd_fence(varchar, bigint, interval)')
-       AND a.privilege_type = 'EXECUTE'
-    UNION
-    SELECT substr(x, 3)::oid FROM unnest(listed) x WHERE x LIKE 'r:%'),
-own AS (
-    SELECT to_regprocedure('{schema}.' || n) AS oid
-      FROM unnest(ARRAY['leaderd_fence(varchar, bigint, interval)',
-                        'service_leader_take_key(varchar, bigint)', 'service_leader_take()',
-                        'service_leader_open_transactions()',
-                        'service_leader_fenced_session(text, integer, oid, text[])',
-                        'service_leader_keep_token()', 'service_leader_seed_token()',
-                        'service_leader_token_floor(varchar)']) n)
 SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                 WHERE c.relname = 'leaderd_fenced' AND c.relpersistence = 't'
                   AND c.relowner = fencer
                   AND n.nspname = 'pg_temp_' || split_part(vxid, '/', 1))
-    OR (EXISTS (SELECT 1 FROM pg_locks l
-                 WHERE l.virtualtransaction = vxid AND l.locktype = 'relation'
-                   AND l.mode = 'AccessExclusiveLock' AND l.granted
-                   AND NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = l.relation))
-        AND (SELECT CASE
-                 WHEN NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.oid = w.id) THEN true
-                 ELSE EXISTS (SELECT 1 FROM fencers g
-                               WHERE CASE WHEN g.role = 0 THEN true
-                                          ELSE pg_has_role(w.id, g.role, 'MEMBER') END)
-                   OR EXISTS (SELECT 1 FROM pg_proc p
-                                JOIN pg_namespace n ON n.oid = p.pronamespace
-                                JOIN fencers g ON g.role = 0 OR pg_has_role(p.proowner, g.role, 'USAGE')
-                                JOIN pg_roles r ON pg_has_role(w.id, r.oid, 'MEMBER')
-                               WHERE p.prosecdef
-                                 AND NOT EXISTS (SELECT 1 FROM own o WHERE o.oid = p.oid)
-                                 AND n.nspname NOT LIKE 'pg\_temp\_%'
-                                 AND has_function_privilege(r.oid, p.oid, 'EXECUTE')
-                                 AND has_schema_privilege(r.oid, p.pronamespace, 'USAGE'))
-             END FROM who w))
+    OR EXISTS (SELECT 1 FROM pg_locks l
+                WHERE l.virtualtransaction = vxid AND l.locktype = 'relation'
+                  AND l.mode = 'AccessExclusiveLock' AND l.granted
+                  AND NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = l.relation))
 $fn$$sql$, '{schema}', s);
-    EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s.service_leader_fenced_session(TEXT, INT, OID, TEXT[]) FROM PUBLIC', s);
+    EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s.service_leader_fenced_session(TEXT, OID) FROM PUBLIC', s);
     -- Every takeover (the token changes, or a process takes a row), every
     -- row made already held, and every rename locks the election's gate
     -- FOR UPDATE (a rename: both names'), never waiting, or is skipped:
@@ -271,21 +217,29 @@ BEGIN
     -- After an upgrade from an advisory fence, while a transaction open
     -- then lives: its key too, as that fence held it. The list the
     -- installation read may miss an old fence called after it was read,
-    -- before its commit was seen: the first takeover since adds what is
-    -- open then (settled). Until then, and where the row '' is not seen (a
-    -- snapshot older than the upgrade), any holder of the key holds the
-    -- takeover off. After, where version 5's fence could make temporary
-    -- tables (tagged 'temp' in the list at the upgrade, and asked again
-    -- now), a session of the list holds it off only if it may hold such a
-    -- fence (service_leader_fenced_session: the table that fence made in
-    -- its session), so a session of another role that kept a transaction
-    -- open across the upgrade and took the key holds nothing off; and no
-    -- prepared transaction does (that fence's table makes PREPARE fail).
-    -- Where it could not (or from version 4), every holder of the list
-    -- counts, and every prepared transaction (one of the list prepared
-    -- since has a transaction id nobody listed). A fence called after a
-    -- takeover passed a holder refuses the lease it takes, free or
-    -- expired by clock_timestamp().
+    -- before its commit was seen: `leaderd migrate` lists what is open
+    -- once it has committed (settled), and the first takeover does if
+    -- that did not happen. Until then, and where the row '' is not seen
+    -- (a snapshot older than the upgrade), any holder of the key holds
+    -- the takeover off. After, a transaction of the list holds it off when
+    -- it holds the key and:
+    -- - where version 5's fence could make temporary tables (tagged
+    --   'temp' in the list at the upgrade, and still so), it is a
+    --   session that may hold such a fence (service_leader_fenced_session:
+    --   that fence's table in its session, or a relation made in its open
+    --   transaction), so a session that kept a transaction open across
+    --   the upgrade and took the key, having made nothing, holds nothing
+    --   off; no prepared transaction counts (that fence's table makes
+    --   PREPARE fail);
+    -- - where it could not (or from version 4), it is any session of the
+    --   list, or a prepared transaction that was one (its locks keep the
+    --   session's virtual transaction id) or was listed prepared, or one
+    --   that cannot be told (PostgreSQL versions whose prepared
+    --   transactions' locks show none).
+    -- The window ends when no transaction of the list is left, or when
+    -- the server has restarted since (the list's ids are handed out
+    -- again). A fence called after a takeover passed a holder refuses the
+    -- lease it takes, free or expired by clock_timestamp().
     SELECT g.old_fences, g.settled INTO old_fences, settled
       FROM {schema}.service_leader_fence_gate g WHERE g.name = '';
     marker := FOUND;
@@ -307,11 +261,13 @@ BEGIN
         tempered := marker AND 'temp' = ANY (old_fences) AND fencer IS NOT NULL
                     AND has_database_privilege(fencer, current_database(), 'TEMPORARY');
         IF NOT marker OR NOT settled
-           OR EXISTS (SELECT 1 FROM pg_locks k
-                       WHERE k.locktype = 'virtualxid' AND 'v:' || k.virtualxid = ANY (old_fences))
-           OR EXISTS (SELECT 1 FROM pg_prepared_xacts p
-                       WHERE p.database = current_database()
-                         AND ('p:' || p.transaction::text = ANY (old_fences) OR NOT tempered)) THEN
+           OR (EXISTS (SELECT 1 FROM unnest(old_fences) x
+                        WHERE x = 's:' || ((date_part('epoch', pg_postmaster_start_time()) * 1000000)::bigint)::text)
+               AND (EXISTS (SELECT 1 FROM pg_locks k WHERE 'v:' || k.virtualtransaction = ANY (old_fences))
+                    OR EXISTS (SELECT 1 FROM pg_prepared_xacts p
+                                WHERE 'p:' || p.transaction::text = ANY (old_fences))
+                    OR (NOT tempered AND EXISTS (SELECT 1 FROM pg_locks k
+                                                  WHERE k.pid IS NULL AND k.virtualtransaction LIKE '-1/%')))) THEN
             IF NOT pg_try_advisory_xact_lock(key) THEN
                 -- Who is in which session now, not as this transaction
                 -- first read it.
@@ -326,8 +282,11 @@ BEGIN
                                               LIMIT 1), 'unknown')) END
                   INTO holder
                   FROM pg_locks k
-                  LEFT JOIN pg_prepared_xacts p
-                         ON k.pid IS NULL AND k.virtualtransaction = '-1/' || p.transaction::text
+                  LEFT JOIN LATERAL (SELECT t.transactionid FROM pg_locks t
+                                      WHERE k.pid IS NULL AND t.locktype = 'transactionid'
+                                        AND t.virtualtransaction = k.virtualtransaction
+                                      LIMIT 1) x ON true
+                  LEFT JOIN pg_prepared_xacts p ON p.transaction = x.transactionid
                  WHERE k.locktype = 'advisory' AND k.granted AND k.objsubid = 1
                    AND k.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
                    AND k.classid = ((key >> 32) & 4294967295)::oid
@@ -335,13 +294,14 @@ BEGIN
                    AND (NOT marker OR NOT settled
                         OR (k.pid IS NOT NULL AND 'v:' || k.virtualtransaction = ANY (old_fences)
                             AND (NOT tempered
-                                 OR {schema}.service_leader_fenced_session(k.virtualtransaction, k.pid,
-                                                                          fencer, old_fences)))
-                        OR (k.pid IS NULL AND NOT tempered))
+                                 OR {schema}.service_leader_fenced_session(k.virtualtransaction, fencer)))
+                        OR (k.pid IS NULL AND NOT tempered
+                            AND ('v:' || k.virtualtransaction = ANY (old_fences)
+                                 OR 'p:' || x.transactionid::text = ANY (old_fences)
+                                 OR k.virtualtransaction LIKE '-1/%')))
                  LIMIT 1;
-                -- Held by a transaction of the list that has fenced (or,
-                -- until the list is settled, by anyone): an old fence,
-                -- perhaps.
+                -- Held by a transaction of the list that may hold an old
+                -- fence (or, until the list is settled, by anyone).
                 IF FOUND OR NOT marker OR NOT settled THEN
                     RAISE NOTICE USING MESSAGE = format('leaderd: takeover of election "%s" held off by %s',
                         election, COALESCE(holder || ', open since before the upgrade',
@@ -351,8 +311,8 @@ BEGIN
                 END IF;
             END IF;
         ELSE
-            -- None left: the window ends (whoever holds the row now ends
-            -- it instead).
+            -- None left (or the server restarted): the window ends
+            -- (whoever holds the row now ends it instead).
             UPDATE {schema}.service_leader_fence_gate g SET old_fences = NULL
              WHERE g.name IN (SELECT o.name FROM {schema}.service_leader_fence_gate o
                                WHERE o.name = '' FOR UPDATE SKIP LOCKED);
@@ -585,9 +545,11 @@ END $fn$$sql$, '{schema}', s);
                '%s.leaderd_fence(varchar, bigint, interval)', s)))
        OPERATOR(pg_catalog.=) ANY (ARRAY['leaderd fence 4', 'leaderd fence 5']) THEN
         -- Tagged 'temp' when version 5's fence could make its table in
-        -- the caller's session (see the trigger).
+        -- the caller's session, and 's:' with the server's start (see the
+        -- trigger). `leaderd migrate` lists the open transactions again
+        -- once this has committed (settled).
         EXECUTE pg_catalog.format('INSERT INTO %1$s.service_leader_fence_gate AS g (name, old_fences, settled) '
-            'VALUES ($1, $2 OPERATOR(pg_catalog.||) $3 OPERATOR(pg_catalog.||) '
+            'VALUES ($1, $2 OPERATOR(pg_catalog.||) ARRAY[$3] OPERATOR(pg_catalog.||) '
             '%1$s.service_leader_open_transactions(), false) '
             'ON CONFLICT (name) DO UPDATE SET old_fences = EXCLUDED.old_fences, settled = false', s)
             USING '', CASE WHEN (SELECT pg_catalog.obj_description(p.oid, 'pg_proc') OPERATOR(pg_catalog.=) 'leaderd fence 5'
@@ -596,7 +558,9 @@ END $fn$$sql$, '{schema}', s);
                                    FROM pg_catalog.pg_proc p
                                   WHERE p.oid OPERATOR(pg_catalog.=) pg_catalog.to_regprocedure(pg_catalog.format(
                                         '%s.leaderd_fence(varchar, bigint, interval)', s)))
-                           THEN ARRAY['temp'] ELSE ARRAY[]::TEXT[] END, fencers;
+                           THEN ARRAY['temp'] ELSE ARRAY[]::TEXT[] END,
+                      's:' OPERATOR(pg_catalog.||) ((pg_catalog.date_part('epoch', pg_catalog.pg_postmaster_start_time())
+                                                     OPERATOR(pg_catalog.*) 1000000)::bigint)::text;
     ELSE
         EXECUTE pg_catalog.format('INSERT INTO %s.service_leader_fence_gate AS g (name, settled) '
             'VALUES ($1, true) ON CONFLICT (name) DO NOTHING', s) USING '';
