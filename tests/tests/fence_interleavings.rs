@@ -111,6 +111,12 @@ async fn weaken(db: &TempDb, w: Weak) {
 
 async fn weaken_at(url: &str, w: Weak) {
     let admin = session(url).await;
+    if w == Weak::NoBound {
+        // PostgreSQL 17 and later: the transaction's own timeout too.
+        let fence = "leaderd_fence(varchar, bigint, interval)";
+        let from = "IF current_setting('transaction_timeout', true) IS NOT NULL THEN";
+        edit(&admin, fence, from, "IF FALSE THEN").await;
+    }
     let (function, from, to) = match w {
         Weak::NoKey => (
             "service_leader_take_key(varchar, bigint)",
@@ -812,7 +818,8 @@ async fn an_old_fence_reached(reach: Reach, weak: Option<Weak>) -> bool {
         }
         Reach::Public => {
             setup.push(
-                "GRANT EXECUTE ON FUNCTION leaderd_fence(varchar, bigint, interval) TO PUBLIC".into(),
+                "GRANT EXECUTE ON FUNCTION leaderd_fence(varchar, bigint, interval) TO PUBLIC"
+                    .into(),
             );
             FENCE_10S
         }
@@ -965,7 +972,10 @@ async fn untagged() -> (leaderd_tests::pgserver::PgServer, Connection, i64) {
         .batch_execute("REVOKE TEMPORARY ON DATABASE d FROM PUBLIC")
         .await
         .unwrap();
-    pg_exec(&on(&server, "postgres"), &["GRANT CREATE ON SCHEMA public TO migrator"]);
+    pg_exec(
+        &on(&server, "postgres"),
+        &["GRANT CREATE ON SCHEMA public TO migrator"],
+    );
     let url = on(&server, "migrator");
     let mut a = migrated(&url).await;
     pg_exec(
@@ -1062,7 +1072,10 @@ async fn begun_after_the_upgrade(weak: bool) -> bool {
         .unwrap();
     wait_expired(&admin).await;
     let taken = granted_within(&mut b, &req("b"), 2 * TTL).await.is_some();
-    admin.batch_execute("ROLLBACK PREPARED 'late'").await.unwrap();
+    admin
+        .batch_execute("ROLLBACK PREPARED 'late'")
+        .await
+        .unwrap();
     taken
 }
 

@@ -245,6 +245,23 @@ mod mariadb {
             })
         };
         let (_daemons, _dir, old, new) = migrate_grant_and_elect(&migrator, grants, &daemon);
+        // The daemon's user cannot see the fence's triggers, and says so;
+        // the migrating user sees it installed.
+        for (url, fence) in [
+            (&daemon, "not_visible_to_this_user"),
+            (&migrator, "installed"),
+        ] {
+            let (code, out, err) = run_cli(&["status", "--json", "--database-url", url], &[]);
+            assert_eq!(code, 0, "{err}");
+            let rows: Vec<Value> = serde_json::from_str(&out).unwrap();
+            assert_eq!(rows[0]["fence"], fence, "{rows:?}");
+        }
+        // A user without the right is told so once: the server's message,
+        // not again as its own cause.
+        let no_right = url_as(&db.url, &names.app, pass);
+        let (code, _, err) = run_cli(&["status", "--database-url", &no_right], &[]);
+        assert_ne!(code, 0, "{err}");
+        assert_eq!(err.matches("command denied").count(), 1, "{err}");
         let fence = format!("CALL {ours}.leaderd_fence('default', ?, NULL)");
         block_on(async move {
             let mut app = Conn::from_url(app.as_str()).await.unwrap();

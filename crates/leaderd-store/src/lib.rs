@@ -343,6 +343,10 @@ pub enum FenceStatus {
     Installed,
     /// Absent, older, or the "not installed" stub: an app's call fails.
     NotInstalled,
+    /// Not seen, and this user could not see it (MySQL/MariaDB: triggers
+    /// show only to users with the TRIGGER right, which a daemon's user
+    /// lacks): ask as the migrating user.
+    NotVisible,
     /// SQLite has no function: the app follows the documented recipe.
     Recipe,
 }
@@ -353,6 +357,7 @@ impl FenceStatus {
         match self {
             FenceStatus::Installed => "installed",
             FenceStatus::NotInstalled => "not_installed",
+            FenceStatus::NotVisible => "not_visible_to_this_user",
             FenceStatus::Recipe => "sqlite_recipe",
         }
     }

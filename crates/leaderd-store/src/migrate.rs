@@ -66,6 +66,7 @@ pub(crate) const POSTGRES_FENCE: BestEffort = BestEffort {
     refused: FENCE_REFUSED,
     said: &FENCE_SAID,
     current: postgres_fence_current!(),
+    visible: None,
     // The trigger functions' file first: an upgrade from a version before
     // their search_path was pg_catalog's replaces them with the fence.
     install: concat!(
@@ -114,6 +115,17 @@ pub(crate) const MARIADB_FENCE: BestEffort = BestEffort {
     refused: FENCE_REFUSED,
     said: &FENCE_SAID,
     current: mysql_fence_current!(),
+    // Triggers show in information_schema only to users with the TRIGGER
+    // right on their table (a daemon's user has none).
+    visible: Some(
+        "SELECT EXISTS (SELECT 1 FROM information_schema.user_privileges \
+         WHERE privilege_type = 'TRIGGER') \
+         OR EXISTS (SELECT 1 FROM information_schema.schema_privileges \
+         WHERE privilege_type = 'TRIGGER' AND table_schema = DATABASE()) \
+         OR EXISTS (SELECT 1 FROM information_schema.table_privileges \
+         WHERE privilege_type = 'TRIGGER' AND table_schema = DATABASE() \
+         AND table_name = 'service_leader_lock')",
+    ),
     install: concat!(
         include_str!("../../../migrations/mysql/2026-11-26-000000_fence/mariadb.sql"),
         "CREATE OR REPLACE ",
@@ -156,6 +168,7 @@ pub(crate) const MYSQL_KEPT_TOKENS: BestEffort = BestEffort {
         alone. Run `leaderd migrate` once as a user who may",
     said: &KEPT_TOKENS_SAID,
     current: mysql_kept_tokens_current!(),
+    visible: None,
     install: include_str!("../../../migrations/mysql/2026-11-24-000000_token_floor/trigger.sql"),
     begin: "DO 0",
     undo: "DO 0",
@@ -176,6 +189,10 @@ pub(crate) struct BestEffort {
     pub said: &'static AtomicBool,
     /// One boolean: it is installed (this version or a newer one).
     pub current: &'static str,
+    /// One boolean: this user can see every part `current` reads (where
+    /// the server hides some from users without a right; `None`: all see
+    /// all). When it cannot, a negative `current` says nothing.
+    pub visible: Option<&'static str>,
     /// The statements that install it.
     pub install: &'static str,
     /// Run before `install`, `undo` after its failure, `end` after its
@@ -535,10 +552,12 @@ pub(crate) async fn fence_status<M: Migrator>(
     let Some(fence) = &plan.fence else {
         return Ok(FenceStatus::Recipe);
     };
-    Ok(if conn.flag(fence.current).await? {
-        FenceStatus::Installed
-    } else {
-        FenceStatus::NotInstalled
+    if conn.flag(fence.current).await? {
+        return Ok(FenceStatus::Installed);
+    }
+    Ok(match fence.visible {
+        Some(visible) if !conn.flag(visible).await? => FenceStatus::NotVisible,
+        _ => FenceStatus::NotInstalled,
     })
 }
 

@@ -111,13 +111,31 @@ fn main() -> ExitCode {
     let code = match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            error!("{e:#}");
+            error!("{}", said_once(&e));
             ExitCode::FAILURE
         }
     };
     // The last lines, unless stderr is stalled: the exit is not held up.
     outputs::logging::flush(EXIT_FLUSH);
     code
+}
+
+/// An error and its causes in one line, each said once: a library's
+/// message often carries its source's (a TLS handshake's, the server's
+/// own), which the chain would print again. A message that another in the
+/// chain already holds is left out.
+fn said_once(e: &anyhow::Error) -> String {
+    let all: Vec<String> = e.chain().map(ToString::to_string).collect();
+    let said_elsewhere = |i: usize| {
+        all.iter().enumerate().any(|(j, other)| {
+            j != i && other.contains(all[i].as_str()) && (other.len() > all[i].len() || j < i)
+        })
+    };
+    (0..all.len())
+        .filter(|&i| !said_elsewhere(i))
+        .map(|i| all[i].as_str())
+        .collect::<Vec<_>>()
+        .join(": ")
 }
 
 /// Raises the soft limit on open files to the hard one: every HTTP
@@ -278,4 +296,26 @@ async fn migrate(settings: Settings) -> anyhow::Result<()> {
     info!(result = ?result, "service_leader_lock is ready");
     runtime::connector::warn_open_schema(&open);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_cause_is_said_once() {
+        let tls = "error performing TLS handshake: invalid peer certificate";
+        let e = anyhow::anyhow!(tls.to_owned())
+            .context(format!("cannot connect to the database: {tls}"))
+            .context("cannot connect to postgres://h/db");
+        assert_eq!(
+            said_once(&e),
+            format!("cannot connect to postgres://h/db: cannot connect to the database: {tls}")
+        );
+        let e =
+            anyhow::anyhow!("migration failed: CREATE command denied").context("migration failed");
+        assert_eq!(said_once(&e), "migration failed: CREATE command denied");
+        let e = anyhow::anyhow!("refused").context("cannot read service_leader_lock");
+        assert_eq!(said_once(&e), "cannot read service_leader_lock: refused");
+    }
 }
