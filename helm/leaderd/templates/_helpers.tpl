@@ -162,12 +162,16 @@ nothing. So a rolling update moves each election once
 (docs/kubernetes.md).
 Needs the leaderd binary in the app image (COPY --from the leaderd image).
 Given the sidecar's listen address, `leaderd release` finds its loopback-only
-release listener (127.0.0.1:4041 beside 0.0.0.0:4040).
+release listener (127.0.0.1:4041 beside 0.0.0.0:4040). The hold is
+releaseOnStopHold. Include it under `lifecycle:` (it is the whole `preStop:`
+entry):
+  lifecycle:
+    {{- include "leaderd.releaseOnStop" .Subcharts.leaderd | nindent 4 }}
 */}}
 {{- define "leaderd.releaseOnStop" -}}
 preStop:
   exec:
-    command: ["/usr/local/bin/leaderd", "release", "--listen", {{ .Values.listen | quote }}, "--hold", "60s"]
+    command: ["/usr/local/bin/leaderd", "release", "--listen", {{ .Values.listen | quote }}, "--hold", {{ .Values.releaseOnStopHold | quote }}]
 {{- end -}}
 
 {{- define "leaderd.leaderReadinessProbe" -}}
