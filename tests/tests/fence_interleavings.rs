@@ -26,7 +26,7 @@ const TTL: Duration = Duration::from_millis(800);
 const LEVELS: [&str; 3] = ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"];
 const FENCE_10S: &str = "SELECT leaderd_fence('e', $1, interval '10 seconds')";
 const HEIR: &str = "0/heir";
-const FENCED_SESSION: &str = "service_leader_fenced_session(text, oid)";
+const FENCED_SESSION: &str = "service_leader_fenced_session(text)";
 
 /// A copy of the installed SQL with one safeguard taken out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +58,9 @@ enum Weak {
     /// ... counts no prepared transaction that was listed, as a session or
     /// prepared, where the old fence's transactions could be prepared.
     PreparedUnlisted,
+    /// ... neither counts nor waits for a prepared transaction recovered
+    /// by a restart (its locks show no session).
+    NoRecovered,
 }
 
 fn req(instance: &str) -> LeaseRequest<'_> {
@@ -111,6 +114,14 @@ async fn weaken(db: &TempDb, w: Weak) {
 
 async fn weaken_at(url: &str, w: Weak) {
     let admin = session(url).await;
+    if w == Weak::NoRecovered {
+        let take_key = "service_leader_take_key(varchar, bigint)";
+        let window = "OR (NOT tempered AND EXISTS (SELECT 1 FROM pg_locks k\n                                         WHERE k.pid IS NULL AND k.virtualtransaction LIKE '-1/%')) THEN";
+        edit(&admin, take_key, window, "THEN").await;
+        let counted = "OR k.virtualtransaction LIKE '-1/%')))";
+        edit(&admin, take_key, counted, "OR FALSE)))").await;
+        return;
+    }
     if w == Weak::NoBound {
         // PostgreSQL 17 and later: the transaction's own timeout too.
         let fence = "leaderd_fence(varchar, bigint, interval)";
@@ -164,9 +175,10 @@ async fn weaken_at(url: &str, w: Weak) {
             "k.pid <> pg_backend_pid() \
              AND (SELECT a.datid FROM pg_stat_get_activity(k.pid) a) IS NOT NULL",
         ),
+        Weak::NoRecovered => unreachable!(),
         Weak::PreparedUnlisted => (
             "service_leader_take_key(varchar, bigint)",
-            "AND ('v:' || k.virtualtransaction = ANY (old_fences)\n                                 OR 'p:' || x.transactionid::text = ANY (old_fences)",
+            "AND ((same_start AND EXISTS (SELECT 1 FROM unnest(old_fences) e\n                                                          WHERE e LIKE 'v:' || k.virtualtransaction || '@%'))\n                                 OR 'p:' || x.transactionid::text = ANY (old_fences)",
             "AND (FALSE\n                                 OR FALSE",
         ),
     };
@@ -941,6 +953,9 @@ enum Prepared {
     /// After the first takeover since the upgrade listed the open
     /// transactions again (it was listed as a session's).
     AfterTheList,
+    /// After the upgrade, and the server restarts then: the prepared
+    /// transaction survives, its locks no longer showing its session's id.
+    AcrossARestart,
 }
 
 /// Where the fence's owner may not make temporary tables, the old fence
@@ -1015,6 +1030,13 @@ async fn prepared_across_the_upgrade(when: Prepared, weak: Option<Weak>) -> bool
     let mut b = migrated(&url).await;
     if let Some(w) = weak {
         weaken_at(&db_admin, w).await;
+    }
+    if let Prepared::AcrossARestart = when {
+        app.batch_execute("PREPARE TRANSACTION 'fenced'")
+            .await
+            .unwrap();
+        server.restart();
+        b = connect(&url).await;
     }
     let watcher = session(&db_admin).await;
     wait_expired(&watcher).await;
@@ -1094,6 +1116,12 @@ async fn a_prepared_old_fence_holds_across_the_upgrade() {
             "{when:?} weakened"
         );
     }
+    let when = Prepared::AcrossARestart;
+    assert!(prepared_across_the_upgrade(when, None).await, "{when:?}");
+    assert!(
+        !prepared_across_the_upgrade(when, Some(Weak::NoRecovered)).await,
+        "{when:?} weakened"
+    );
 }
 
 /// Renames by hand while a transaction is fenced: the fenced row renamed

@@ -65,7 +65,7 @@ macro_rules! untrusted {
              OR (p.proname OPERATOR(pg_catalog.=) 'service_leader_token_floor' \
              AND pg_catalog.oidvectortypes(p.proargtypes) OPERATOR(pg_catalog.=) 'character varying') \
              OR (p.proname OPERATOR(pg_catalog.=) 'service_leader_fenced_session' \
-             AND pg_catalog.oidvectortypes(p.proargtypes) OPERATOR(pg_catalog.=) 'text, oid') \
+             AND pg_catalog.oidvectortypes(p.proargtypes) OPERATOR(pg_catalog.=) 'text') \
              OR (p.proname OPERATOR(pg_catalog.=) 'service_leader_take_key' \
              AND pg_catalog.oidvectortypes(p.proargtypes) OPERATOR(pg_catalog.=) \
              'character varying, bigint') \

@@ -97,7 +97,7 @@ BEGIN
                    pg_catalog.to_regprocedure(pg_catalog.format('%s.service_leader_take()', s)),
                    pg_catalog.to_regprocedure(pg_catalog.format('%s.service_leader_take_key(varchar, bigint)', s)),
                    pg_catalog.to_regprocedure(pg_catalog.format('%s.service_leader_open_transactions()', s)),
-                   pg_catalog.to_regprocedure(pg_catalog.format('%s.service_leader_fenced_session(text, oid)', s)),
+                   pg_catalog.to_regprocedure(pg_catalog.format('%s.service_leader_fenced_session(text)', s)),
                    pg_catalog.to_regprocedure(pg_catalog.format('%s.leaderd_fence(varchar, bigint, interval)', s))
                ]::pg_catalog.oid[])
            AND NOT (o.rolname OPERATOR(pg_catalog.=) CURRENT_USER OR o.rolsuper)) THEN

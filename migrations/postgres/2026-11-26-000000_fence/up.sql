@@ -127,7 +127,8 @@ BEGIN
         END IF;
     END LOOP;
     -- The transactions open now, other than the caller's: live sessions'
-    -- ('v:' and the virtual transaction id; of every database, since
+    -- ('v:', the virtual transaction id, '@' and the pid: ids start over
+    -- when the server restarts after a backend's crash; of every database, since
     -- which database a session is in is read from statistics that a
     -- transaction keeps as they were when it first read them) and this
     -- database's prepared ones ('p:' and the transaction id; they hold no
@@ -135,7 +136,7 @@ BEGIN
     EXECUTE pg_catalog.replace($sql$
 CREATE OR REPLACE FUNCTION {schema}.service_leader_open_transactions() RETURNS TEXT[]
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
-SELECT ARRAY(SELECT 'v:' || k.virtualxid FROM pg_locks k
+SELECT ARRAY(SELECT 'v:' || k.virtualxid || '@' || k.pid FROM pg_locks k
               WHERE k.locktype = 'virtualxid' AND k.pid <> pg_backend_pid()
              UNION ALL
              SELECT 'p:' || p.transaction::text FROM pg_prepared_xacts p
@@ -145,27 +146,26 @@ $fn$$sql$, '{schema}', s);
     -- Whether the session of virtual transaction `vxid`, holding the old
     -- key in a transaction open at an upgrade from version 5, may be
     -- holding a fence of that version (see the trigger). That fence made
-    -- the table pg_temp.leaderd_fenced in its caller's session, owned by
-    -- the fence's owner `fencer`, which no other role can make: the
-    -- session counts when it has that table, or when its open transaction
+    -- the table pg_temp.leaderd_fenced in its caller's session (unless one
+    -- of that name was there: any owner's counts): the session counts
+    -- when it has that table, or when its open transaction
     -- made a relation nobody else can see yet (a lock on one that is not
     -- in pg_class: the table of the session's first fence, perhaps),
     -- whatever its role (a role may reach a fence in more ways than can
     -- be told: SET ROLE, functions and triggers of other roles, grants
     -- changed since).
     EXECUTE pg_catalog.replace($sql$
-CREATE OR REPLACE FUNCTION {schema}.service_leader_fenced_session(vxid TEXT, fencer OID) RETURNS BOOLEAN
+CREATE OR REPLACE FUNCTION {schema}.service_leader_fenced_session(vxid TEXT) RETURNS BOOLEAN
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                 WHERE c.relname = 'leaderd_fenced' AND c.relpersistence = 't'
-                  AND c.relowner = fencer
                   AND n.nspname = 'pg_temp_' || split_part(vxid, '/', 1))
     OR EXISTS (SELECT 1 FROM pg_locks l
                 WHERE l.virtualtransaction = vxid AND l.locktype = 'relation'
                   AND l.mode = 'AccessExclusiveLock' AND l.granted
                   AND NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = l.relation))
 $fn$$sql$, '{schema}', s);
-    EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s.service_leader_fenced_session(TEXT, OID) FROM PUBLIC', s);
+    EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s.service_leader_fenced_session(TEXT) FROM PUBLIC', s);
     -- Every takeover (the token changes, or a process takes a row), every
     -- row made already held, and every rename locks the election's gate
     -- FOR UPDATE (a rename: both names'), never waiting, or is skipped:
@@ -193,6 +193,7 @@ DECLARE
     relisted TEXT[];
     fencer OID;
     tempered BOOLEAN;
+    same_start BOOLEAN;
     key BIGINT;
     locker xid;
     lockers xid[];
@@ -236,9 +237,12 @@ BEGIN
     --   session's virtual transaction id) or was listed prepared, or one
     --   that cannot be told (PostgreSQL versions whose prepared
     --   transactions' locks show none).
-    -- The window ends when no transaction of the list is left, or when
-    -- the server has restarted since (the list's ids are handed out
-    -- again). A fence called after a takeover passed a holder refuses the
+    -- A session of the list is told by its virtual transaction id and
+    -- its pid, and only while the server runs since the list (after a
+    -- restart, ids are handed out again). A prepared transaction outlives
+    -- a restart, its locks then showing no session ('-1/'): where the old
+    -- fence's could be prepared, every such one counts and keeps the
+    -- window open. The window ends when nothing of the list is left. A fence called after a takeover passed a holder refuses the
     -- lease it takes, free or expired by clock_timestamp().
     SELECT g.old_fences, g.settled INTO old_fences, settled
       FROM {schema}.service_leader_fence_gate g WHERE g.name = '';
@@ -260,14 +264,19 @@ BEGIN
                     WHERE f.oid = to_regprocedure('{schema}.leaderd_fence(varchar, bigint, interval)'));
         tempered := marker AND 'temp' = ANY (old_fences) AND fencer IS NOT NULL
                     AND has_database_privilege(fencer, current_database(), 'TEMPORARY');
+        same_start := 's:' || ((date_part('epoch', pg_postmaster_start_time()) * 1000000)::bigint)::text
+                      = ANY (old_fences);
         IF NOT marker OR NOT settled
-           OR (EXISTS (SELECT 1 FROM unnest(old_fences) x
-                        WHERE x = 's:' || ((date_part('epoch', pg_postmaster_start_time()) * 1000000)::bigint)::text)
-               AND (EXISTS (SELECT 1 FROM pg_locks k WHERE 'v:' || k.virtualtransaction = ANY (old_fences))
-                    OR EXISTS (SELECT 1 FROM pg_prepared_xacts p
-                                WHERE 'p:' || p.transaction::text = ANY (old_fences))
-                    OR (NOT tempered AND EXISTS (SELECT 1 FROM pg_locks k
-                                                  WHERE k.pid IS NULL AND k.virtualtransaction LIKE '-1/%')))) THEN
+           OR (same_start AND EXISTS (
+                   SELECT 1 FROM pg_locks k
+                    WHERE (k.pid IS NOT NULL
+                           AND 'v:' || k.virtualtransaction || '@' || k.pid = ANY (old_fences))
+                       OR (k.pid IS NULL AND NOT tempered
+                           AND EXISTS (SELECT 1 FROM unnest(old_fences) e
+                                        WHERE e LIKE 'v:' || k.virtualtransaction || '@%'))))
+           OR EXISTS (SELECT 1 FROM pg_prepared_xacts p WHERE 'p:' || p.transaction::text = ANY (old_fences))
+           OR (NOT tempered AND EXISTS (SELECT 1 FROM pg_locks k
+                                         WHERE k.pid IS NULL AND k.virtualtransaction LIKE '-1/%')) THEN
             IF NOT pg_try_advisory_xact_lock(key) THEN
                 -- Who is in which session now, not as this transaction
                 -- first read it.
@@ -292,11 +301,13 @@ BEGIN
                    AND k.classid = ((key >> 32) & 4294967295)::oid
                    AND k.objid = (key & 4294967295)::oid
                    AND (NOT marker OR NOT settled
-                        OR (k.pid IS NOT NULL AND 'v:' || k.virtualtransaction = ANY (old_fences)
+                        OR (k.pid IS NOT NULL AND same_start
+                            AND 'v:' || k.virtualtransaction || '@' || k.pid = ANY (old_fences)
                             AND (NOT tempered
-                                 OR {schema}.service_leader_fenced_session(k.virtualtransaction, fencer)))
+                                 OR {schema}.service_leader_fenced_session(k.virtualtransaction)))
                         OR (k.pid IS NULL AND NOT tempered
-                            AND ('v:' || k.virtualtransaction = ANY (old_fences)
+                            AND ((same_start AND EXISTS (SELECT 1 FROM unnest(old_fences) e
+                                                          WHERE e LIKE 'v:' || k.virtualtransaction || '@%'))
                                  OR 'p:' || x.transactionid::text = ANY (old_fences)
                                  OR k.virtualtransaction LIKE '-1/%')))
                  LIMIT 1;
@@ -304,8 +315,8 @@ BEGIN
                 -- fence (or, until the list is settled, by anyone).
                 IF FOUND OR NOT marker OR NOT settled THEN
                     RAISE NOTICE USING MESSAGE = format('leaderd: takeover of election "%s" held off by %s',
-                        election, COALESCE(holder || ', open since before the upgrade',
-                                           'a transaction open since before the upgrade')),
+                        election, COALESCE(holder || ', listed at the upgrade from the advisory fence',
+                                           'a transaction listed at the upgrade from the advisory fence')),
                         ERRCODE = 'LF012';
                     RETURN false;
                 END IF;
