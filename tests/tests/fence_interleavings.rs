@@ -1101,6 +1101,134 @@ async fn begun_after_the_upgrade(weak: bool) -> bool {
     taken
 }
 
+/// A session, once the server accepts connections again (within 20 s).
+async fn session_when_up(url: &str) -> Client {
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        match tokio_postgres::connect(url, tokio_postgres::NoTls).await {
+            Ok((client, conn)) => {
+                tokio::spawn(conn);
+                return client;
+            }
+            Err(e) if Instant::now() > until => panic!("{url} still down: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// This session's virtual transaction id, in a transaction.
+async fn vxid(c: &Client) -> String {
+    c.query_one(
+        "SELECT virtualtransaction FROM pg_locks \
+         WHERE pid = pg_backend_pid() AND locktype = 'virtualxid'",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// A backend's crash during the upgrade's window: the server
+/// reinitialises, keeps its start time, and hands virtual transaction ids
+/// out again. A role that may do nothing runs the id of a session listed
+/// at the upgrade, takes the old key and prepares (where the old fence's
+/// own could be prepared), its locks showing that id. It holds no takeover
+/// off: none of the server's processes listed with it is left. Weakened
+/// (the new ones listed too, as if the crash went unseen), it holds the
+/// election leaderless until someone resolves it.
+async fn a_crash_in_the_window(weak: bool) -> bool {
+    let (server, _leader, _token) = untagged().await;
+    let db_admin = on(&server, "postgres");
+    let key = old_key(&session(&db_admin).await).await;
+    let listed = session(&on(&server, "app")).await;
+    listed.batch_execute("BEGIN").await.unwrap();
+    let listed_id = vxid(&listed).await;
+    drop(migrated(&on(&server, "migrator")).await);
+    let victim = session(&db_admin).await;
+    let pid: i32 = victim
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let _ = rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid).expect("a pid"),
+        rustix::process::Signal::KILL,
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Sessions open one after another (each takes the lowest free slot)
+    // until one is in the listed session's slot, which then runs
+    // transactions until its id is the listed one.
+    let slot = |id: &str| {
+        id.split('/')
+            .next()
+            .unwrap_or_default()
+            .parse::<u32>()
+            .unwrap_or(0)
+    };
+    let mut open = Vec::new();
+    let mut squatter = None;
+    'slots: for _ in 0..40 {
+        let c = session_when_up(&on(&server, "nobody")).await;
+        for _ in 0..200 {
+            c.batch_execute("BEGIN").await.unwrap();
+            let id = vxid(&c).await;
+            if id == listed_id {
+                squatter = Some(c);
+                break 'slots;
+            }
+            c.batch_execute("ROLLBACK").await.unwrap();
+            if slot(&id) != slot(&listed_id) {
+                assert!(
+                    slot(&id) < slot(&listed_id),
+                    "{id} past the listed {listed_id}"
+                );
+                break;
+            }
+        }
+        open.push(c);
+    }
+    let squatter = squatter.expect("a session running the listed id");
+    let admin = session_when_up(&db_admin).await;
+    if weak {
+        admin
+            .batch_execute(
+                "UPDATE service_leader_fence_gate SET old_fences = old_fences || ARRAY(\
+                 SELECT 'b:' || a.pid FROM pg_stat_activity a WHERE a.usesysid IS NULL) \
+                 WHERE name = ''",
+            )
+            .await
+            .unwrap();
+    }
+    squatter
+        .execute("SELECT pg_advisory_xact_lock($1)", &[&key])
+        .await
+        .unwrap();
+    squatter
+        .batch_execute("PREPARE TRANSACTION 'squat'")
+        .await
+        .unwrap();
+    admin
+        .batch_execute(
+            "UPDATE service_leader_lock SET expires_at = clock_timestamp() WHERE name = 'e'",
+        )
+        .await
+        .unwrap();
+    let mut b = connect(&on(&server, "migrator")).await;
+    let taken = granted_within(&mut b, &req("b"), 2 * TTL).await.is_some();
+    admin
+        .batch_execute("ROLLBACK PREPARED 'squat'")
+        .await
+        .unwrap();
+    drop(open);
+    taken
+}
+
+#[tokio::test]
+async fn a_crash_in_the_window_hands_no_listed_id_to_another_session() {
+    assert!(a_crash_in_the_window(false).await);
+    assert!(!a_crash_in_the_window(true).await);
+}
+
 #[tokio::test]
 async fn a_transaction_begun_after_the_upgrade_holds_nothing_off() {
     assert!(begun_after_the_upgrade(false).await);

@@ -238,8 +238,9 @@ BEGIN
     --   that cannot be told (PostgreSQL versions whose prepared
     --   transactions' locks show none).
     -- A session of the list is told by its virtual transaction id and
-    -- its pid, and only while the server runs since the list (after a
-    -- restart, ids are handed out again). A prepared transaction outlives
+    -- its pid, and only while the server runs as it did at the listing
+    -- (after a restart, or a reinitialisation after a backend's crash,
+    -- ids are handed out again). A prepared transaction outlives
     -- a restart, its locks then showing no session ('-1/'): where the old
     -- fence's could be prepared, every such one counts and keeps the
     -- window open. The window ends when nothing of the list is left. A fence called after a takeover passed a holder refuses the
@@ -264,8 +265,15 @@ BEGIN
                     WHERE f.oid = to_regprocedure('{schema}.leaderd_fence(varchar, bigint, interval)'));
         tempered := marker AND 'temp' = ANY (old_fences) AND fencer IS NOT NULL
                     AND has_database_privilege(fencer, current_database(), 'TEMPORARY');
+        -- The server as it ran at the listing: the same start, and one of
+        -- the processes that were no session then still there (the
+        -- checkpointer lives as long as the server, unless a backend's
+        -- crash makes it start them all again).
         same_start := 's:' || ((date_part('epoch', pg_postmaster_start_time()) * 1000000)::bigint)::text
-                      = ANY (old_fences);
+                      = ANY (old_fences)
+                      AND (NOT EXISTS (SELECT 1 FROM unnest(old_fences) e WHERE e LIKE 'b:%')
+                           OR EXISTS (SELECT 1 FROM pg_stat_get_activity(NULL) a
+                                       WHERE a.usesysid IS NULL AND 'b:' || a.pid = ANY (old_fences)));
         IF NOT marker OR NOT settled
            OR (same_start AND EXISTS (
                    SELECT 1 FROM pg_locks k
@@ -556,11 +564,14 @@ END $fn$$sql$, '{schema}', s);
                '%s.leaderd_fence(varchar, bigint, interval)', s)))
        OPERATOR(pg_catalog.=) ANY (ARRAY['leaderd fence 4', 'leaderd fence 5']) THEN
         -- Tagged 'temp' when version 5's fence could make its table in
-        -- the caller's session, and 's:' with the server's start (see the
-        -- trigger). `leaderd migrate` lists the open transactions again
+        -- the caller's session, 's:' with the server's start and 'b:' with
+        -- the pids of its processes that are no session (the checkpointer
+        -- among them), which every role may see: a server that
+        -- reinitialises after a backend's crash keeps its start, starts
+        -- them all again, and hands ids out again (see the trigger). `leaderd migrate` lists the open transactions again
         -- once this has committed (settled).
         EXECUTE pg_catalog.format('INSERT INTO %1$s.service_leader_fence_gate AS g (name, old_fences, settled) '
-            'VALUES ($1, $2 OPERATOR(pg_catalog.||) ARRAY[$3] OPERATOR(pg_catalog.||) '
+            'VALUES ($1, $2 OPERATOR(pg_catalog.||) $3 OPERATOR(pg_catalog.||) '
             '%1$s.service_leader_open_transactions(), false) '
             'ON CONFLICT (name) DO UPDATE SET old_fences = EXCLUDED.old_fences, settled = false', s)
             USING '', CASE WHEN (SELECT pg_catalog.obj_description(p.oid, 'pg_proc') OPERATOR(pg_catalog.=) 'leaderd fence 5'
@@ -570,8 +581,11 @@ END $fn$$sql$, '{schema}', s);
                                   WHERE p.oid OPERATOR(pg_catalog.=) pg_catalog.to_regprocedure(pg_catalog.format(
                                         '%s.leaderd_fence(varchar, bigint, interval)', s)))
                            THEN ARRAY['temp'] ELSE ARRAY[]::TEXT[] END,
-                      's:' OPERATOR(pg_catalog.||) ((pg_catalog.date_part('epoch', pg_catalog.pg_postmaster_start_time())
-                                                     OPERATOR(pg_catalog.*) 1000000)::bigint)::text;
+                      ARRAY['s:' OPERATOR(pg_catalog.||) ((pg_catalog.date_part('epoch', pg_catalog.pg_postmaster_start_time())
+                                                            OPERATOR(pg_catalog.*) 1000000)::bigint)::text]
+                      OPERATOR(pg_catalog.||) ARRAY(
+                          SELECT 'b:' OPERATOR(pg_catalog.||) a.pid::text
+                            FROM pg_catalog.pg_stat_get_activity(NULL) a WHERE a.usesysid IS NULL);
     ELSE
         EXECUTE pg_catalog.format('INSERT INTO %s.service_leader_fence_gate AS g (name, settled) '
             'VALUES ($1, true) ON CONFLICT (name) DO NOTHING', s) USING '';
