@@ -178,7 +178,7 @@ async fn weaken_at(url: &str, w: Weak) {
         Weak::NoRecovered => unreachable!(),
         Weak::PreparedUnlisted => (
             "service_leader_take_key(varchar, bigint)",
-            "AND ((same_start AND EXISTS (SELECT 1 FROM unnest(old_fences) e\n                                                          WHERE e LIKE 'v:' || k.virtualtransaction || '@%'))\n                                 OR 'p:' || x.transactionid::text = ANY (old_fences)",
+            "AND ((same_start AND EXISTS (SELECT 1 FROM unnest(old_fences) e\n                                                          WHERE e LIKE 'v:' || k.virtualtransaction || '@%'))\n                                 OR 'p:' || x.transactionid::pg_catalog.text = ANY (old_fences)",
             "AND (FALSE\n                                 OR FALSE",
         ),
     };

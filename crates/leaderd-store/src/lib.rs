@@ -34,6 +34,7 @@ mod cas;
 mod clock;
 mod galera;
 mod held_off;
+mod history;
 mod migrate;
 mod mysql;
 mod pg;
@@ -48,6 +49,7 @@ use std::time::Duration;
 
 pub use clock::{boot_id, boot_now};
 pub use held_off::warned_total as takeovers_held_off_total;
+pub use history::Term;
 pub use leaderd_core::{Attempt, Observed};
 pub use pg::{Listener, Probe};
 pub use sqlite::check_file_system;
@@ -614,6 +616,21 @@ impl Connection {
             Connection::Postgres(c) => c.elections(prefix).await,
             Connection::Mysql(c) => c.elections(prefix).await,
             Connection::Sqlite(c) => c.elections(prefix).await,
+        }
+    }
+
+    /// The record of terms (see [`Term`]), newest first: of `election`
+    /// (every election's with `None`), at most `limit`. `None` when it is
+    /// not installed in this database.
+    pub async fn history(
+        &mut self,
+        election: Option<&str>,
+        limit: i64,
+    ) -> Result<Option<Vec<Term>>, StoreError> {
+        match self {
+            Connection::Postgres(c) => c.history(election, limit).await,
+            Connection::Mysql(c) => c.history(election, limit).await,
+            Connection::Sqlite(c) => c.history(election, limit).await,
         }
     }
 

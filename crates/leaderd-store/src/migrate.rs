@@ -78,6 +78,22 @@ pub(crate) const POSTGRES_FENCE: BestEffort = BestEffort {
     end: "RELEASE SAVEPOINT leaderd_fence",
 };
 
+/// Whether a MySQL/MariaDB user can see the lock table's triggers:
+/// `information_schema.triggers` shows them only to users with the TRIGGER
+/// right on their table (a daemon's user has none).
+macro_rules! mysql_triggers_visible {
+    () => {
+        "SELECT EXISTS (SELECT 1 FROM information_schema.user_privileges \
+         WHERE privilege_type = 'TRIGGER') \
+         OR EXISTS (SELECT 1 FROM information_schema.schema_privileges \
+         WHERE privilege_type = 'TRIGGER' AND table_schema = DATABASE()) \
+         OR EXISTS (SELECT 1 FROM information_schema.table_privileges \
+         WHERE privilege_type = 'TRIGGER' AND table_schema = DATABASE() \
+         AND table_name = 'service_leader_lock')"
+    };
+}
+pub(crate) use mysql_triggers_visible;
+
 /// [`MYSQL_FENCE`]'s check, as a literal (see [`postgres_fence_current`]).
 macro_rules! mysql_fence_current {
     () => {
@@ -117,15 +133,7 @@ pub(crate) const MARIADB_FENCE: BestEffort = BestEffort {
     current: mysql_fence_current!(),
     // Triggers show in information_schema only to users with the TRIGGER
     // right on their table (a daemon's user has none).
-    visible: Some(
-        "SELECT EXISTS (SELECT 1 FROM information_schema.user_privileges \
-         WHERE privilege_type = 'TRIGGER') \
-         OR EXISTS (SELECT 1 FROM information_schema.schema_privileges \
-         WHERE privilege_type = 'TRIGGER' AND table_schema = DATABASE()) \
-         OR EXISTS (SELECT 1 FROM information_schema.table_privileges \
-         WHERE privilege_type = 'TRIGGER' AND table_schema = DATABASE() \
-         AND table_name = 'service_leader_lock')",
-    ),
+    visible: Some(mysql_triggers_visible!()),
     install: concat!(
         include_str!("../../../migrations/mysql/2026-11-26-000000_fence/mariadb.sql"),
         "CREATE OR REPLACE ",
@@ -175,6 +183,94 @@ pub(crate) const MYSQL_KEPT_TOKENS: BestEffort = BestEffort {
     end: "DO 0",
 };
 static KEPT_TOKENS_SAID: AtomicBool = AtomicBool::new(false);
+
+/// The record of terms' check, per backend, as a literal (see
+/// [`postgres_fence_current`]): its table, of this version or a newer one
+/// (PostgreSQL: the table's comment), and both its triggers.
+macro_rules! postgres_history_current {
+    () => {
+        "SELECT COALESCE(pg_catalog.obj_description(pg_catalog.to_regclass(pg_catalog.format( \
+        '%I.service_leader_history', pg_catalog.current_schema())), 'pg_class') \
+        OPERATOR(pg_catalog.~) '^leaderd history [0-9]+$', false) \
+        AND (SELECT pg_catalog.count(*) FROM pg_catalog.pg_trigger t \
+        WHERE t.tgrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(pg_catalog.format('%I.service_leader_lock', \
+        pg_catalog.current_schema())) \
+        AND t.tgname OPERATOR(pg_catalog.=) ANY (ARRAY['service_leader_record_term', \
+        'service_leader_record_first']::pg_catalog.name[])) OPERATOR(pg_catalog.=) 2"
+    };
+}
+pub(crate) use postgres_history_current;
+
+/// MySQL/MariaDB: a user who cannot see the triggers (see
+/// [`mysql_triggers_visible`]) cannot make them either; for it the table
+/// is enough, so that its daemons do not try at every start.
+macro_rules! mysql_history_current {
+    () => {
+        concat!(
+            "SELECT EXISTS (SELECT 1 FROM information_schema.tables \
+            WHERE table_schema = DATABASE() AND table_name = 'service_leader_history') \
+            AND ((SELECT COUNT(*) FROM information_schema.triggers \
+            WHERE trigger_schema = DATABASE() AND event_object_table = 'service_leader_lock' \
+            AND trigger_name IN ('service_leader_history_term', 'service_leader_history_first')) = 2 \
+            OR NOT (",
+            $crate::migrate::mysql_triggers_visible!(),
+            "))"
+        )
+    };
+}
+pub(crate) use mysql_history_current;
+
+macro_rules! sqlite_history_current {
+    () => {
+        "SELECT (SELECT COUNT(*) FROM sqlite_master \
+        WHERE (type = 'table' AND name = 'service_leader_history') \
+           OR (type = 'trigger' AND name IN ('service_leader_history_release', \
+               'service_leader_history_take', 'service_leader_history_first'))) = 4"
+    };
+}
+pub(crate) use sqlite_history_current;
+
+/// The record of terms (`leaderd history`): a table and triggers that
+/// record each change of holder, whoever's statement made it. Best effort,
+/// as the fence: a user who may not create triggers runs the daemon
+/// without it.
+pub(crate) const POSTGRES_HISTORY: BestEffort = BestEffort {
+    refused: HISTORY_REFUSED,
+    said: &HISTORY_SAID,
+    current: postgres_history_current!(),
+    visible: None,
+    // After the token floor's file, whose guard it relies on (the schema
+    // is this user's, no other role's table or function has leaderd's
+    // names), and which replaces the older versions' trigger functions.
+    install: concat!(
+        include_str!("../../../migrations/postgres/2026-11-24-000000_token_floor/up.sql"),
+        include_str!("../../../migrations/postgres/2026-12-04-000000_history/up.sql")
+    ),
+    begin: "SAVEPOINT leaderd_history",
+    undo: "ROLLBACK TO SAVEPOINT leaderd_history",
+    end: "RELEASE SAVEPOINT leaderd_history",
+};
+
+pub(crate) const MYSQL_HISTORY: BestEffort = BestEffort {
+    current: mysql_history_current!(),
+    install: include_str!("../../../migrations/mysql/2026-12-04-000000_history/up.sql"),
+    begin: "DO 0",
+    undo: "DO 0",
+    end: "DO 0",
+    ..POSTGRES_HISTORY
+};
+
+pub(crate) const SQLITE_HISTORY: BestEffort = BestEffort {
+    current: sqlite_history_current!(),
+    install: include_str!("../../../migrations/sqlite/2026-12-04-000000_history/up.sql"),
+    ..POSTGRES_HISTORY
+};
+
+const HISTORY_REFUSED: &str = "the record of terms (`leaderd history`) is not installed: this \
+    database user may not create its table and triggers (MySQL/MariaDB with binary logging: \
+    SUPER or log_bin_trust_function_creators); leader election works, and no change of holder \
+    is recorded. Run `leaderd migrate` once as the user who owns the lock table";
+static HISTORY_SAID: AtomicBool = AtomicBool::new(false);
 
 /// Something installed under the migration's lock when missing or older,
 /// but apart from the steps, and best effort: the fenced-writes function
@@ -374,9 +470,9 @@ pub(crate) struct Plan {
     pub retry_busy: bool,
     /// Fenced writes, where the backend has them.
     pub fence: Option<BestEffort>,
-    /// Installed before the fence, apart from it (MySQL's kept-tokens
-    /// trigger).
-    pub extra: Option<BestEffort>,
+    /// Installed before the fence, each apart from the others (the record
+    /// of terms; MySQL's kept-tokens trigger).
+    pub extras: &'static [BestEffort],
 }
 
 #[cfg(test)]
@@ -387,7 +483,8 @@ impl Plan {
     pub(crate) fn assert_current_asks_every_check(&self) {
         let parts = [Some(self.steps_current)]
             .into_iter()
-            .chain([&self.extra, &self.fence].map(|p| p.as_ref().map(|p| p.current)));
+            .chain(self.extras.iter().map(|p| Some(p.current)))
+            .chain([self.fence.as_ref().map(|p| p.current)]);
         let columns = self.columns.iter().map(|c| Some(c.present));
         for check in parts.chain(columns).flatten() {
             assert!(
@@ -488,7 +585,7 @@ pub(crate) async fn run<M: Migrator>(conn: &mut M, plan: &Plan) -> Result<Migrat
                 }
             }
         }
-        for part in plan.extra.iter().chain(&plan.fence) {
+        for part in plan.extras.iter().chain(&plan.fence) {
             if install(conn, part, plan.retry_busy).await? {
                 result = Migrated::Applied;
             }

@@ -17,6 +17,7 @@ use crate::migrate;
 use crate::sql::{Bind, Stmt};
 use crate::tls::{Files, Verify};
 use crate::url::TlsMode;
+use crate::history::{Term, TermParts};
 use crate::{
     as_heir, observed, DatabaseUrl, ElectionRow, FenceStatus, LeaseRequest, Migrated, Observed,
     Release, RowParts, StoreError, WakeLock,
@@ -263,6 +264,8 @@ const MIGRATION: migrate::Plan = migrate::Plan {
         migrate::mysql_fence_current!(),
         ") AND (",
         migrate::mysql_kept_tokens_current!(),
+        ") AND (",
+        migrate::mysql_history_current!(),
         ")"
     ),
     steps_current: schema_current!(),
@@ -286,7 +289,7 @@ const MIGRATION: migrate::Plan = migrate::Plan {
         AND table_type = 'BASE TABLE')",
     retry_busy: true,
     fence: Some(migrate::MYSQL_FENCE),
-    extra: Some(migrate::MYSQL_KEPT_TOKENS),
+    extras: &[migrate::MYSQL_KEPT_TOKENS, migrate::MYSQL_HISTORY],
 };
 
 /// MariaDB's plan: the same steps, its own way of installing the fence.
@@ -559,6 +562,38 @@ impl MysqlStore {
             .load(&mut self.conn)
             .await?;
         Ok(rows.into_iter().map(ElectionRow::from).collect())
+    }
+
+    /// The record of terms, newest first (`None`: not installed).
+    pub(crate) async fn history(
+        &mut self,
+        election: Option<&str>,
+        limit: i64,
+    ) -> Result<Option<Vec<Term>>, StoreError> {
+        let name = election.map_or(Bind::NullText, Bind::Text);
+        let rows: Result<Vec<TermParts>, _> = Stmt::<(
+                Text,
+                BigInt,
+                Nullable<Text>,
+                Nullable<Text>,
+                Nullable<Text>,
+                Text,
+                BigInt,
+                Nullable<Text>,
+                Nullable<BigInt>,
+                Nullable<Text>,
+                Nullable<BigInt>,
+                Nullable<Text>,
+            )>::new(
+            crate::history::MYSQL,
+            [name, name, Bind::BigInt(limit)],
+        )
+        .load(&mut self.conn)
+        .await;
+        match rows {
+            Err(e) if crate::history::missing_table_diesel(&e) => Ok(None),
+            rows => Ok(Some(rows?.into_iter().map(Term::from).collect())),
+        }
     }
 
     pub(crate) async fn migrate(mut self) -> Result<Migrated, StoreError> {

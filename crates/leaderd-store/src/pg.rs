@@ -29,6 +29,7 @@ use tokio_postgres::{AsyncMessage, Client, Row};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::held_off::{self, HeldOff};
+use crate::history::Term;
 use crate::migrate;
 use crate::pg_session::{Facts, Session};
 use crate::tls::{self, Verify};
@@ -72,14 +73,14 @@ macro_rules! trusted_by_a_superuser {
         JOIN pg_catalog.pg_roles o ON o.oid OPERATOR(pg_catalog.=) c.relowner \
         WHERE c.relnamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(pg_catalog.quote_ident(pg_catalog.current_schema())) \
         AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['service_leader_lock', 'service_leader_token', \
-        'service_leader_fence_key', 'service_leader_fence_gate']::pg_catalog.name[]) \
+        'service_leader_fence_key', 'service_leader_fence_gate', 'service_leader_history']::pg_catalog.name[]) \
         AND NOT o.rolsuper) \
         AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_proc p \
         JOIN pg_catalog.pg_roles o ON o.oid OPERATOR(pg_catalog.=) p.proowner \
         WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(pg_catalog.quote_ident(pg_catalog.current_schema())) \
         AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['service_leader_keep_token', 'service_leader_seed_token', \
         'service_leader_token_floor', 'service_leader_take', 'service_leader_take_key', \
-        'service_leader_open_transactions', 'service_leader_fenced_session', \
+        'service_leader_open_transactions', 'service_leader_fenced_session', 'service_leader_record_term', \
         'leaderd_fence']::pg_catalog.name[]) \
         AND NOT o.rolsuper) \
         AND EXISTS (SELECT 1 FROM pg_catalog.pg_namespace n \
@@ -139,6 +140,8 @@ const MIGRATION: migrate::Plan = migrate::Plan {
         migrate::address_present!(postgres_column_present),
         ") AND (",
         migrate::postgres_fence_current!(),
+        ") AND (",
+        migrate::postgres_history_current!(),
         ")"
     ),
     steps_current: steps_current!(),
@@ -160,12 +163,12 @@ const MIGRATION: migrate::Plan = migrate::Plan {
     legacy: "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class c \
         JOIN pg_catalog.pg_roles o ON o.oid OPERATOR(pg_catalog.=) c.relowner \
         WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(pg_catalog.format('%I.__diesel_schema_migrations', \
-        pg_catalog.current_schema()))::oid \
+        pg_catalog.current_schema()))::pg_catalog.oid \
         AND c.relkind OPERATOR(pg_catalog.=) 'r' AND NOT c.relrowsecurity \
         AND (o.rolname OPERATOR(pg_catalog.=) CURRENT_USER OR o.rolsuper))",
     retry_busy: false,
     fence: Some(migrate::POSTGRES_FENCE),
-    extra: None,
+    extras: &[migrate::POSTGRES_HISTORY],
 };
 
 /// One leader's renewal: the cheapest statement that does it (no read-back
@@ -623,6 +626,7 @@ struct Statements {
     create_many: &'static str,
     release_many: &'static str,
     elections: &'static str,
+    history: &'static str,
 }
 
 impl Statements {
@@ -634,8 +638,19 @@ impl Statements {
         if let Some((_, s)) = made.iter().find(|(t, _)| t == table) {
             return s;
         }
-        let fill =
-            |sql: &str| -> &'static str { Box::leak(sql.replace("{t}", table).into_boxed_str()) };
+        // The lock table's name ends with its own (`pg_session`): the
+        // record of terms is beside it, in the same schema.
+        let history = format!(
+            "{}service_leader_history",
+            table.strip_suffix("service_leader_lock").unwrap_or_default()
+        );
+        let fill = |sql: &str| -> &'static str {
+            Box::leak(
+                sql.replace("{t}", table)
+                    .replace("{h}", &history)
+                    .into_boxed_str(),
+            )
+        };
         let s: &'static Statements = Box::leak(Box::new(Statements {
             renew: fill(RENEW),
             renew_many: fill(RENEW_MANY),
@@ -643,6 +658,7 @@ impl Statements {
             create_many: fill(CREATE_MANY),
             release_many: fill(RELEASE_MANY),
             elections: fill(ELECTIONS),
+            history: fill(crate::history::POSTGRES),
         }));
         made.push((table.to_owned(), s));
         s
@@ -989,6 +1005,45 @@ impl PgStore {
             .collect()
     }
 
+    /// The record of terms, newest first (`None`: not installed).
+    pub(crate) async fn history(
+        &mut self,
+        election: Option<&str>,
+        limit: i64,
+    ) -> Result<Option<Vec<Term>>, StoreError> {
+        self.trusted()?;
+        let rows = match self
+            .query(
+                self.stmts.history,
+                &[Type::VARCHAR, Type::INT8],
+                &[&election, &limit],
+            )
+            .await
+        {
+            Err(e) if crate::history::missing_table(&e) => return Ok(None),
+            rows => rows?,
+        };
+        rows.iter()
+            .map(|r| {
+                Ok(Term::from((
+                    r.try_get(0)?,
+                    r.try_get(1)?,
+                    r.try_get(2)?,
+                    r.try_get(3)?,
+                    r.try_get(4)?,
+                    r.try_get(5)?,
+                    r.try_get(6)?,
+                    r.try_get(7)?,
+                    r.try_get(8)?,
+                    r.try_get(9)?,
+                    r.try_get(10)?,
+                    r.try_get(11)?,
+                )))
+            })
+            .collect::<Result<_, StoreError>>()
+            .map(Some)
+    }
+
     pub(crate) async fn migrate(mut self) -> Result<Migrated, StoreError> {
         let migrated = migrate::run(&mut self.client, &MIGRATION).await?;
         self.client.batch_execute(SETTLE_UPGRADE).await?;
@@ -1114,7 +1169,7 @@ impl Listener {
         sender
             .client
             .query_typed(
-                "SELECT pg_catalog.pg_notify($1, $2)::text",
+                "SELECT pg_catalog.pg_notify($1, $2)::pg_catalog.text",
                 &[(&CHANNEL, Type::TEXT), (&payload, Type::TEXT)],
             )
             .await?;

@@ -13,7 +13,10 @@
 //! `OPERATOR(pg_catalog.=)` and its functions `pg_catalog.now()`, and the
 //! lock table with the schema read here; a schema made later earlier on the
 //! path changes nothing for this connection. Type names in casts are SQL
-//! keywords (`varchar`, `bigint`), which the parser reads as `pg_catalog`'s.
+//! keywords (`varchar`, `bigint`), which the parser reads as `pg_catalog`'s,
+//! or are named with their schema (`pg_catalog.text`: a domain named
+//! `text` in a schema listed before an explicit `pg_catalog` would run its
+//! check as this user).
 
 use tokio_postgres::{Client, Row};
 
@@ -39,15 +42,15 @@ macro_rules! untrusted {
     ($nsp:literal) => {
         concat!(
             "SELECT o.what OPERATOR(pg_catalog.||) ' (owner ' OPERATOR(pg_catalog.||) \
-             r.rolname::text OPERATOR(pg_catalog.||) ')' \
-             FROM (SELECT c.relname::text AS what, c.relowner AS owner FROM pg_catalog.pg_class c \
+             r.rolname::pg_catalog.text OPERATOR(pg_catalog.||) ')' \
+             FROM (SELECT c.relname::pg_catalog.text AS what, c.relowner AS owner FROM pg_catalog.pg_class c \
              WHERE c.relnamespace OPERATOR(pg_catalog.=) ",
             $nsp,
             " AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['service_leader_lock', \
              'service_leader_token', 'service_leader_fence_key', \
-             'service_leader_fence_gate']::pg_catalog.name[]) \
+             'service_leader_fence_gate', 'service_leader_history']::pg_catalog.name[]) \
              UNION ALL \
-             SELECT 'trigger ' OPERATOR(pg_catalog.||) t.tgname::text, p.proowner \
+             SELECT 'trigger ' OPERATOR(pg_catalog.||) t.tgname::pg_catalog.text, p.proowner \
              FROM pg_catalog.pg_trigger t \
              JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) t.tgrelid \
              JOIN pg_catalog.pg_proc p ON p.oid OPERATOR(pg_catalog.=) t.tgfoid \
@@ -55,12 +58,12 @@ macro_rules! untrusted {
             $nsp,
             " AND c.relname OPERATOR(pg_catalog.=) 'service_leader_lock' AND NOT t.tgisinternal \
              UNION ALL \
-             SELECT 'function ' OPERATOR(pg_catalog.||) p.proname::text, p.proowner \
+             SELECT 'function ' OPERATOR(pg_catalog.||) p.proname::pg_catalog.text, p.proowner \
              FROM pg_catalog.pg_proc p WHERE p.pronamespace OPERATOR(pg_catalog.=) ",
             $nsp,
             " AND ((p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['service_leader_keep_token', \
              'service_leader_seed_token', 'service_leader_take', \
-             'service_leader_open_transactions']::pg_catalog.name[]) \
+             'service_leader_open_transactions', 'service_leader_record_term']::pg_catalog.name[]) \
              AND p.pronargs OPERATOR(pg_catalog.=) 0) \
              OR (p.proname OPERATOR(pg_catalog.=) 'service_leader_token_floor' \
              AND pg_catalog.oidvectortypes(p.proargtypes) OPERATOR(pg_catalog.=) 'character varying') \
@@ -105,13 +108,13 @@ const SESSION: &str = concat!(
      COALESCE((SELECT pg_catalog.pg_has_role(c.relowner, 'USAGE') FROM pg_catalog.pg_class c \
                 WHERE c.relnamespace OPERATOR(pg_catalog.=) s.oid \
                   AND c.relname OPERATOR(pg_catalog.=) 'service_leader_lock'), false), \
-     ARRAY(SELECT x::text FROM pg_catalog.unnest(pg_catalog.current_schemas(false)) x \
+     ARRAY(SELECT x::pg_catalog.text FROM pg_catalog.unnest(pg_catalog.current_schemas(false)) x \
             WHERE pg_catalog.has_schema_privilege(x, 'CREATE')), \
      ARRAY(",
     untrusted!("s.oid"),
     "), \
      ARRAY(SELECT CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC' \
-                  ELSE (SELECT g.rolname::text FROM pg_catalog.pg_roles g \
+                  ELSE (SELECT g.rolname::pg_catalog.text FROM pg_catalog.pg_roles g \
                          WHERE g.oid OPERATOR(pg_catalog.=) a.grantee) END \
             FROM pg_catalog.aclexplode(COALESCE(s.nspacl, pg_catalog.acldefault('n', s.nspowner))) a \
            WHERE a.privilege_type OPERATOR(pg_catalog.=) 'CREATE' \

@@ -27,6 +27,7 @@ use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
 use crate::cas::{CasBatch, CasOps};
 use crate::migrate;
 use crate::sql::{Bind, Stmt};
+use crate::history::{Term, TermParts};
 use crate::{
     as_heir, boot_id, boot_now, observed, DatabaseUrl, ElectionRow, FenceStatus, LeaseRequest,
     Migrated, Observed, Release, RowParts, StoreError,
@@ -59,6 +60,8 @@ const MIGRATION: migrate::Plan = migrate::Plan {
         migrate::sqlite_column_present!("successor"),
         ") AND (",
         migrate::address_present!(sqlite_column_present),
+        ") AND (",
+        migrate::sqlite_history_current!(),
         ")"
     ),
     steps_current: schema_current!(),
@@ -74,7 +77,7 @@ const MIGRATION: migrate::Plan = migrate::Plan {
         WHERE type = 'table' AND name = '__diesel_schema_migrations')",
     retry_busy: false,
     fence: None,
-    extra: None,
+    extras: &[migrate::SQLITE_HISTORY],
 };
 
 migrate::diesel_migrator!(SyncConnectionWrapper<SqliteConnection>);
@@ -113,9 +116,11 @@ const CREATE: &str = "INSERT INTO service_leader_lock (name, token, boot_id, exp
     WHERE true ON CONFLICT (name) DO NOTHING";
 
 /// Released to a successor, the row stays blocked for its window
-/// (`crate::Successor`). Binds: successor, expiry, name, instance.
+/// (`crate::Successor`). `renewed_at` is the release's time, which the
+/// record of terms reads as the term's end. Binds: successor, time,
+/// expiry, name, instance.
 const RELEASE: &str = "UPDATE service_leader_lock \
-    SET holder = NULL, instance = NULL, successor = ?, expires_at = ?, \
+    SET holder = NULL, instance = NULL, successor = ?, renewed_at = ?, expires_at = ?, \
         address = NULL, address_instance = NULL \
     WHERE name = ? AND instance = ?";
 
@@ -402,12 +407,14 @@ impl SqliteStore {
     }
 
     async fn release_row(&mut self, item: &Release<'_>) -> Result<bool, StoreError> {
+        let now = now_us();
         let n = Stmt::<()>::new(
             RELEASE,
             [
                 item.successor
                     .map_or(Bind::NullText, |s| Bind::Text(s.daemon)),
-                Bind::BigInt(now_us().saturating_add(item.window_us())),
+                Bind::BigInt(now),
+                Bind::BigInt(now.saturating_add(item.window_us())),
                 Bind::Text(item.election),
                 Bind::Text(item.instance),
             ],
@@ -450,6 +457,64 @@ impl SqliteStore {
                 Err(e)
             }
         }
+    }
+
+    /// The record of terms, newest first (`None`: not installed). Times
+    /// of this boot's terms are given on the host's wall clock, from their
+    /// age on the boot clock.
+    pub(crate) async fn history(
+        &mut self,
+        election: Option<&str>,
+        limit: i64,
+    ) -> Result<Option<Vec<Term>>, StoreError> {
+        let now = now_us();
+        let wall = std::time::SystemTime::now();
+        let (boot, name) = (
+            Bind::Text(&self.boot_id),
+            election.map_or(Bind::NullText, Bind::Text),
+        );
+        let at = Bind::BigInt(now);
+        let rows: Result<Vec<TermParts>, _> = Stmt::<(
+                Text,
+                BigInt,
+                Nullable<Text>,
+                Nullable<Text>,
+                Nullable<Text>,
+                Text,
+                BigInt,
+                Nullable<Text>,
+                Nullable<BigInt>,
+                Nullable<Text>,
+                Nullable<BigInt>,
+                Nullable<Text>,
+            )>::new(
+            crate::history::SQLITE,
+            [
+                boot, at, boot, at, boot, at, at, boot, at, name, name,
+                Bind::BigInt(limit),
+            ],
+        )
+        .load(&mut self.conn)
+        .await;
+        let terms = match rows {
+            Err(e) if crate::history::missing_table_diesel(&e) => return Ok(None),
+            rows => rows?,
+        };
+        let when = |ago: Option<i64>| {
+            ago.and_then(|us| wall.checked_sub(std::time::Duration::from_micros(us.try_into().ok()?)))
+                .map(crate::history::rfc3339)
+        };
+        Ok(Some(
+            terms
+                .into_iter()
+                .map(|parts| {
+                    let mut term = Term::from(parts);
+                    term.began_at = when(term.began_ago_us);
+                    term.ended_at = when(term.ended_ago_us);
+                    term
+                })
+                .collect(),
+        ))
     }
 
     pub(crate) async fn elections(&mut self, prefix: &str) -> Result<Vec<ElectionRow>, StoreError> {

@@ -46,6 +46,9 @@ pub enum Command {
         #[command(flatten)]
         source: SourceArgs,
     },
+    /// List the changes of holder the database recorded, newest first:
+    /// token, holder, when and how each term began and ended.
+    History(HistoryArgs),
     /// Run the election as `run` does, and COMMAND only while leading:
     /// started at each gain of leadership, stopped before the lease ends.
     /// Exits with the command's status when it exits by itself.
@@ -57,6 +60,31 @@ pub enum Command {
     /// drain and compete at once: exit 0 resumed, 3 nothing to resume, 1 no
     /// daemon.
     Resume(LocalDaemonArgs),
+}
+
+/// `leaderd history`'s flags.
+#[derive(Debug, Args)]
+pub struct HistoryArgs {
+    /// Only this election's terms [default: every election's].
+    #[arg(long, value_name = "NAME", value_parser = election_name)]
+    pub election: Option<String>,
+    /// The most recent terms to list (each election keeps its last 100).
+    #[arg(long, value_name = "N", default_value_t = 20,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub limit: u32,
+    /// Print JSON instead of one line per term.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub source: SourceArgs,
+}
+
+/// An election's name as the table holds them: 1 to 100 characters.
+fn election_name(name: &str) -> Result<String, String> {
+    match name.chars().count() {
+        1..=100 => Ok(name.to_owned()),
+        _ => Err("an election's name has 1 to 100 characters".to_owned()),
+    }
 }
 
 /// Where the database and the other settings come from, and how to log:
@@ -227,9 +255,9 @@ impl Cli {
                 stop_grace: exec.stop_grace.clone(),
                 ..ConfigArgs::from(&exec.run)
             },
-            Some(Command::Migrate(source)) | Some(Command::Status { source, .. }) => {
-                ConfigArgs::from(source)
-            }
+            Some(Command::Migrate(source))
+            | Some(Command::Status { source, .. })
+            | Some(Command::History(HistoryArgs { source, .. })) => ConfigArgs::from(source),
             Some(Command::Release(ReleaseArgs { daemon: d, .. }) | Command::Resume(d)) => {
                 ConfigArgs {
                     config: d.config.clone(),

@@ -13,6 +13,7 @@ mod http_client;
 mod outputs;
 mod runtime;
 mod settings;
+mod history;
 mod signals;
 mod status;
 
@@ -100,6 +101,10 @@ fn main() -> ExitCode {
             Command::Status { json, replicas, .. } => {
                 let conn = connect(&settings).await?;
                 status::run(conn, json, replicas).await.map(|()| 0)
+            }
+            Command::History(args) => {
+                let conn = connect(&settings).await?;
+                history::run(conn, &args).await
             }
             Command::Release(_) | Command::Resume(_) => {
                 unreachable!("handled before the runtime starts")

@@ -105,7 +105,7 @@ pub async fn run(mut conn: Connection, json: bool, replicas: bool) -> anyhow::Re
 /// (an escape sequence, a carriage return) would move the cursor, retitle
 /// the window or forge a line of the table. Each is shown escaped
 /// (`\u{1b}`, `\r`), as `--json` shows it.
-fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn printable(text: &str) -> std::borrow::Cow<'_, str> {
     if text.chars().any(char::is_control) {
         text.chars()
             .map(|c| {

@@ -19,8 +19,8 @@ CREATE TABLE IF NOT EXISTS service_leader_token (
 -- (a trigger's function is not checked for EXECUTE when the trigger fires).
 DO $migrate$
 DECLARE
-    s TEXT := pg_catalog.quote_ident(pg_catalog.current_schema());
-    trigger TEXT;
+    s pg_catalog.text := pg_catalog.quote_ident(pg_catalog.current_schema());
+    trigger pg_catalog.text;
 BEGIN
     IF s IS NULL THEN
         RAISE EXCEPTION 'leaderd: no current schema to install into (search_path)';
@@ -59,12 +59,13 @@ BEGIN
          WHERE c.relnamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(s)
            AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['service_leader_lock', 'service_leader_token',
                                                           'service_leader_fence_key',
-                                                          'service_leader_fence_gate']::pg_catalog.name[])
+                                                          'service_leader_fence_gate',
+                                                          'service_leader_history']::pg_catalog.name[])
            AND (c.relkind OPERATOR(pg_catalog.<>) 'r' OR c.relrowsecurity
                 OR NOT (o.rolname OPERATOR(pg_catalog.=) CURRENT_USER OR o.rolsuper))) THEN
         RAISE EXCEPTION USING ERRCODE = 'LF010', MESSAGE = pg_catalog.format(
-            'leaderd: %s.service_leader_lock, service_leader_token, service_leader_fence_key or '
-            'service_leader_fence_gate is not a plain table of %s''s '
+            'leaderd: %s.service_leader_lock, service_leader_token, service_leader_fence_key, '
+            'service_leader_fence_gate or service_leader_history is not a plain table of %s''s '
             '(another role made it, or it is a view, or has row security): its owner could run code '
             'with %s''s rights; nothing installed (docs/security.md)', s, CURRENT_USER, CURRENT_USER);
     END IF;
@@ -97,7 +98,8 @@ BEGIN
                    pg_catalog.to_regprocedure(pg_catalog.format('%s.service_leader_take()', s)),
                    pg_catalog.to_regprocedure(pg_catalog.format('%s.service_leader_take_key(varchar, bigint)', s)),
                    pg_catalog.to_regprocedure(pg_catalog.format('%s.service_leader_open_transactions()', s)),
-                   pg_catalog.to_regprocedure(pg_catalog.format('%s.service_leader_fenced_session(text)', s)),
+                   pg_catalog.to_regprocedure(pg_catalog.format('%s.service_leader_record_term()', s)),
+                   pg_catalog.to_regprocedure(pg_catalog.format('%s.service_leader_fenced_session(pg_catalog.text)', s)),
                    pg_catalog.to_regprocedure(pg_catalog.format('%s.leaderd_fence(varchar, bigint, interval)', s))
                ]::pg_catalog.oid[])
            AND NOT (o.rolname OPERATOR(pg_catalog.=) CURRENT_USER OR o.rolsuper)) THEN

@@ -17,7 +17,7 @@
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_class c
-                WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('service_leader_lock')::oid
+                WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('service_leader_lock')::pg_catalog.oid
                   AND NOT coalesce(pg_catalog.array_to_string(c.reloptions, ',')
                                    OPERATOR(pg_catalog.~~) '%fillfactor=%', false)) THEN
         PERFORM pg_catalog.set_config('lock_timeout', '100ms', true);

@@ -61,9 +61,9 @@
 -- Idempotent; the comment is the version the migration checks.
 DO $migrate$
 DECLARE
-    s TEXT := pg_catalog.quote_ident(pg_catalog.current_schema());
-    trigger TEXT;
-    grantee TEXT;
+    s pg_catalog.text := pg_catalog.quote_ident(pg_catalog.current_schema());
+    trigger pg_catalog.text;
+    grantee pg_catalog.text;
 BEGIN
     IF s IS NULL THEN
         RAISE EXCEPTION 'leaderd: no current schema to install into (search_path)';
@@ -76,7 +76,7 @@ BEGIN
     -- transactions were open at an upgrade from versions 4 and 5 (below).
     IF pg_catalog.to_regclass(pg_catalog.format('%s.service_leader_fence_gate', s)) IS NULL THEN
         EXECUTE pg_catalog.format('CREATE TABLE %s.service_leader_fence_gate '
-            '(name TEXT COLLATE "C" PRIMARY KEY, old_fences TEXT[], settled BOOLEAN)', s);
+            '(name pg_catalog.text COLLATE "C" PRIMARY KEY, old_fences pg_catalog.text[], settled BOOLEAN)', s);
     END IF;
     -- Under REPEATABLE READ and SERIALIZABLE the fence's fallback (FOR KEY
     -- SHARE on a row version a later one superseded) raises 40001 only
@@ -98,8 +98,8 @@ BEGIN
     IF pg_catalog.to_regclass(pg_catalog.format('%s.service_leader_fence_key', s)) IS NULL THEN
         EXECUTE pg_catalog.format('CREATE TABLE %s.service_leader_fence_key (seed BIGINT NOT NULL)', s);
         EXECUTE pg_catalog.format('INSERT INTO %s.service_leader_fence_key VALUES ((%L OPERATOR(pg_catalog.||) '
-            'pg_catalog.substr(pg_catalog.md5(pg_catalog.random()::text OPERATOR(pg_catalog.||) '
-            'pg_catalog.clock_timestamp()::text), 1, 16))::bit(64)::bigint)', s, 'x');
+            'pg_catalog.substr(pg_catalog.md5(pg_catalog.random()::pg_catalog.text OPERATOR(pg_catalog.||) '
+            'pg_catalog.clock_timestamp()::pg_catalog.text), 1, 16))::bit(64)::bigint)', s, 'x');
     END IF;
     -- Only the owner: PUBLIC's rights, and any a default privilege of the
     -- schema gave another role (a role that may lock or update these rows
@@ -134,12 +134,12 @@ BEGIN
     -- database's prepared ones ('p:' and the transaction id; they hold no
     -- virtual one).
     EXECUTE pg_catalog.replace($sql$
-CREATE OR REPLACE FUNCTION {schema}.service_leader_open_transactions() RETURNS TEXT[]
+CREATE OR REPLACE FUNCTION {schema}.service_leader_open_transactions() RETURNS pg_catalog.text[]
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 SELECT ARRAY(SELECT 'v:' || k.virtualxid || '@' || k.pid FROM pg_locks k
               WHERE k.locktype = 'virtualxid' AND k.pid <> pg_backend_pid()
              UNION ALL
-             SELECT 'p:' || p.transaction::text FROM pg_prepared_xacts p
+             SELECT 'p:' || p.transaction::pg_catalog.text FROM pg_prepared_xacts p
               WHERE p.database = current_database())
 $fn$$sql$, '{schema}', s);
     EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s.service_leader_open_transactions() FROM PUBLIC', s);
@@ -155,7 +155,7 @@ $fn$$sql$, '{schema}', s);
     -- be told: SET ROLE, functions and triggers of other roles, grants
     -- changed since).
     EXECUTE pg_catalog.replace($sql$
-CREATE OR REPLACE FUNCTION {schema}.service_leader_fenced_session(vxid TEXT) RETURNS BOOLEAN
+CREATE OR REPLACE FUNCTION {schema}.service_leader_fenced_session(vxid pg_catalog.text) RETURNS BOOLEAN
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                 WHERE c.relname = 'leaderd_fenced' AND c.relpersistence = 't'
@@ -165,7 +165,7 @@ SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relname
                   AND l.mode = 'AccessExclusiveLock' AND l.granted
                   AND NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = l.relation))
 $fn$$sql$, '{schema}', s);
-    EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s.service_leader_fenced_session(TEXT) FROM PUBLIC', s);
+    EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s.service_leader_fenced_session(pg_catalog.text) FROM PUBLIC', s);
     -- Every takeover (the token changes, or a process takes a row), every
     -- row made already held, and every rename locks the election's gate
     -- FOR UPDATE (a rename: both names'), never waiting, or is skipped:
@@ -187,18 +187,18 @@ CREATE OR REPLACE FUNCTION {schema}.service_leader_take_key(election VARCHAR, se
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     gated BOOLEAN;
-    old_fences TEXT[];
+    old_fences pg_catalog.text[];
     settled BOOLEAN;
     marker BOOLEAN;
-    relisted TEXT[];
+    relisted pg_catalog.text[];
     fencer OID;
     tempered BOOLEAN;
     same_start BOOLEAN;
     key BIGINT;
     locker xid;
     lockers xid[];
-    holder TEXT;
-    quiet TEXT;
+    holder pg_catalog.text;
+    quiet pg_catalog.text;
 BEGIN
     PERFORM 1 FROM {schema}.service_leader_fence_gate g
      WHERE g.name = (election COLLATE "C") FOR UPDATE SKIP LOCKED;
@@ -269,7 +269,7 @@ BEGIN
         -- the processes that were no session then still there (the
         -- checkpointer lives as long as the server, unless a backend's
         -- crash makes it start them all again).
-        same_start := 's:' || ((date_part('epoch', pg_postmaster_start_time()) * 1000000)::bigint)::text
+        same_start := 's:' || ((date_part('epoch', pg_postmaster_start_time()) * 1000000)::bigint)::pg_catalog.text
                       = ANY (old_fences)
                       AND (NOT EXISTS (SELECT 1 FROM unnest(old_fences) e WHERE e LIKE 'b:%')
                            OR EXISTS (SELECT 1 FROM pg_stat_get_activity(NULL) a
@@ -282,7 +282,7 @@ BEGIN
                        OR (k.pid IS NULL AND NOT tempered
                            AND EXISTS (SELECT 1 FROM unnest(old_fences) e
                                         WHERE e LIKE 'v:' || k.virtualtransaction || '@%'))))
-           OR EXISTS (SELECT 1 FROM pg_prepared_xacts p WHERE 'p:' || p.transaction::text = ANY (old_fences))
+           OR EXISTS (SELECT 1 FROM pg_prepared_xacts p WHERE 'p:' || p.transaction::pg_catalog.text = ANY (old_fences))
            OR (NOT tempered AND EXISTS (SELECT 1 FROM pg_locks k
                                          WHERE k.pid IS NULL AND k.virtualtransaction LIKE '-1/%')) THEN
             IF NOT pg_try_advisory_xact_lock(key) THEN
@@ -291,9 +291,9 @@ BEGIN
                 PERFORM pg_stat_clear_snapshot();
                 SELECT CASE WHEN k.pid IS NULL THEN
                            format('prepared transaction %L (owner %s)',
-                                  COALESCE(p.gid, 'unknown'), COALESCE(p.owner::text, 'unknown'))
+                                  COALESCE(p.gid, 'unknown'), COALESCE(p.owner::pg_catalog.text, 'unknown'))
                        ELSE format('pid %s (role %s)', k.pid,
-                                   COALESCE((SELECT r.rolname::text
+                                   COALESCE((SELECT r.rolname::pg_catalog.text
                                                FROM pg_stat_get_activity(k.pid) a
                                                JOIN pg_roles r ON r.oid = a.usesysid
                                               LIMIT 1), 'unknown')) END
@@ -306,8 +306,8 @@ BEGIN
                   LEFT JOIN pg_prepared_xacts p ON p.transaction = x.transactionid
                  WHERE k.locktype = 'advisory' AND k.granted AND k.objsubid = 1
                    AND k.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
-                   AND k.classid = ((key >> 32) & 4294967295)::oid
-                   AND k.objid = (key & 4294967295)::oid
+                   AND k.classid = ((key >> 32) & 4294967295)::pg_catalog.oid
+                   AND k.objid = (key & 4294967295)::pg_catalog.oid
                    AND (NOT marker OR NOT settled
                         OR (k.pid IS NOT NULL AND same_start
                             AND 'v:' || k.virtualtransaction || '@' || k.pid = ANY (old_fences)
@@ -316,7 +316,7 @@ BEGIN
                         OR (k.pid IS NULL AND NOT tempered
                             AND ((same_start AND EXISTS (SELECT 1 FROM unnest(old_fences) e
                                                           WHERE e LIKE 'v:' || k.virtualtransaction || '@%'))
-                                 OR 'p:' || x.transactionid::text = ANY (old_fences)
+                                 OR 'p:' || x.transactionid::pg_catalog.text = ANY (old_fences)
                                  OR k.virtualtransaction LIKE '-1/%')))
                  LIMIT 1;
                 -- Held by a transaction of the list that may hold an old
@@ -355,12 +355,12 @@ BEGIN
         END IF;
         SELECT CASE WHEN k.pid IS NOT NULL THEN
                    format('pid %s (role %s)', k.pid,
-                          COALESCE((SELECT r.rolname::text
+                          COALESCE((SELECT r.rolname::pg_catalog.text
                                       FROM pg_stat_get_activity(k.pid) a
                                       JOIN pg_roles r ON r.oid = a.usesysid
                                      LIMIT 1), 'unknown'))
                ELSE format('prepared transaction %L (owner %s)',
-                           COALESCE(p.gid, 'unknown'), COALESCE(p.owner::text, 'unknown')) END
+                           COALESCE(p.gid, 'unknown'), COALESCE(p.owner::pg_catalog.text, 'unknown')) END
           INTO holder
           FROM pg_locks k
           LEFT JOIN pg_prepared_xacts p ON k.pid IS NULL AND p.transaction = k.transactionid
@@ -424,7 +424,7 @@ DECLARE
     seed BIGINT;
     triggers BIGINT;
     ms BIGINT;
-    quiet TEXT;
+    quiet pg_catalog.text;
 BEGIN
     -- One SELECT calling it, alone in a query of its own (comments before
     -- it allowed) that began the transaction: autocommit. (A query that
@@ -504,7 +504,7 @@ BEGIN
      WHERE g.name = (election COLLATE "C") FOR KEY SHARE SKIP LOCKED;
     IF NOT FOUND THEN
         quiet := current_setting('lock_timeout');
-        PERFORM set_config('lock_timeout', ms::text, true);
+        PERFORM set_config('lock_timeout', ms::pg_catalog.text, true);
         BEGIN
             INSERT INTO {schema}.service_leader_fence_gate AS g (name) VALUES (election)
                 ON CONFLICT DO NOTHING;
@@ -540,12 +540,12 @@ BEGIN
     -- not the pg_settings view (which builds a row for every setting: 0.4 ms
     -- a call); transaction_timeout exists from PostgreSQL 17 on.
     PERFORM set_config('idle_in_transaction_session_timeout', LEAST(ms, NULLIF(ceil(EXTRACT(EPOCH FROM
-                current_setting('idle_in_transaction_session_timeout')::interval) * 1000)::bigint, 0))::text, true),
+                current_setting('idle_in_transaction_session_timeout')::interval) * 1000)::bigint, 0))::pg_catalog.text, true),
             set_config('statement_timeout', LEAST(ms, NULLIF(ceil(EXTRACT(EPOCH FROM
-                current_setting('statement_timeout')::interval) * 1000)::bigint, 0))::text, true);
+                current_setting('statement_timeout')::interval) * 1000)::bigint, 0))::pg_catalog.text, true);
     IF current_setting('transaction_timeout', true) IS NOT NULL THEN
         PERFORM set_config('transaction_timeout', LEAST(ms, NULLIF(ceil(EXTRACT(EPOCH FROM
-                current_setting('transaction_timeout')::interval) * 1000)::bigint, 0))::text, true);
+                current_setting('transaction_timeout')::interval) * 1000)::bigint, 0))::pg_catalog.text, true);
     END IF;
     RETURN held;
 END $fn$$sql$, '{schema}', s);
@@ -580,11 +580,11 @@ END $fn$$sql$, '{schema}', s);
                                    FROM pg_catalog.pg_proc p
                                   WHERE p.oid OPERATOR(pg_catalog.=) pg_catalog.to_regprocedure(pg_catalog.format(
                                         '%s.leaderd_fence(varchar, bigint, interval)', s)))
-                           THEN ARRAY['temp'] ELSE ARRAY[]::TEXT[] END,
+                           THEN ARRAY['temp'] ELSE ARRAY[]::pg_catalog.text[] END,
                       ARRAY['s:' OPERATOR(pg_catalog.||) ((pg_catalog.date_part('epoch', pg_catalog.pg_postmaster_start_time())
-                                                            OPERATOR(pg_catalog.*) 1000000)::bigint)::text]
+                                                            OPERATOR(pg_catalog.*) 1000000)::bigint)::pg_catalog.text]
                       OPERATOR(pg_catalog.||) ARRAY(
-                          SELECT 'b:' OPERATOR(pg_catalog.||) a.pid::text
+                          SELECT 'b:' OPERATOR(pg_catalog.||) a.pid::pg_catalog.text
                             FROM pg_catalog.pg_stat_get_activity(NULL) a WHERE a.usesysid IS NULL);
     ELSE
         EXECUTE pg_catalog.format('INSERT INTO %s.service_leader_fence_gate AS g (name, settled) '
