@@ -317,7 +317,7 @@ pub async fn sprung(admin: &tokio_postgres::Client, schema: &str) -> Vec<(String
 pub async fn gained(admin: &tokio_postgres::Client, role: &str) -> Option<String> {
     let row = admin
         .query_one(
-            "SELECT r.rolsuper, ARRAY(SELECT g.rolname::text FROM pg_auth_members m \
+            "SELECT r.rolsuper, ARRAY(SELECT g.rolname::pg_catalog.text FROM pg_auth_members m \
              JOIN pg_roles g ON g.oid = m.roleid WHERE m.member = r.oid) \
              FROM pg_roles r WHERE r.rolname = $1",
             &[&role],

@@ -1161,7 +1161,8 @@ mod mariadb {
             let n: Option<i64> = root
                 .query_first(
                     "SELECT COUNT(*) FROM information_schema.triggers \
-                     WHERE trigger_schema = 'test' AND event_object_table = 'service_leader_lock'",
+                     WHERE trigger_schema = 'test' AND event_object_table = 'service_leader_lock' \
+                     AND trigger_name NOT LIKE 'service\\_leader\\_history%'",
                 )
                 .await
                 .unwrap();

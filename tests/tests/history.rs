@@ -78,7 +78,9 @@ fn record_of_terms(db: TempDb) {
     let _s = serial();
     let dir = Scratch::new();
     let a = start(&db, &dir, "a");
-    wait_for(Duration::from_secs(10), "a to lead", || leads(&a).then_some(()));
+    wait_for(Duration::from_secs(10), "a to lead", || {
+        leads(&a).then_some(())
+    });
     // Renewals for a few heartbeats: none may add a term.
     wait_for(Duration::from_secs(10), "a few renewals", || {
         let renewed = format!(
@@ -92,7 +94,9 @@ fn record_of_terms(db: TempDb) {
     // Released to nobody (a alone, and held off after), taken by b.
     a.release("?hold=10m");
     let b = start(&db, &dir, "b");
-    wait_for(Duration::from_secs(10), "b to lead", || leads(&b).then_some(()));
+    wait_for(Duration::from_secs(10), "b to lead", || {
+        leads(&b).then_some(())
+    });
 
     // SIGTERM names the other live replica (c; a is held) as successor.
     let mut c = start(&db, &dir, "c");
@@ -101,7 +105,9 @@ fn record_of_terms(db: TempDb) {
         http_get(c.port, "/readyz").filter(|(s, _)| *s == 200)
     });
     b.sigterm();
-    wait_for(Duration::from_secs(10), "c to lead", || leads(&c).then_some(()));
+    wait_for(Duration::from_secs(10), "c to lead", || {
+        leads(&c).then_some(())
+    });
 
     // SIGKILL: the lease runs out; a daemon of an earlier version takes
     // the row as it did, writing holder, instance and token alone.
@@ -116,7 +122,10 @@ fn record_of_terms(db: TempDb) {
         (db.scalar(&expired) == "1").then_some(())
     });
     let (now, hour) = match db.kind {
-        Kind::Sqlite => (boot_us().to_string(), format!("{}", boot_us() + 3_600_000_000)),
+        Kind::Sqlite => (
+            boot_us().to_string(),
+            format!("{}", boot_us() + 3_600_000_000),
+        ),
         Kind::Postgres => ("now()".to_owned(), "now() + interval '1 hour'".to_owned()),
         Kind::Mysql => (
             "UTC_TIMESTAMP(6)".to_owned(),
@@ -154,7 +163,10 @@ fn record_of_terms(db: TempDb) {
     // Times by the database's clock, in order; c's term ends at its
     // lease's end, which comes after it began.
     for t in &terms[..3] {
-        let (began, ended) = (t["began_at"].as_str().unwrap(), t["ended_at"].as_str().unwrap());
+        let (began, ended) = (
+            t["began_at"].as_str().unwrap(),
+            t["ended_at"].as_str().unwrap(),
+        );
         assert!(began < ended, "{t}");
         assert!(t["instance"].as_str().is_some_and(|i| !i.is_empty()), "{t}");
     }

@@ -274,6 +274,7 @@ mod postgres {
                 "service_leader_fenced_session",
                 "service_leader_keep_token",
                 "service_leader_open_transactions",
+                "service_leader_record_term",
                 "service_leader_seed_token",
                 "service_leader_take",
                 "service_leader_take_key",

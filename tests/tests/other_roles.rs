@@ -36,6 +36,7 @@ fn elect_hand_over_and_inspect(url: &str, extra: &[&str]) -> Vec<String> {
     let (leader, _) = hand_over_by_sigterm(&mut daemons, first);
     for args in [
         ["status", "--database-url", url],
+        ["history", "--database-url", url],
         ["migrate", "--database-url", url],
     ] {
         let (code, _, err) = run_cli(&args, &[]);
@@ -102,12 +103,55 @@ fn planted_operators_and_functions_run_for_nobody() {
             "GRANT USAGE ON SEQUENCE service_leader_lock_id_seq TO {}",
             daemon.name
         ),
+        &format!("GRANT SELECT ON service_leader_history TO {}", daemon.name),
     ]);
     let (code, _, err) = run_cli(&["migrate", "--database-url", &db.url], &[]);
     assert_eq!(code, 0, "{err}");
     let logs = elect_hand_over_and_inspect(&db.url_as(&daemon.name), &["--no-migrate"]);
     assert!(logs.iter().all(|l| !l.contains(EXCESS)), "{logs:?}");
     nothing_sprung(&db.url, &planter.name);
+}
+
+/// A search_path that names `pg_catalog` after a schema another role may
+/// create in (here set for the whole database): a type there named as a
+/// built-in one (a domain `text` or `oid`, whose check runs its owner's
+/// function as whoever checks a value) would be found first by a cast or a
+/// declaration that does not name its schema. leaderd's migration, its
+/// daemons, `status` and `history` run there as a superuser: the planter
+/// gains nothing.
+#[test]
+fn types_named_as_built_in_ones_are_never_used() {
+    let _s = serial();
+    let db = TempDb::postgres();
+    let planter = PgRole::new(&db, "planter");
+    let p = &planter.name;
+    db.exec(&[
+        &format!("CREATE SCHEMA evil AUTHORIZATION {p}"),
+        &format!(
+            "ALTER DATABASE {} SET search_path = public, evil, pg_catalog",
+            db.name()
+        ),
+    ]);
+    pg_exec(
+        &db.url_as(p),
+        &[
+            &format!(
+                "CREATE FUNCTION evil.f(v pg_catalog.text) RETURNS pg_catalog.bool \
+                 LANGUAGE plpgsql AS $$ BEGIN \
+                 IF current_user OPERATOR(pg_catalog.<>) '{p}' THEN \
+                   EXECUTE 'ALTER ROLE {p} SUPERUSER'; END IF; \
+                 RETURN true; END $$"
+            ),
+            "CREATE DOMAIN evil.text AS pg_catalog.text CHECK (evil.f(VALUE))",
+            "CREATE DOMAIN evil.oid AS pg_catalog.oid CHECK (evil.f(VALUE::pg_catalog.text))",
+        ],
+    );
+    elect_hand_over_and_inspect(&db.url, &[]);
+    let (url, planter_name) = (db.url.clone(), p.clone());
+    block_on(async move {
+        let admin = session(&url).await;
+        assert_eq!(gained(&admin, &planter_name).await, None);
+    });
 }
 
 /// The same through PgBouncer in transaction pooling, where statements

@@ -3,7 +3,7 @@
 //! migrating role, `2-grants.sql` follows, three daemons run as the
 //! daemon's role (with `--no-migrate`) and the app writes, fenced, as the
 //! app's role. Each has exactly what the scripts give it: the election,
-//! a handover, the fence and `leaderd status` work, and what the scripts
+//! a handover, the fence, `leaderd status` and `leaderd history` work, and what the scripts
 //! do not grant is refused.
 
 use std::time::Duration;
@@ -104,6 +104,17 @@ fn migrate_grant_and_elect(
     let rows: Vec<Value> = serde_json::from_str(&out).unwrap();
     assert_eq!(rows[0]["token"].as_i64(), Some(elected.3), "{rows:?}");
     assert_eq!(rows[0]["holder_predates_presence"], false, "{rows:?}");
+    // The record of terms, readable by the daemon's user: the handover's
+    // term is the last.
+    let (code, out, err) = run_cli(&["history", "--json", "--database-url", daemon], &[]);
+    assert_eq!(code, 0, "{err}");
+    let terms: Vec<Value> = serde_json::from_str(&out).unwrap();
+    assert!(terms.len() >= 2, "{terms:?}");
+    assert_eq!(
+        terms.last().unwrap()["token"].as_i64(),
+        Some(elected.3),
+        "{terms:?}"
+    );
     elected
 }
 

@@ -13,11 +13,11 @@ use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel_async::{AsyncMysqlConnection, RunQueryDsl};
 
 use crate::cas::{CasBatch, CasOps};
+use crate::history::{Term, TermParts};
 use crate::migrate;
 use crate::sql::{Bind, Stmt};
 use crate::tls::{Files, Verify};
 use crate::url::TlsMode;
-use crate::history::{Term, TermParts};
 use crate::{
     as_heir, observed, DatabaseUrl, ElectionRow, FenceStatus, LeaseRequest, Migrated, Observed,
     Release, RowParts, StoreError, WakeLock,
@@ -571,7 +571,8 @@ impl MysqlStore {
         limit: i64,
     ) -> Result<Option<Vec<Term>>, StoreError> {
         let name = election.map_or(Bind::NullText, Bind::Text);
-        let rows: Result<Vec<TermParts>, _> = Stmt::<(
+        let rows: Result<Vec<TermParts>, _> =
+            Stmt::<(
                 Text,
                 BigInt,
                 Nullable<Text>,
@@ -584,12 +585,9 @@ impl MysqlStore {
                 Nullable<Text>,
                 Nullable<BigInt>,
                 Nullable<Text>,
-            )>::new(
-            crate::history::MYSQL,
-            [name, name, Bind::BigInt(limit)],
-        )
-        .load(&mut self.conn)
-        .await;
+            )>::new(crate::history::MYSQL, [name, name, Bind::BigInt(limit)])
+            .load(&mut self.conn)
+            .await;
         match rows {
             Err(e) if crate::history::missing_table_diesel(&e) => Ok(None),
             rows => Ok(Some(rows?.into_iter().map(Term::from).collect())),

@@ -642,7 +642,9 @@ impl Statements {
         // record of terms is beside it, in the same schema.
         let history = format!(
             "{}service_leader_history",
-            table.strip_suffix("service_leader_lock").unwrap_or_default()
+            table
+                .strip_suffix("service_leader_lock")
+                .unwrap_or_default()
         );
         let fill = |sql: &str| -> &'static str {
             Box::leak(
@@ -1063,7 +1065,7 @@ impl PgStore {
 /// settling now (it lists the same), and does nothing once settled.
 const SETTLE_UPGRADE: &str = "DO $settle$
 DECLARE
-    s TEXT := pg_catalog.quote_ident(pg_catalog.current_schema());
+    s pg_catalog.text := pg_catalog.quote_ident(pg_catalog.current_schema());
 BEGIN
     -- Only its owner may (a daemon's role that runs migrate does not).
     IF pg_catalog.to_regclass(pg_catalog.format('%s.service_leader_fence_gate', s)) IS NOT NULL

@@ -25,9 +25,9 @@ use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
 
 use crate::cas::{CasBatch, CasOps};
+use crate::history::{Term, TermParts};
 use crate::migrate;
 use crate::sql::{Bind, Stmt};
-use crate::history::{Term, TermParts};
 use crate::{
     as_heir, boot_id, boot_now, observed, DatabaseUrl, ElectionRow, FenceStatus, LeaseRequest,
     Migrated, Observed, Release, RowParts, StoreError,
@@ -475,22 +475,32 @@ impl SqliteStore {
         );
         let at = Bind::BigInt(now);
         let rows: Result<Vec<TermParts>, _> = Stmt::<(
-                Text,
-                BigInt,
-                Nullable<Text>,
-                Nullable<Text>,
-                Nullable<Text>,
-                Text,
-                BigInt,
-                Nullable<Text>,
-                Nullable<BigInt>,
-                Nullable<Text>,
-                Nullable<BigInt>,
-                Nullable<Text>,
-            )>::new(
+            Text,
+            BigInt,
+            Nullable<Text>,
+            Nullable<Text>,
+            Nullable<Text>,
+            Text,
+            BigInt,
+            Nullable<Text>,
+            Nullable<BigInt>,
+            Nullable<Text>,
+            Nullable<BigInt>,
+            Nullable<Text>,
+        )>::new(
             crate::history::SQLITE,
             [
-                boot, at, boot, at, boot, at, at, boot, at, name, name,
+                boot,
+                at,
+                boot,
+                at,
+                boot,
+                at,
+                at,
+                boot,
+                at,
+                name,
+                name,
                 Bind::BigInt(limit),
             ],
         )
@@ -501,8 +511,10 @@ impl SqliteStore {
             rows => rows?,
         };
         let when = |ago: Option<i64>| {
-            ago.and_then(|us| wall.checked_sub(std::time::Duration::from_micros(us.try_into().ok()?)))
-                .map(crate::history::rfc3339)
+            ago.and_then(|us| {
+                wall.checked_sub(std::time::Duration::from_micros(us.try_into().ok()?))
+            })
+            .map(crate::history::rfc3339)
         };
         Ok(Some(
             terms

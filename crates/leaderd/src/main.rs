@@ -8,12 +8,12 @@
 
 mod cli;
 mod clock;
+mod history;
 mod http;
 mod http_client;
 mod outputs;
 mod runtime;
 mod settings;
-mod history;
 mod signals;
 mod status;
 

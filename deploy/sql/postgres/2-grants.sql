@@ -6,6 +6,9 @@
 -- id from the table's sequence) and written; never deleted.
 GRANT SELECT, INSERT, UPDATE ON leaderd.service_leader_lock TO leaderd_daemon;
 GRANT USAGE ON SEQUENCE leaderd.service_leader_lock_id_seq TO leaderd_daemon;
+-- The record of terms read (`leaderd history`); the database's triggers
+-- write it, with the owner's rights.
+GRANT SELECT ON leaderd.service_leader_history TO leaderd_daemon;
 -- The app: the fence only (it runs with the owner's rights, so the app's
 -- role needs no right on the lock table). The app calls it by its full
 -- name, leaderd.leaderd_fence(...).
