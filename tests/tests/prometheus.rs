@@ -8,6 +8,9 @@
 //!   query answers without error and with data;
 //! - after a SIGKILL of the leader `sum(leaderd_is_leader)` is 1 again and no
 //!   alert fires;
+//! - with both left held (`/release?hold=`) `LeaderdNoLeader` fires, and
+//!   `LeaderdDatabaseDown` stays quiet past its hold (`leaderd_db_up` 1,
+//!   `/readyz` 200, `leaderd_competing` 0);
 //! - with every daemon stopped (no series at all) `LeaderdNoLeader` fires.
 //!
 //! Skipped, saying why, only when no `prometheus` binary can be found
@@ -20,7 +23,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use leaderd_tests::{
-    free_port, serial, wait_for, wait_single_leader, Daemon, Scratch, TempDb, Value,
+    free_port, run_cli, serial, wait_for, wait_single_leader, Daemon, Scratch, TempDb, Value,
 };
 
 const ELECTION: &str = "prom-test";
@@ -436,6 +439,68 @@ fn real_prometheus_scrapes_daemons_and_the_rules_and_dashboard_work() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+
+    // Both left held (a release with a hold, one after the other): nobody
+    // leads, and the database is fine. LeaderdNoLeader fires; the
+    // replicas' readiness and leaderd_db_up stay up, and
+    // LeaderdDatabaseDown stays quiet past its hold.
+    for _ in 0..2 {
+        let rest: Vec<&Daemon> = ds.iter().filter(|d| d.port != killed).collect();
+        let i = wait_single_leader(&rest, Duration::from_secs(10));
+        rest[i].release("?hold=10m");
+    }
+    let alert = wait_for(
+        Duration::from_secs(60),
+        "LeaderdNoLeader to fire with every replica held",
+        || {
+            prom.alerts()
+                .into_iter()
+                .find(|a| a["labels"]["alertname"] == "LeaderdNoLeader" && a["state"] == "firing")
+        },
+    );
+    eprintln!("LeaderdNoLeader firing with every replica held: {alert}");
+    let held_at = Instant::now();
+    let quiet_for = Duration::from_secs(duration_secs("1m") / HOLD_DIVISOR + 4);
+    while held_at.elapsed() < quiet_for {
+        let db_down: Vec<Value> = prom
+            .alerts()
+            .into_iter()
+            .filter(|a| a["labels"]["alertname"] == "LeaderdDatabaseDown")
+            .collect();
+        assert!(
+            db_down.is_empty(),
+            "held replicas read as a database down: {db_down:?}"
+        );
+        assert_eq!(prom.value("min(leaderd_db_up)"), Some(1.0));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(prom.value("max(leaderd_competing)"), Some(0.0));
+    for d in ds.iter().filter(|d| d.port != killed) {
+        assert_eq!(
+            get(d.port, "/readyz").map(|(status, _)| status),
+            Some(200),
+            "a held replica is ready"
+        );
+    }
+
+    // `leaderd resume` on both: one leads again, and the alert resolves.
+    for d in ds.iter().filter(|d| d.port != killed) {
+        let listen = format!("127.0.0.1:{}", d.port);
+        let (code, _, err) = run_cli(&["resume", "--listen", &listen], &[]);
+        assert_eq!(code, 0, "{err}");
+    }
+    wait_for(
+        Duration::from_secs(30),
+        "one leader again and LeaderdNoLeader resolved",
+        || {
+            (prom.value("sum(leaderd_is_leader)") == Some(1.0)
+                && !prom
+                    .alerts()
+                    .iter()
+                    .any(|a| a["labels"]["alertname"] == "LeaderdNoLeader"))
+            .then_some(())
+        },
+    );
 
     // Every replica gone: no series at all, and still a no-leader alert.
     for d in &mut ds {
