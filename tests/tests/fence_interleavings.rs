@@ -1133,9 +1133,9 @@ async fn vxid(c: &Client) -> String {
 /// out again. A role that may do nothing runs the id of a session listed
 /// at the upgrade, takes the old key and prepares (where the old fence's
 /// own could be prepared), its locks showing that id. It holds no takeover
-/// off: none of the server's processes listed with it is left. Weakened
-/// (the new ones listed too, as if the crash went unseen), it holds the
-/// election leaderless until someone resolves it.
+/// off: crash recovery emptied the unlogged row the listing wrote.
+/// Weakened (the row written again, as if the crash went unseen), it holds
+/// the election leaderless until someone resolves it.
 async fn a_crash_in_the_window(weak: bool) -> bool {
     let (server, _leader, _token) = untagged().await;
     let db_admin = on(&server, "postgres");
@@ -1191,11 +1191,7 @@ async fn a_crash_in_the_window(weak: bool) -> bool {
     let admin = session_when_up(&db_admin).await;
     if weak {
         admin
-            .batch_execute(
-                "UPDATE service_leader_fence_gate SET old_fences = old_fences || ARRAY(\
-                 SELECT 'b:' || a.pid FROM pg_stat_activity a WHERE a.usesysid IS NULL) \
-                 WHERE name = ''",
-            )
+            .batch_execute("INSERT INTO service_leader_fence_boot VALUES (true)")
             .await
             .unwrap();
     }

@@ -800,6 +800,7 @@ fn default_privileges_give_no_role_the_fences_tables() {
     };
     assert_eq!(may("service_leader_lock"), "true");
     for table in [
+        "service_leader_fence_boot",
         "service_leader_fence_gate",
         "service_leader_fence_key",
         "service_leader_token",

@@ -4,6 +4,8 @@
 //! each backend's statement. The store only reads it: no daemon statement
 //! writes it, so a takeover by any daemon, of any version, is in it.
 
+use diesel::sql_types::{BigInt, Nullable, Text};
+
 /// One term of an election: a holder and its token, from the takeover that
 /// began it to the release or expiry that ended it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,6 +54,22 @@ pub(crate) type TermParts = (
     Option<String>,
     Option<i64>,
     Option<String>,
+);
+
+/// [`TermParts`]' SQL types, for diesel (MySQL, SQLite).
+pub(crate) type TermSql = (
+    Text,
+    BigInt,
+    Nullable<Text>,
+    Nullable<Text>,
+    Nullable<Text>,
+    Text,
+    BigInt,
+    Nullable<Text>,
+    Nullable<BigInt>,
+    Nullable<Text>,
+    Nullable<BigInt>,
+    Nullable<Text>,
 );
 
 impl From<TermParts> for Term {

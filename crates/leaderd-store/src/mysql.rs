@@ -13,7 +13,7 @@ use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel_async::{AsyncMysqlConnection, RunQueryDsl};
 
 use crate::cas::{CasBatch, CasOps};
-use crate::history::{Term, TermParts};
+use crate::history::{Term, TermParts, TermSql};
 use crate::migrate;
 use crate::sql::{Bind, Stmt};
 use crate::tls::{Files, Verify};
@@ -572,20 +572,7 @@ impl MysqlStore {
     ) -> Result<Option<Vec<Term>>, StoreError> {
         let name = election.map_or(Bind::NullText, Bind::Text);
         let rows: Result<Vec<TermParts>, _> =
-            Stmt::<(
-                Text,
-                BigInt,
-                Nullable<Text>,
-                Nullable<Text>,
-                Nullable<Text>,
-                Text,
-                BigInt,
-                Nullable<Text>,
-                Nullable<BigInt>,
-                Nullable<Text>,
-                Nullable<BigInt>,
-                Nullable<Text>,
-            )>::new(crate::history::MYSQL, [name, name, Bind::BigInt(limit)])
+            Stmt::<TermSql>::new(crate::history::MYSQL, [name, name, Bind::BigInt(limit)])
             .load(&mut self.conn)
             .await;
         match rows {

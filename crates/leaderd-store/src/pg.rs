@@ -73,7 +73,8 @@ macro_rules! trusted_by_a_superuser {
         JOIN pg_catalog.pg_roles o ON o.oid OPERATOR(pg_catalog.=) c.relowner \
         WHERE c.relnamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(pg_catalog.quote_ident(pg_catalog.current_schema())) \
         AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['service_leader_lock', 'service_leader_token', \
-        'service_leader_fence_key', 'service_leader_fence_gate', 'service_leader_history']::pg_catalog.name[]) \
+        'service_leader_fence_key', 'service_leader_fence_gate', 'service_leader_fence_boot', \
+        'service_leader_history']::pg_catalog.name[]) \
         AND NOT o.rolsuper) \
         AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_proc p \
         JOIN pg_catalog.pg_roles o ON o.oid OPERATOR(pg_catalog.=) p.proowner \

@@ -48,7 +48,7 @@ macro_rules! untrusted {
             $nsp,
             " AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['service_leader_lock', \
              'service_leader_token', 'service_leader_fence_key', \
-             'service_leader_fence_gate', 'service_leader_history']::pg_catalog.name[]) \
+             'service_leader_fence_gate', 'service_leader_fence_boot', 'service_leader_history']::pg_catalog.name[]) \
              UNION ALL \
              SELECT 'trigger ' OPERATOR(pg_catalog.||) t.tgname::pg_catalog.text, p.proowner \
              FROM pg_catalog.pg_trigger t \

@@ -25,7 +25,7 @@ use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
 
 use crate::cas::{CasBatch, CasOps};
-use crate::history::{Term, TermParts};
+use crate::history::{Term, TermParts, TermSql};
 use crate::migrate;
 use crate::sql::{Bind, Stmt};
 use crate::{
@@ -474,20 +474,7 @@ impl SqliteStore {
             election.map_or(Bind::NullText, Bind::Text),
         );
         let at = Bind::BigInt(now);
-        let rows: Result<Vec<TermParts>, _> = Stmt::<(
-            Text,
-            BigInt,
-            Nullable<Text>,
-            Nullable<Text>,
-            Nullable<Text>,
-            Text,
-            BigInt,
-            Nullable<Text>,
-            Nullable<BigInt>,
-            Nullable<Text>,
-            Nullable<BigInt>,
-            Nullable<Text>,
-        )>::new(
+        let rows: Result<Vec<TermParts>, _> = Stmt::<TermSql>::new(
             crate::history::SQLITE,
             [
                 boot,

@@ -60,12 +60,14 @@ BEGIN
            AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['service_leader_lock', 'service_leader_token',
                                                           'service_leader_fence_key',
                                                           'service_leader_fence_gate',
+                                                          'service_leader_fence_boot',
                                                           'service_leader_history']::pg_catalog.name[])
            AND (c.relkind OPERATOR(pg_catalog.<>) 'r' OR c.relrowsecurity
                 OR NOT (o.rolname OPERATOR(pg_catalog.=) CURRENT_USER OR o.rolsuper))) THEN
         RAISE EXCEPTION USING ERRCODE = 'LF010', MESSAGE = pg_catalog.format(
             'leaderd: %s.service_leader_lock, service_leader_token, service_leader_fence_key, '
-            'service_leader_fence_gate or service_leader_history is not a plain table of %s''s '
+            'service_leader_fence_gate, service_leader_fence_boot or service_leader_history is not '
+            'a plain table of %s''s '
             '(another role made it, or it is a view, or has row security): its owner could run code '
             'with %s''s rights; nothing installed (docs/security.md)', s, CURRENT_USER, CURRENT_USER);
     END IF;

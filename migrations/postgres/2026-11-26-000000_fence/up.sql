@@ -78,6 +78,16 @@ BEGIN
         EXECUTE pg_catalog.format('CREATE TABLE %s.service_leader_fence_gate '
             '(name pg_catalog.text COLLATE "C" PRIMARY KEY, old_fences pg_catalog.text[], settled BOOLEAN)', s);
     END IF;
+    -- One row while the server runs as it did at an upgrade's listing
+    -- (below): an unlogged table, which crash recovery empties (a
+    -- backend's crash reinitialises the server, keeps its start time, and
+    -- hands session ids out again), while a clean restart changes the
+    -- start. Only its owner may write it: no other role can make a crash
+    -- look unseen.
+    IF pg_catalog.to_regclass(pg_catalog.format('%s.service_leader_fence_boot', s)) IS NULL THEN
+        EXECUTE pg_catalog.format('CREATE UNLOGGED TABLE %s.service_leader_fence_boot '
+            '(listed BOOLEAN NOT NULL)', s);
+    END IF;
     -- Under REPEATABLE READ and SERIALIZABLE the fence's fallback (FOR KEY
     -- SHARE on a row version a later one superseded) raises 40001 only
     -- when the update that superseded it changed a key: a unique index over
@@ -105,7 +115,7 @@ BEGIN
     -- schema gave another role (a role that may lock or update these rows
     -- could hold takeovers off, or let one pass).
     FOREACH trigger IN ARRAY ARRAY['service_leader_fence_gate', 'service_leader_fence_key',
-                                   'service_leader_token'] LOOP
+                                   'service_leader_fence_boot', 'service_leader_token'] LOOP
         IF pg_catalog.to_regclass(pg_catalog.format('%s.%s', s, trigger)) IS NOT NULL THEN
             EXECUTE pg_catalog.format('REVOKE ALL ON %s.%s FROM PUBLIC', s, trigger);
             -- Table and column grants (a table's REVOKE takes both), and
@@ -265,15 +275,11 @@ BEGIN
                     WHERE f.oid = to_regprocedure('{schema}.leaderd_fence(varchar, bigint, interval)'));
         tempered := marker AND 'temp' = ANY (old_fences) AND fencer IS NOT NULL
                     AND has_database_privilege(fencer, current_database(), 'TEMPORARY');
-        -- The server as it ran at the listing: the same start, and one of
-        -- the processes that were no session then still there (the
-        -- checkpointer lives as long as the server, unless a backend's
-        -- crash makes it start them all again).
+        -- The server as it ran at the listing: the same start, and no
+        -- crash since (the unlogged row the listing wrote is still there).
         same_start := 's:' || ((date_part('epoch', pg_postmaster_start_time()) * 1000000)::bigint)::pg_catalog.text
                       = ANY (old_fences)
-                      AND (NOT EXISTS (SELECT 1 FROM unnest(old_fences) e WHERE e LIKE 'b:%')
-                           OR EXISTS (SELECT 1 FROM pg_stat_get_activity(NULL) a
-                                       WHERE a.usesysid IS NULL AND 'b:' || a.pid = ANY (old_fences)));
+                      AND EXISTS (SELECT 1 FROM {schema}.service_leader_fence_boot);
         IF NOT marker OR NOT settled
            OR (same_start AND EXISTS (
                    SELECT 1 FROM pg_locks k
@@ -564,12 +570,12 @@ END $fn$$sql$, '{schema}', s);
                '%s.leaderd_fence(varchar, bigint, interval)', s)))
        OPERATOR(pg_catalog.=) ANY (ARRAY['leaderd fence 4', 'leaderd fence 5']) THEN
         -- Tagged 'temp' when version 5's fence could make its table in
-        -- the caller's session, 's:' with the server's start and 'b:' with
-        -- the pids of its processes that are no session (the checkpointer
-        -- among them), which every role may see: a server that
-        -- reinitialises after a backend's crash keeps its start, starts
-        -- them all again, and hands ids out again (see the trigger). `leaderd migrate` lists the open transactions again
-        -- once this has committed (settled).
+        -- the caller's session, and 's:' with the server's start; the
+        -- unlogged row says no crash came since (see the trigger). `leaderd
+        -- migrate` lists the open transactions again once this has
+        -- committed (settled).
+        EXECUTE pg_catalog.format('DELETE FROM %s.service_leader_fence_boot', s);
+        EXECUTE pg_catalog.format('INSERT INTO %s.service_leader_fence_boot VALUES (true)', s);
         EXECUTE pg_catalog.format('INSERT INTO %1$s.service_leader_fence_gate AS g (name, old_fences, settled) '
             'VALUES ($1, $2 OPERATOR(pg_catalog.||) $3 OPERATOR(pg_catalog.||) '
             '%1$s.service_leader_open_transactions(), false) '
@@ -582,10 +588,7 @@ END $fn$$sql$, '{schema}', s);
                                         '%s.leaderd_fence(varchar, bigint, interval)', s)))
                            THEN ARRAY['temp'] ELSE ARRAY[]::pg_catalog.text[] END,
                       ARRAY['s:' OPERATOR(pg_catalog.||) ((pg_catalog.date_part('epoch', pg_catalog.pg_postmaster_start_time())
-                                                            OPERATOR(pg_catalog.*) 1000000)::bigint)::pg_catalog.text]
-                      OPERATOR(pg_catalog.||) ARRAY(
-                          SELECT 'b:' OPERATOR(pg_catalog.||) a.pid::pg_catalog.text
-                            FROM pg_catalog.pg_stat_get_activity(NULL) a WHERE a.usesysid IS NULL);
+                                                            OPERATOR(pg_catalog.*) 1000000)::bigint)::pg_catalog.text];
     ELSE
         EXECUTE pg_catalog.format('INSERT INTO %s.service_leader_fence_gate AS g (name, settled) '
             'VALUES ($1, true) ON CONFLICT (name) DO NOTHING', s) USING '';

@@ -14,6 +14,7 @@ DO $migrate$
 DECLARE
     s pg_catalog.text := pg_catalog.quote_ident(pg_catalog.current_schema());
     grantee pg_catalog.text;
+    trigger pg_catalog.text;
 BEGIN
     -- Made once, readable by its owner alone: a default privilege of the
     -- schema may have granted more to another role (one that may lock or
@@ -104,24 +105,19 @@ BEGIN
 END $fn$$sql$, '{schema}', s);
     EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s.service_leader_record_term() FROM PUBLIC', s);
     -- Made only when missing (see 2026-11-24). The WHEN clauses leave out
-    -- renewals: a term begins with a new token and ends with the holder
-    -- cleared (a release).
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
-                    WHERE t.tgname OPERATOR(pg_catalog.=) 'service_leader_record_term'
-                      AND t.tgrelid OPERATOR(pg_catalog.=)
-                          pg_catalog.to_regclass(pg_catalog.format('%s.service_leader_lock', s))) THEN
-        EXECUTE pg_catalog.format('CREATE TRIGGER service_leader_record_term AFTER UPDATE '
-            'ON %1$s.service_leader_lock FOR EACH ROW '
-            'WHEN (NOT (OLD.token OPERATOR(pg_catalog.=) NEW.token) '
-            'OR (OLD.holder IS NOT NULL AND NEW.holder IS NULL)) '
-            'EXECUTE FUNCTION %1$s.service_leader_record_term()', s);
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
-                    WHERE t.tgname OPERATOR(pg_catalog.=) 'service_leader_record_first'
-                      AND t.tgrelid OPERATOR(pg_catalog.=)
-                          pg_catalog.to_regclass(pg_catalog.format('%s.service_leader_lock', s))) THEN
-        EXECUTE pg_catalog.format('CREATE TRIGGER service_leader_record_first AFTER INSERT '
-            'ON %1$s.service_leader_lock FOR EACH ROW WHEN (NEW.holder IS NOT NULL) '
-            'EXECUTE FUNCTION %1$s.service_leader_record_term()', s);
-    END IF;
+    -- renewals: a term begins with a new token (or a row made held) and
+    -- ends with the holder cleared (a release).
+    FOREACH trigger IN ARRAY ARRAY[
+        'service_leader_record_term AFTER UPDATE|NOT (OLD.token OPERATOR(pg_catalog.=) NEW.token) '
+            'OR (OLD.holder IS NOT NULL AND NEW.holder IS NULL)',
+        'service_leader_record_first AFTER INSERT|NEW.holder IS NOT NULL'] LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
+                        WHERE t.tgname OPERATOR(pg_catalog.=) pg_catalog.split_part(trigger, ' ', 1)
+                          AND t.tgrelid OPERATOR(pg_catalog.=)
+                              pg_catalog.to_regclass(pg_catalog.format('%s.service_leader_lock', s))) THEN
+            EXECUTE pg_catalog.format('CREATE TRIGGER %2$s ON %1$s.service_leader_lock '
+                'FOR EACH ROW WHEN (%3$s) EXECUTE FUNCTION %1$s.service_leader_record_term()',
+                s, pg_catalog.split_part(trigger, '|', 1), pg_catalog.split_part(trigger, '|', 2));
+        END IF;
+    END LOOP;
 END $migrate$;
