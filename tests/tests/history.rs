@@ -195,6 +195,45 @@ fn record_of_terms(db: TempDb) {
     assert_eq!(kept.len(), 100);
     assert_eq!(kept[99]["token"].as_i64(), Some(first + 3 + 120));
     assert_eq!(kept[99]["holder"], "x119");
+
+    // Released naming a successor whose window has passed, then taken by
+    // an earlier version's daemon that writes no time of its own: taken
+    // after a release, beginning when it was taken (not at the previous
+    // term's start).
+    let now = now_sql(&db);
+    db.exec(&[&format!(
+        "UPDATE service_leader_lock SET holder = NULL, instance = NULL, successor = 'zz', \
+         expires_at = {now} WHERE name = '{ELECTION}'"
+    )]);
+    db.exec(&[&format!(
+        "UPDATE service_leader_lock SET holder = 'old2', instance = 'i-old2', token = token + 1 \
+         WHERE name = '{ELECTION}'"
+    )]);
+    let last = history(&db, &["--limit", "2"]);
+    assert_eq!(last[0]["ended_how"], "released", "{last:#?}");
+    assert_eq!(
+        (
+            &last[1]["holder"],
+            &last[1]["began_how"],
+            &last[1]["earlier_version"]
+        ),
+        (
+            &Value::from("old2"),
+            &Value::from("released"),
+            &Value::from(true)
+        ),
+        "{last:#?}"
+    );
+    assert!(
+        last[1]["began_at"].as_str() >= last[0]["ended_at"].as_str(),
+        "{last:#?}"
+    );
+    // The row deleted: its last term's end is unknown, not "holding".
+    db.exec(&[&format!(
+        "DELETE FROM service_leader_lock WHERE name = '{ELECTION}'"
+    )]);
+    let last = history(&db, &["--limit", "1"]);
+    assert_eq!(last[0]["ended_how"], "unknown", "{last:#?}");
 }
 
 #[test]

@@ -114,7 +114,7 @@ fn planted_operators_and_functions_run_for_nobody() {
 
 /// A search_path that names `pg_catalog` after a schema another role may
 /// create in (here set for the whole database): a type there named as a
-/// built-in one (a domain `text` or `oid`, whose check runs its owner's
+/// built-in one (a domain `text`, `oid` or `timestamptz`, whose check runs its owner's
 /// function as whoever checks a value) would be found first by a cast or a
 /// declaration that does not name its schema. leaderd's migration, its
 /// daemons, `status` and `history` run there as a superuser: the planter
@@ -144,6 +144,8 @@ fn types_named_as_built_in_ones_are_never_used() {
             ),
             "CREATE DOMAIN evil.text AS pg_catalog.text CHECK (evil.f(VALUE))",
             "CREATE DOMAIN evil.oid AS pg_catalog.oid CHECK (evil.f(VALUE::pg_catalog.text))",
+            "CREATE DOMAIN evil.timestamptz AS pg_catalog.timestamptz \
+             CHECK (evil.f(VALUE::pg_catalog.text))",
         ],
     );
     elect_hand_over_and_inspect(&db.url, &[]);
@@ -152,6 +154,34 @@ fn types_named_as_built_in_ones_are_never_used() {
         let admin = session(&url).await;
         assert_eq!(gained(&admin, &planter_name).await, None);
     });
+}
+
+/// A lock table made (by an earlier version, or by hand) while such a
+/// type was found first has a column of the planter's type: the
+/// migration refuses it, and so does a daemon, naming the column.
+#[test]
+fn a_column_of_another_roles_type_is_refused() {
+    let _s = serial();
+    let db = TempDb::postgres();
+    let planter = PgRole::new(&db, "planter");
+    let p = &planter.name;
+    db.exec(&[&format!("CREATE SCHEMA evil AUTHORIZATION {p}")]);
+    pg_exec(
+        &db.url_as(p),
+        &["CREATE DOMAIN evil.timestamptz AS pg_catalog.timestamptz"],
+    );
+    db.exec(&[
+        "SET search_path = public, evil, pg_catalog",
+        "CREATE TABLE public.service_leader_lock (id BIGSERIAL PRIMARY KEY, \
+           name VARCHAR(100) NOT NULL UNIQUE, holder VARCHAR(100), instance VARCHAR(64), \
+           token BIGINT NOT NULL, acquired_at timestamptz, renewed_at timestamptz, \
+           expires_at timestamptz NOT NULL)",
+    ]);
+    let (code, _, err) = run_cli(&["migrate", "--database-url", &db.url], &[]);
+    assert_ne!(code, 0, "{err}");
+    assert!(err.contains("made outside pg_catalog"), "{err}");
+    let (code, _, err) = run_cli(&["status", "--database-url", &db.url], &[]);
+    assert_ne!(code, 0, "{err}");
 }
 
 /// The same through PgBouncer in transaction pooling, where statements

@@ -33,8 +33,8 @@ pub struct Term {
     /// When it ended, as `began_at`; `None` while it runs.
     pub ended_at: Option<String>,
     pub ended_ago_us: Option<i64>,
-    /// How it ended: `released` or `expired`; `None` while it runs (or,
-    /// for a term of a row deleted since, unknown).
+    /// How it ended: `released`, `expired`, or `unknown` (its row was
+    /// deleted or renamed since); `None` while it runs.
     pub ended_how: Option<String>,
 }
 
@@ -109,7 +109,8 @@ impl From<TermParts> for Term {
 /// The most recent terms first: of one election (`$1`, or every election
 /// when NULL), at most `$2`. A term whose lease ran out and that nobody has
 /// taken over since ends at that expiry (the trigger writes an end only at
-/// the next takeover or release). Every operator and function is named
+/// the next takeover or release); one whose row was deleted or renamed
+/// since has an `unknown` end. Every operator and function is named
 /// with its schema: the daemon's role may run this with a search_path
 /// where another role has made look-alikes. `{t}`/`{h}`: the lock table
 /// and the history, with their schema.
@@ -130,7 +131,8 @@ SELECT h.name, h.token, h.holder, h.instance, h.address, h.began_how,
     SELECT CASE WHEN h.ended_at IS NOT NULL THEN h.ended_at
                 WHEN l.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now() THEN l.expires_at END AS at,
            CASE WHEN h.ended_at IS NOT NULL THEN h.ended_how
-                WHEN l.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now() THEN 'expired' END AS how) e
+                WHEN l.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now() THEN 'expired'
+                WHEN l.name IS NULL THEN 'unknown' END AS how) e
  WHERE $1::varchar IS NULL OR h.name OPERATOR(pg_catalog.=) $1::varchar
  ORDER BY h.began_at DESC, h.token DESC
  LIMIT $2";
@@ -147,7 +149,8 @@ SELECT CAST(h.name AS CHAR), h.token, h.holder, h.instance, h.address, h.began_h
        TIMESTAMPDIFF(MICROSECOND,
                      COALESCE(h.ended_at, IF(l.expires_at <= UTC_TIMESTAMP(6), l.expires_at, NULL)),
                      UTC_TIMESTAMP(6)),
-       COALESCE(h.ended_how, IF(l.expires_at <= UTC_TIMESTAMP(6), 'expired', NULL))
+       COALESCE(h.ended_how, IF(l.expires_at <= UTC_TIMESTAMP(6), 'expired', NULL),
+                IF(l.name IS NULL, 'unknown', NULL))
   FROM service_leader_history h
   LEFT JOIN service_leader_lock l ON l.name = h.name AND l.token = h.token AND l.holder IS NOT NULL
  WHERE ? IS NULL OR h.name = ?
@@ -166,7 +169,8 @@ SELECT h.name, h.token, h.holder, h.instance, h.address, h.began_how, h.earlier_
        NULL,
        CASE WHEN h.ended_at IS NOT NULL THEN CASE WHEN h.boot_id = ? THEN ? - h.ended_at END
             WHEN l.boot_id = ? AND l.expires_at <= ? THEN ? - l.expires_at END,
-       COALESCE(h.ended_how, CASE WHEN l.boot_id = ? AND l.expires_at <= ? THEN 'expired' END)
+       COALESCE(h.ended_how, CASE WHEN l.boot_id = ? AND l.expires_at <= ? THEN 'expired'
+                                  WHEN l.name IS NULL THEN 'unknown' END)
   FROM service_leader_history h
   LEFT JOIN service_leader_lock l ON l.name = h.name AND l.token = h.token AND l.holder IS NOT NULL
  WHERE ? IS NULL OR h.name = ?

@@ -573,8 +573,8 @@ impl MysqlStore {
         let name = election.map_or(Bind::NullText, Bind::Text);
         let rows: Result<Vec<TermParts>, _> =
             Stmt::<TermSql>::new(crate::history::MYSQL, [name, name, Bind::BigInt(limit)])
-            .load(&mut self.conn)
-            .await;
+                .load(&mut self.conn)
+                .await;
         match rows {
             Err(e) if crate::history::missing_table_diesel(&e) => Ok(None),
             rows => Ok(Some(rows?.into_iter().map(Term::from).collect())),

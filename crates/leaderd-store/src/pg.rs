@@ -84,6 +84,17 @@ macro_rules! trusted_by_a_superuser {
         'service_leader_open_transactions', 'service_leader_fenced_session', 'service_leader_record_term', \
         'leaderd_fence']::pg_catalog.name[]) \
         AND NOT o.rolsuper) \
+        AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a \
+        JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) a.attrelid \
+        JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.atttypid \
+        JOIN pg_catalog.pg_roles o ON o.oid OPERATOR(pg_catalog.=) t.typowner \
+        WHERE c.relnamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace(pg_catalog.quote_ident(pg_catalog.current_schema())) \
+        AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['service_leader_lock', 'service_leader_token', \
+        'service_leader_fence_key', 'service_leader_fence_gate', 'service_leader_fence_boot', \
+        'service_leader_history']::pg_catalog.name[]) \
+        AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped \
+        AND t.typnamespace OPERATOR(pg_catalog.<>) pg_catalog.to_regnamespace('pg_catalog') \
+        AND NOT o.rolsuper) \
         AND EXISTS (SELECT 1 FROM pg_catalog.pg_namespace n \
         JOIN pg_catalog.pg_roles o ON o.oid OPERATOR(pg_catalog.=) n.nspowner \
         WHERE n.nspname OPERATOR(pg_catalog.=) pg_catalog.current_schema() \

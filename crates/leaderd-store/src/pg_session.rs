@@ -24,8 +24,10 @@ use crate::StoreError;
 
 /// leaderd's objects in the schema whose oid is `$nsp` (an SQL
 /// expression) that this user should not trust, one text each ("trigger
-/// x (owner r)"): a table, a function of leaderd's name and arguments, or
-/// the function of any trigger on the lock table, whose owner is neither a
+/// x (owner r)"): a table, a type one of their columns has outside
+/// `pg_catalog` (a domain's check runs as whoever writes the row), a
+/// function of leaderd's name and arguments, or the function of any
+/// trigger on the lock table, whose owner is neither a
 /// superuser, this user, the schema's owner, nor (for a schema of
 /// `pg_database_owner`) the database's owner. Such an owner could run code
 /// with this user's rights through them: a trigger on the lock table, a
@@ -49,6 +51,19 @@ macro_rules! untrusted {
             " AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['service_leader_lock', \
              'service_leader_token', 'service_leader_fence_key', \
              'service_leader_fence_gate', 'service_leader_fence_boot', 'service_leader_history']::pg_catalog.name[]) \
+             UNION ALL \
+             SELECT 'the type of ' OPERATOR(pg_catalog.||) c.relname::pg_catalog.text \
+             OPERATOR(pg_catalog.||) '.' OPERATOR(pg_catalog.||) a.attname::pg_catalog.text, t.typowner \
+             FROM pg_catalog.pg_attribute a \
+             JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) a.attrelid \
+             JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.atttypid \
+             WHERE c.relnamespace OPERATOR(pg_catalog.=) ",
+            $nsp,
+            " AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['service_leader_lock', \
+             'service_leader_token', 'service_leader_fence_key', \
+             'service_leader_fence_gate', 'service_leader_fence_boot', 'service_leader_history']::pg_catalog.name[]) \
+             AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped \
+             AND t.typnamespace OPERATOR(pg_catalog.<>) pg_catalog.to_regnamespace('pg_catalog') \
              UNION ALL \
              SELECT 'trigger ' OPERATOR(pg_catalog.||) t.tgname::pg_catalog.text, p.proowner \
              FROM pg_catalog.pg_trigger t \

@@ -2,8 +2,8 @@
 -- database itself, so that a takeover by any daemon, of any version, is
 -- in it (`leaderd history`; docs/operations.md, "A record of terms").
 -- Times are UTC_TIMESTAMP(6) of the server, as in the lock table.
--- Bounded: the last 100 terms of each election, the oldest beyond them
--- deleted through the primary key (this election's entries only). See the
+-- Bounded: the last 100 terms of each election; each new term deletes
+-- the one that falls out, by its primary key. See the
 -- PostgreSQL file for what each `began_how` and `ended_how` means.
 --
 -- Installed apart from the steps, best effort, as the kept-tokens trigger
@@ -28,32 +28,36 @@ CREATE TABLE IF NOT EXISTS service_leader_history (
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 CREATE TRIGGER IF NOT EXISTS service_leader_history_term AFTER UPDATE ON service_leader_lock FOR EACH ROW
 BEGIN
+    DECLARE began DATETIME(6);
     DECLARE cutoff BIGINT;
-    IF (NEW.token <> OLD.token OR NEW.holder IS NULL) AND OLD.holder IS NOT NULL
-       AND LEFT(NEW.name, 17) <> 'leaderd-presence/' THEN
-        UPDATE service_leader_history
-           SET ended_at = IF(NEW.holder IS NULL, UTC_TIMESTAMP(6),
-                             LEAST(OLD.expires_at, COALESCE(NEW.acquired_at, UTC_TIMESTAMP(6)))),
-               ended_how = IF(NEW.holder IS NULL, 'released', 'expired')
-         WHERE name = OLD.name AND token = OLD.token AND ended_at IS NULL;
-    END IF;
-    IF NEW.token <> OLD.token AND NEW.holder IS NOT NULL
-       AND LEFT(NEW.name, 17) <> 'leaderd-presence/' THEN
-        INSERT INTO service_leader_history
-            (name, token, holder, instance, address, began_at, began_how, earlier_version)
-        VALUES (NEW.name, NEW.token, NEW.holder, NEW.instance,
-                IF(NEW.address_instance = NEW.instance, NEW.address, NULL),
-                COALESCE(NEW.acquired_at, UTC_TIMESTAMP(6)),
-                CASE WHEN OLD.holder IS NOT NULL THEN 'expired'
-                     WHEN OLD.acquired_at IS NULL THEN 'first'
-                     WHEN OLD.successor IS NOT NULL
-                          AND COALESCE(NEW.acquired_at, UTC_TIMESTAMP(6)) < OLD.expires_at THEN 'successor'
-                     ELSE 'released' END,
-                NOT (NEW.address_instance <=> NEW.instance))
-            ON DUPLICATE KEY UPDATE token = token;
-        SET cutoff = (SELECT h.token FROM service_leader_history h
-                       WHERE h.name = NEW.name ORDER BY h.token DESC LIMIT 1 OFFSET 99);
-        DELETE FROM service_leader_history WHERE name = NEW.name AND token < cutoff;
+    IF (NEW.token <> OLD.token OR NEW.holder IS NULL) AND LEFT(NEW.name, 17) <> 'leaderd-presence/' THEN
+        -- The takeover's own time where it wrote one (an earlier
+        -- version's may not: it keeps the previous term's).
+        SET began = IF(NEW.acquired_at <=> OLD.acquired_at OR NEW.acquired_at IS NULL,
+                       UTC_TIMESTAMP(6), NEW.acquired_at);
+        IF OLD.holder IS NOT NULL THEN
+            UPDATE service_leader_history
+               SET ended_at = LEAST(OLD.expires_at, began),
+                   ended_how = IF(NEW.holder IS NULL AND began < OLD.expires_at, 'released', 'expired')
+             WHERE name = OLD.name AND token = OLD.token AND ended_at IS NULL;
+        END IF;
+        IF NEW.token <> OLD.token AND NEW.holder IS NOT NULL THEN
+            INSERT INTO service_leader_history
+                (name, token, holder, instance, address, began_at, began_how, earlier_version)
+            VALUES (NEW.name, NEW.token, NEW.holder, NEW.instance,
+                    IF(NEW.address_instance = NEW.instance, NEW.address, NULL), began,
+                    CASE WHEN OLD.holder IS NOT NULL THEN 'expired'
+                         WHEN OLD.acquired_at IS NULL THEN 'first'
+                         WHEN OLD.successor IS NOT NULL AND began < OLD.expires_at THEN 'successor'
+                         ELSE 'released' END,
+                    NOT (NEW.address_instance <=> NEW.instance))
+                ON DUPLICATE KEY UPDATE token = token;
+            -- One key, the oldest beyond the last 100: a range would lock
+            -- the gap before it, where another election's terms go.
+            SET cutoff = (SELECT h.token FROM service_leader_history h
+                           WHERE h.name = NEW.name ORDER BY h.token DESC LIMIT 1 OFFSET 100);
+            DELETE FROM service_leader_history WHERE name = NEW.name AND token = cutoff;
+        END IF;
     END IF;
 END;
 CREATE TRIGGER IF NOT EXISTS service_leader_history_first AFTER INSERT ON service_leader_lock FOR EACH ROW

@@ -5,7 +5,7 @@ CREATE TABLE IF NOT EXISTS service_leader_lock (
     holder      VARCHAR(100),
     instance    VARCHAR(64),
     token       BIGINT       NOT NULL,
-    acquired_at TIMESTAMPTZ,
-    renewed_at  TIMESTAMPTZ,
-    expires_at  TIMESTAMPTZ  NOT NULL
+    acquired_at pg_catalog.timestamptz,
+    renewed_at  pg_catalog.timestamptz,
+    expires_at  pg_catalog.timestamptz  NOT NULL
 );

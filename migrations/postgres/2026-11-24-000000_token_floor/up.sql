@@ -63,13 +63,23 @@ BEGIN
                                                           'service_leader_fence_boot',
                                                           'service_leader_history']::pg_catalog.name[])
            AND (c.relkind OPERATOR(pg_catalog.<>) 'r' OR c.relrowsecurity
-                OR NOT (o.rolname OPERATOR(pg_catalog.=) CURRENT_USER OR o.rolsuper))) THEN
+                OR NOT (o.rolname OPERATOR(pg_catalog.=) CURRENT_USER OR o.rolsuper)
+                -- A column of a type made outside pg_catalog (a domain whose
+                -- check runs as whoever writes the row, found through a
+                -- search_path when the table was made).
+                OR EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
+                             JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.atttypid
+                            WHERE a.attrelid OPERATOR(pg_catalog.=) c.oid
+                              AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
+                              AND t.typnamespace OPERATOR(pg_catalog.<>)
+                                  pg_catalog.to_regnamespace('pg_catalog')))) THEN
         RAISE EXCEPTION USING ERRCODE = 'LF010', MESSAGE = pg_catalog.format(
             'leaderd: %s.service_leader_lock, service_leader_token, service_leader_fence_key, '
             'service_leader_fence_gate, service_leader_fence_boot or service_leader_history is not '
             'a plain table of %s''s '
-            '(another role made it, or it is a view, or has row security): its owner could run code '
-            'with %s''s rights; nothing installed (docs/security.md)', s, CURRENT_USER, CURRENT_USER);
+            '(another role made it, or it is a view, or has row security, or a column of a type '
+            'made outside pg_catalog): its owner could run code with %s''s rights; nothing '
+            'installed (docs/security.md)', s, CURRENT_USER, CURRENT_USER);
     END IF;
     -- Nor another role's relation where the fence's index goes (the
     -- index would not be made, and the fence not installed).
@@ -129,7 +139,7 @@ BEGIN
     END IF;
     -- A lease row deleted: its token is kept.
     EXECUTE pg_catalog.replace($sql$
-CREATE OR REPLACE FUNCTION {schema}.service_leader_keep_token() RETURNS trigger
+CREATE OR REPLACE FUNCTION {schema}.service_leader_keep_token() RETURNS pg_catalog.trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 BEGIN
     INSERT INTO {schema}.service_leader_token AS t (name, token) VALUES (OLD.name, OLD.token)
@@ -140,7 +150,7 @@ END $fn$$sql$, '{schema}', s);
     -- rather than a function in leaderd's INSERT, so that the daemon's role
     -- needs no EXECUTE right.
     EXECUTE pg_catalog.replace($sql$
-CREATE OR REPLACE FUNCTION {schema}.service_leader_seed_token() RETURNS trigger
+CREATE OR REPLACE FUNCTION {schema}.service_leader_seed_token() RETURNS pg_catalog.trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 BEGIN
     NEW.token := GREATEST(NEW.token,

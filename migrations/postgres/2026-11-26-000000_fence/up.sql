@@ -382,7 +382,7 @@ BEGIN
 END $fn$$sql$, '{schema}', s);
     EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s.service_leader_take_key(VARCHAR, BIGINT) FROM PUBLIC', s);
     EXECUTE pg_catalog.replace($sql$
-CREATE OR REPLACE FUNCTION {schema}.service_leader_take() RETURNS trigger
+CREATE OR REPLACE FUNCTION {schema}.service_leader_take() RETURNS pg_catalog.trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     seed BIGINT := (SELECT min(k.seed) FROM {schema}.service_leader_fence_key k);
@@ -424,7 +424,7 @@ RETURNS BIGINT
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     held BIGINT;
-    expires TIMESTAMPTZ;
+    expires pg_catalog.timestamptz;
     lease INTERVAL;
     superseded BOOLEAN;
     seed BIGINT;

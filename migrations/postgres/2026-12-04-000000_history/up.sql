@@ -29,10 +29,10 @@ CREATE TABLE %s.service_leader_history (
     holder          VARCHAR(100),
     instance        VARCHAR(64),
     address         VARCHAR(255),
-    began_at        TIMESTAMPTZ  NOT NULL,
+    began_at        pg_catalog.timestamptz  NOT NULL,
     began_how       VARCHAR(16)  NOT NULL,
     earlier_version BOOLEAN      NOT NULL,
-    ended_at        TIMESTAMPTZ,
+    ended_at        pg_catalog.timestamptz,
     ended_how       VARCHAR(16),
     PRIMARY KEY (name, token)
 )$sql$, s);
@@ -62,19 +62,27 @@ CREATE TABLE %s.service_leader_history (
     -- version's takeover. How it ended: `released`, or `expired` (at the
     -- lease's end by the database's clock), filled in by the next term.
     EXECUTE pg_catalog.replace($sql$
-CREATE OR REPLACE FUNCTION {schema}.service_leader_record_term() RETURNS trigger
+CREATE OR REPLACE FUNCTION {schema}.service_leader_record_term() RETURNS pg_catalog.trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     how pg_catalog.text;
-    began TIMESTAMPTZ := COALESCE(NEW.acquired_at, now());
+    began pg_catalog.timestamptz := now();
 BEGIN
+    -- The takeover's own time where it wrote one (an earlier version's
+    -- may not: it keeps the previous term's).
+    IF TG_OP = 'INSERT' THEN
+        began := COALESCE(NEW.acquired_at, began);
+    ELSIF NEW.acquired_at IS DISTINCT FROM OLD.acquired_at AND NEW.acquired_at IS NOT NULL THEN
+        began := NEW.acquired_at;
+    END IF;
     IF starts_with(NEW.name, 'leaderd-presence/') THEN
         RETURN NULL;
     END IF;
     IF TG_OP = 'UPDATE' AND OLD.holder IS NOT NULL THEN
         UPDATE {schema}.service_leader_history h
-           SET ended_at = CASE WHEN NEW.holder IS NULL THEN now() ELSE LEAST(OLD.expires_at, began) END,
-               ended_how = CASE WHEN NEW.holder IS NULL THEN 'released' ELSE 'expired' END
+           SET ended_at = LEAST(OLD.expires_at, CASE WHEN NEW.holder IS NULL THEN now() ELSE began END),
+               ended_how = CASE WHEN NEW.holder IS NULL AND now() < OLD.expires_at THEN 'released'
+                                ELSE 'expired' END
          WHERE h.name = OLD.name AND h.token = OLD.token AND h.ended_at IS NULL;
     END IF;
     IF NEW.holder IS NULL OR (TG_OP = 'UPDATE' AND OLD.token = NEW.token) THEN
