@@ -73,9 +73,7 @@ pub(crate) const POSTGRES_FENCE: BestEffort = BestEffort {
         include_str!("../../../migrations/postgres/2026-11-24-000000_token_floor/up.sql"),
         include_str!("../../../migrations/postgres/2026-11-26-000000_fence/up.sql")
     ),
-    begin: "SAVEPOINT leaderd_fence",
-    undo: "ROLLBACK TO SAVEPOINT leaderd_fence",
-    end: "RELEASE SAVEPOINT leaderd_fence",
+    savepoint: Some("leaderd_fence"),
 };
 
 /// Whether a MySQL/MariaDB user can see the lock table's triggers:
@@ -139,9 +137,7 @@ pub(crate) const MARIADB_FENCE: BestEffort = BestEffort {
         "CREATE OR REPLACE ",
         include_str!("../../../migrations/mysql/2026-11-26-000000_fence/mariadb-procedure.sql")
     ),
-    begin: "DO 0",
-    undo: "DO 0",
-    end: "DO 0",
+    savepoint: None,
 };
 
 /// What the log says, once per process, when the server refuses the fence.
@@ -178,9 +174,7 @@ pub(crate) const MYSQL_KEPT_TOKENS: BestEffort = BestEffort {
     current: mysql_kept_tokens_current!(),
     visible: None,
     install: include_str!("../../../migrations/mysql/2026-11-24-000000_token_floor/trigger.sql"),
-    begin: "DO 0",
-    undo: "DO 0",
-    end: "DO 0",
+    savepoint: None,
 };
 static KEPT_TOKENS_SAID: AtomicBool = AtomicBool::new(false);
 
@@ -246,17 +240,13 @@ pub(crate) const POSTGRES_HISTORY: BestEffort = BestEffort {
         include_str!("../../../migrations/postgres/2026-11-24-000000_token_floor/up.sql"),
         include_str!("../../../migrations/postgres/2026-12-04-000000_history/up.sql")
     ),
-    begin: "SAVEPOINT leaderd_history",
-    undo: "ROLLBACK TO SAVEPOINT leaderd_history",
-    end: "RELEASE SAVEPOINT leaderd_history",
+    savepoint: Some("leaderd_history"),
 };
 
 pub(crate) const MYSQL_HISTORY: BestEffort = BestEffort {
     current: mysql_history_current!(),
     install: include_str!("../../../migrations/mysql/2026-12-04-000000_history/up.sql"),
-    begin: "DO 0",
-    undo: "DO 0",
-    end: "DO 0",
+    savepoint: None,
     ..POSTGRES_HISTORY
 };
 
@@ -291,11 +281,34 @@ pub(crate) struct BestEffort {
     pub visible: Option<&'static str>,
     /// The statements that install it.
     pub install: &'static str,
-    /// Run before `install`, `undo` after its failure, `end` after its
-    /// success: a savepoint, so that a refusal does not undo the steps.
-    pub begin: &'static str,
-    pub undo: &'static str,
-    pub end: &'static str,
+    /// Where the steps run in a transaction (PostgreSQL, SQLite): the
+    /// savepoint `install` runs under, so that a refusal does not undo the
+    /// steps. Set in the same batch as `install` and released after it:
+    /// each round trip counts to a database far away.
+    pub savepoint: Option<&'static str>,
+}
+
+impl BestEffort {
+    /// `install` in one batch, under its savepoint where it has one.
+    fn batch(&self) -> std::borrow::Cow<'static, str> {
+        match self.savepoint {
+            None => self.install.into(),
+            Some(name) => format!(
+                "SAVEPOINT {name};\n{};\nRELEASE SAVEPOINT {name}",
+                self.install.trim_end().trim_end_matches(';')
+            )
+            .into(),
+        }
+    }
+
+    /// Undoes a failed [`BestEffort::batch`] (nothing to undo without a
+    /// savepoint: each statement committed or failed on its own).
+    async fn undo<M: Migrator>(&self, conn: &mut M) -> Result<(), StoreError> {
+        match self.savepoint {
+            None => Ok(()),
+            Some(name) => conn.batch(&format!("ROLLBACK TO SAVEPOINT {name}")).await,
+        }
+    }
 }
 
 /// The last PostgreSQL step, also run on its own when the schema is
@@ -723,9 +736,8 @@ async fn install<M: Migrator>(
     if conn.flag(part.current).await? {
         return Ok(false);
     }
-    conn.batch(part.begin).await?;
     let tried_until = tokio::time::Instant::now() + BUSY_RETRY_FOR;
-    let mut installed = conn.batch(part.install).await;
+    let mut installed = conn.batch(&part.batch()).await;
     // A lock held for an instant (a renewal's, on the lock table a trigger
     // is made on) is waited out as the steps' are; a longer one postpones.
     while retry_busy
@@ -733,25 +745,21 @@ async fn install<M: Migrator>(
         && tokio::time::Instant::now() + BUSY_PAUSE < tried_until
     {
         tokio::time::sleep(BUSY_PAUSE).await;
-        conn.batch(part.undo).await?;
-        conn.batch(part.begin).await?;
-        installed = conn.batch(part.install).await;
+        part.undo(conn).await?;
+        installed = conn.batch(&part.batch()).await;
     }
     match installed {
         Err(StoreError::Postgres(e)) if guard_refused(&e) => {
-            conn.batch(part.undo).await?;
+            part.undo(conn).await?;
             Err(StoreError::Unsafe(crate::pg::describe(&e)))
         }
         Err(e) if lock_wait_cut(&e) => {
-            conn.batch(part.undo).await?;
+            part.undo(conn).await?;
             Err(StoreError::MigrationBusy(e.to_string()))
         }
-        Ok(()) => {
-            conn.batch(part.end).await?;
-            Ok(true)
-        }
+        Ok(()) => Ok(true),
         Err(e) if refused_by_server(&e) => {
-            conn.batch(part.undo).await?;
+            part.undo(conn).await?;
             if again_current(conn, retry_busy, part.current).await {
                 // Another migration installed it meanwhile: nothing to say.
                 return Ok(false);
