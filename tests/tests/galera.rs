@@ -67,8 +67,8 @@ fn concurrent_migrations_on_three_nodes_all_succeed() {
                     "SELECT CAST(COUNT(*) AS CHAR) AS v FROM information_schema.triggers \
                      WHERE trigger_schema = DATABASE()"
                 ),
-                "3",
-                "node {n}: the kept-tokens and the fence's triggers"
+                "5",
+                "node {n}: the kept-tokens, the fence's and the record of terms' triggers"
             );
             assert_eq!(
                 count("SELECT CAST(COUNT(*) AS CHAR) AS v FROM service_leader_migration"),
