@@ -809,8 +809,12 @@ impl Engine {
                 } else {
                     remaining + EXPIRY_SLACK
                 };
-                // Free by the next attempt: a yielding replica comes late.
-                let late = if wait <= self.timing.heartbeat() {
+                // Free by the next attempt (a heartbeat at most from now,
+                // and the row frees within `remaining`: not `wait`, whose
+                // slack would let a row freed just under a heartbeat away,
+                // as a successor's window leaves it, be taken on time): a
+                // yielding or draining replica comes late.
+                let late = if remaining <= self.timing.heartbeat() {
                     self.yield_delay(received_at)
                 } else {
                     Duration::ZERO
@@ -1220,6 +1224,28 @@ mod tests {
         e.drain(at(0), Duration::from_secs(1));
         e.on_attempt(at(2000), at(2010), refused("pod-b", 4, 300));
         assert!(!e.attempt_due(at(2311)));
+    }
+
+    #[test]
+    fn a_draining_follower_comes_late_to_a_row_freed_just_under_a_heartbeat_away() {
+        // Released to another replica: free, blocked for a window of one
+        // heartbeat, seen a moment after the release (999.6 ms left). The
+        // slack of the wait put it past a heartbeat, and the follower came
+        // on time, at the window's end.
+        for remaining_us in [999_600, 1_000_000] {
+            let mut e = engine();
+            e.drain(at(0), Duration::from_secs(60));
+            let seen = Attempt::Refused(Observed {
+                holder: None,
+                instance: None,
+                token: 5,
+                remaining_us,
+                address: None,
+            });
+            e.on_attempt(at(100), at(101), seen);
+            assert!(!e.attempt_due(at(101 + 1000 + 2999)), "{remaining_us}");
+            assert!(e.attempt_due(at(101 + 1000 + 3000)), "{remaining_us}");
+        }
     }
 
     #[test]

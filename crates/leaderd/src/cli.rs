@@ -46,7 +46,7 @@ pub enum Command {
         #[command(flatten)]
         source: SourceArgs,
     },
-    /// List the changes of holder the database recorded, newest first:
+    /// List the changes of holder the database recorded, newest last:
     /// token, holder, when and how each term began and ended.
     History(HistoryArgs),
     /// Run the election as `run` does, and COMMAND only while leading:
