@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::mariadbserver::install_data_dir;
-use crate::{free_port, Kind, Scratch};
+use crate::{free_ports, Kind, Scratch};
 
 /// The wsrep provider the nodes load.
 pub const PROVIDER: &str = "/usr/lib/galera/libgalera_smm.so";
@@ -39,12 +39,15 @@ impl Galera {
             "{PROVIDER} is missing: install Debian's galera-4 and rsync (scripts/test does)"
         );
         let dir = Scratch::new();
-        let ports: Vec<Ports> = (0..3)
-            .map(|_| Ports {
-                client: free_port(),
-                group: free_port(),
-                ist: free_port(),
-                sst: free_port(),
+        // Twelve different ports: two nodes' listeners on one port (an IST
+        // receiver where the SST daemon listens) fail a node's join.
+        let ports: Vec<Ports> = free_ports(12)
+            .chunks(4)
+            .map(|p| Ports {
+                client: p[0],
+                group: p[1],
+                ist: p[2],
+                sst: p[3],
             })
             .collect();
         for n in 1..=3 {

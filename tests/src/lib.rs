@@ -518,6 +518,17 @@ pub fn free_port() -> u16 {
         .expect("free port")
 }
 
+/// `n` free ports, all different: each is held while the next is chosen
+/// (ports chosen one after another, each freed at once, may repeat).
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("free port"))
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().expect("bound").port())
+        .collect()
+}
+
 /// The elections an `/elections` body says this replica leads.
 pub fn led_in(body: &str) -> Option<Vec<String>> {
     let list: Vec<Value> = serde_json::from_str(body).ok()?;
