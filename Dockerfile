@@ -1,32 +1,32 @@
-# leaderd: one statically linked binary on a distroless base, user 65532,
-# nothing written outside mounted volumes (runs with a read-only root).
+# leaderd: one binary linked against glibc, on a distroless "cc" base (glibc
+# and libgcc only: no shell, no package manager), user 65532, nothing written
+# outside mounted volumes (runs with a read-only root).
 #
 #   podman build -t leaderd:0.1.0 .        (or docker build)
 #
 # Both bases are build arguments pinned by digest: a tag can move, a digest
 # cannot. To update one, resolve the tag's current digest (for example
-# `skopeo inspect docker://rust:1.95.0-slim-bookworm`) and change tag and
-# digest together. scripts/image builds this file with bases made from
-# Debian's packages instead (where no registry is reachable), passing them as
-# BUILDER and RUNTIME; nothing else differs.
+# `skopeo inspect docker://docker.io/library/rust:1.95.0-slim-bookworm`) and
+# change tag and digest together. scripts/image builds this file with bases
+# made from Debian's packages instead (where no registry is reachable),
+# passed as BUILDER and RUNTIME; nothing else differs.
 ARG BUILDER=docker.io/library/rust:1.95.0-slim-bookworm@sha256:d7482085ff5b415f84dba5647ae71606650bdef00db7aeb69f4b3d170c3e4082
-ARG RUNTIME=gcr.io/distroless/static-debian12:nonroot@sha256:d093aa3e30dbadd3efe1310db061a14da60299baff8450a17fe0ccc514a16639
+ARG RUNTIME=gcr.io/distroless/cc-debian12:nonroot@sha256:9dac0a79194e45a7da0158a9c6da57b217585af0786db3845d1f0ec1a0dd182f
 
-# Why static glibc (not musl, not glibc on a "cc" base):
-# - the allocator: musl's malloc is markedly slower under a multi-threaded
-#   tokio load; glibc's is the one every test and benchmark ran with;
-# - name resolution: glibc 2.36's static libc resolves through /etc/hosts and
-#   DNS itself (the distroless base's nsswitch.conf asks for just those), so a
-#   database reached by host name works with no shared libraries; NSS modules
-#   such as mDNS or LDAP are not loaded (docs/getting-started.md);
+# Why glibc, dynamically linked, rather than a static binary:
+# - name resolution: a statically linked glibc still loads the NSS modules
+#   that /etc/nsswitch.conf names, and crashes doing so (measured: SIGSEGV
+#   on a host whose hosts: line names myhostname). Dynamically linked, a
+#   database reached by host name resolves through /etc/hosts and DNS here,
+#   and through whatever the host configures where the release binary runs;
+# - static musl is not an option that can be tested here, and musl's malloc
+#   is markedly slower under a multi-threaded tokio load; glibc's is the one
+#   every test and benchmark ran with;
 # - TLS roots: rustls reads the base's /etc/ssl/certs/ca-certificates.crt
 #   (SSL_CERT_FILE overrides it); nothing links OpenSSL;
-# - time zones: leaderd prints UTC only, so no tzdata is read;
-# - one binary for the image and the release tarball, which then runs on any
-#   x86_64 Linux, whatever its libc.
-# The static glibc target is the host's own (x86_64-unknown-linux-gnu), so no
-# extra target or musl toolchain is needed; naming --target keeps crt-static
-# away from build scripts and proc-macros.
+# - time zones: leaderd prints UTC only, so no zone data is read.
+# The cost: the binary needs glibc 2.34 or later wherever it runs (the
+# release tarball is this same binary; docs/getting-started.md).
 FROM ${BUILDER} AS build
 ENV CARGO_HOME=/usr/local/cargo
 WORKDIR /src
@@ -38,9 +38,8 @@ COPY tests tests
 # binary leaves them through /out.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    RUSTFLAGS="-C target-feature=+crt-static" \
-    cargo build --release --locked -p leaderd --target x86_64-unknown-linux-gnu \
- && install -D target/x86_64-unknown-linux-gnu/release/leaderd /out/leaderd \
+    cargo build --release --locked -p leaderd \
+ && install -D target/release/leaderd /out/leaderd \
  && /out/leaderd --version
 
 FROM ${RUNTIME}
