@@ -10,6 +10,9 @@
 //!   SQLite file). Shell runs under `bash -euo pipefail`, SQL with `psql` or
 //!   the `mariadb` client (stopping at the first error), Python with
 //!   `python3` (psycopg 3 and PyMySQL installed by `scripts/test`).
+//! - `<!-- run: release -->`: shell run by `scripts/container-test`, not
+//!   here, in the directory `scripts/release` made (with podman, helm and
+//!   jq on `PATH`): the blocks that verify and use a release's files.
 //! - `<!-- file: NAME -->`: written to NAME (executable when it starts with
 //!   `#!`) for the page's later blocks.
 //! - `<!-- not run: WHY -->`: kept out (a cluster, a toolchain this machine
@@ -39,6 +42,8 @@ const CODE: &[&str] = &["sh", "bash", "shell", "console", "sql", "python", "go"]
 #[derive(Debug, Clone, PartialEq)]
 enum Marker {
     Run(Backend),
+    /// Run by scripts/container-test, in a release's directory.
+    Release,
     File(String),
     NotRun,
 }
@@ -91,6 +96,7 @@ fn marker(line: &str) -> Result<Option<Marker>, String> {
         "run" => Marker::Run(Backend::Postgres),
         "run: mysql" => Marker::Run(Backend::Mysql),
         "run: sqlite" => Marker::Run(Backend::Sqlite),
+        "run: release" => Marker::Release,
         _ if inner.starts_with("not run:") && inner.len() > "not run:".len() + 1 => Marker::NotRun,
         _ => match inner.strip_prefix("file:").map(str::trim) {
             Some(name) if !name.is_empty() && !name.contains('/') => Marker::File(name.into()),
@@ -161,7 +167,7 @@ fn every_code_block_says_whether_it_runs() {
             Ok(blocks) => {
                 for b in blocks {
                     let kind = match &b.marker {
-                        Some(Marker::Run(_)) => "run",
+                        Some(Marker::Run(_)) | Some(Marker::Release) => "run",
                         Some(Marker::File(_)) => "file",
                         Some(Marker::NotRun) => "not run",
                         None if CODE.contains(&b.lang.as_str()) => {
@@ -214,6 +220,8 @@ fn the_harness_reads_markers_and_blocks_as_documented() {
     assert_eq!(b[1].text, "#!/bin/sh\necho hi\n");
     assert_eq!((b[2].lang.as_str(), &b[2].marker), ("yaml", &None));
     assert!(blocks("<!-- run: oracle -->\n```sql\n```\n").is_err());
+    let release = blocks("<!-- run: release -->\n```sh\nsha256sum -c SHA256SUMS\n```\n").unwrap();
+    assert_eq!(release[0].marker, Some(Marker::Release));
     assert!(blocks("```sh\nnever closed\n").is_err());
 }
 
