@@ -1,6 +1,7 @@
-# leaderd: one binary linked against glibc, on a distroless "cc" base (glibc
-# and libgcc only: no shell, no package manager), user 65532, nothing written
-# outside mounted volumes (runs with a read-only root).
+# leaderd: one binary linked against glibc, on a distroless "cc" base (glibc,
+# libgcc and a few C/C++ runtime libraries leaderd does not use, CA
+# certificates, time zone data; no shell, no package manager), user 65532,
+# nothing written outside mounted volumes (runs with a read-only root).
 #
 #   podman build -t leaderd:0.1.0 .        (or docker build)
 #
@@ -19,12 +20,13 @@ ARG RUNTIME=gcr.io/distroless/cc-debian12:nonroot@sha256:9dac0a79194e45a7da0158a
 #   on a host whose hosts: line names myhostname). Dynamically linked, a
 #   database reached by host name resolves through /etc/hosts and DNS here,
 #   and through whatever the host configures where the release binary runs;
-# - static musl is not an option that can be tested here, and musl's malloc
-#   is markedly slower under a multi-threaded tokio load; glibc's is the one
-#   every test and benchmark ran with;
+# - a static musl build could not be built and tested where this project is
+#   tested, and would bring musl's allocator, which no benchmark here has
+#   measured; glibc's is the one every test and benchmark ran with;
 # - TLS roots: rustls reads the base's /etc/ssl/certs/ca-certificates.crt
 #   (SSL_CERT_FILE overrides it); nothing links OpenSSL;
-# - time zones: leaderd prints UTC only, so no zone data is read.
+# - time zones: leaderd prints UTC only and reads no zone data (the base
+#   carries it all the same).
 # The cost: the binary needs glibc 2.34 or later wherever it runs (the
 # release tarball is this same binary; docs/getting-started.md).
 FROM ${BUILDER} AS build
@@ -44,6 +46,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 
 FROM ${RUNTIME}
 COPY --from=build /out/leaderd /usr/local/bin/leaderd
+COPY LICENSE /usr/share/doc/leaderd/LICENSE
 # 65532 is distroless's "nonroot".
 USER 65532:65532
 EXPOSE 4040

@@ -19,10 +19,11 @@ fn version(v: &str) -> Vec<u64> {
 fn rust_version_is_what_the_locked_dependencies_need() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    // Not --offline: the resolve includes other platforms' dependencies
-    // (Windows consoles, say), whose manifests a Linux build never fetched.
+    // The resolve includes other platforms' dependencies (Windows consoles,
+    // say), which a Linux build never fetches: scripts/test runs
+    // `cargo fetch --locked` first.
     let out = Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--locked"])
+        .args(["metadata", "--format-version", "1", "--locked", "--offline"])
         .current_dir(&root)
         .output()
         .expect("cargo metadata runs");

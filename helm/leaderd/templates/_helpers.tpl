@@ -13,6 +13,13 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
+{{- /* The image, repository:tag; no image is published, so the repository
+is the user's to name. */ -}}
+{{- define "leaderd.image" -}}
+{{- $repo := required "image.repository must name where your cluster pulls leaderd's image from: none is published (push the release's OCI archive to your registry; docs/kubernetes.md, The image)" .Values.image.repository -}}
+{{- printf "%s:%s" $repo .Values.image.tag -}}
+{{- end -}}
+
 {{- define "leaderd.secretName" -}}
 {{- required "database.existingSecret must name the Secret holding the database URL" .Values.database.existingSecret -}}
 {{- end -}}
@@ -27,7 +34,7 @@ Usage, from a parent chart that has this one as a dependency:
 */}}
 {{- define "leaderd.sidecar" -}}
 - name: leaderd
-  image: "{{ .Values.image.repository }}:{{ .Values.image.tag }}"
+  image: {{ include "leaderd.image" . | quote }}
   imagePullPolicy: {{ .Values.image.pullPolicy }}
   restartPolicy: Always
   args: ["run"]
