@@ -29,7 +29,7 @@ fn rust_version_is_what_the_locked_dependencies_need() {
         .expect("cargo metadata runs");
     assert!(
         out.status.success(),
-        "{}",
+        "cargo metadata --offline failed (run `cargo fetch --locked` first; scripts/test does): {}",
         String::from_utf8_lossy(&out.stderr)
     );
     let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
