@@ -1,18 +1,35 @@
 //! Database adapters of leaderd: the `service_leader_lock` table on
 //! PostgreSQL, MySQL/MariaDB and SQLite.
 //!
-//! A [`Connection`] runs the lease's operations as fixed SQL statements: on
-//! MySQL and SQLite through diesel (see `sql`), prepared once per connection;
-//! on PostgreSQL on tokio-postgres as unnamed statements, so that they work
-//! through a transaction pooler (see `pg`). TLS (rustls) and the URL's
-//! parameters are in `tls` and `url`.
+//! A [`Connection`] runs the lease's operations as fixed SQL statements:
 //! - acquire-or-renew, judged by the database's clock. A leader's renewal is
 //!   one round trip everywhere; a refused attempt writes and locks nothing.
 //!   PostgreSQL does it all in one `UPDATE … RETURNING`; MySQL and SQLite read
-//!   first and write only to renew or to take an expired row (see `cas`).
+//!   first and write only to renew or to take an expired row.
 //!   A missing row is inserted free and blocked for one ttl.
-//! - release by the holding instance only (with `NOTIFY` on PostgreSQL);
-//! - listing the elections, and creating the table (see `migrate`).
+//! - release by the holding instance only, waking the other replicas;
+//! - listing the elections, reading the record of terms, and creating the
+//!   table.
+//!
+//! The crate is laid out in rooms, each importing only the ones below it:
+//! - this file and `waiter` are the front: the public types, and
+//!   [`Connection`] and [`Waiter`], which pick a backend by the URL;
+//! - one folder per database: `postgres/`, `mysql/` (MySQL and MariaDB,
+//!   Galera clusters included) and `sqlite/`. Each holds its store
+//!   (`store.rs`: connecting and the lease's operations), its SQL
+//!   (`statements.rs`), its wake-ups (the followers' side) and its migration
+//!   plan (`plan.rs`, which names the files under `migrations/<backend>/`).
+//!   A backend never imports another backend, nor the front;
+//! - `shared/` is what every backend rests on and which knows none of them:
+//!   the error type, the lease's vocabulary, URLs and TLS, the read-first
+//!   acquire-or-renew (`cas`), diesel's statement type, the boot clock, and
+//!   the migration runner, which each backend hands a plan as data.
+//!
+//! A new backend (say CockroachDB) is a new folder beside these three with
+//! the same files, a variant of [`Backend`] in `shared/url.rs`, and an arm
+//! in [`Connection`] and [`Waiter`]. A new statement goes in its backend's
+//! `statements.rs`, and its call in that backend's `store.rs` (or the file
+//! of the path it serves: `lease.rs`, `wake.rs`).
 //!
 //! This crate does not decide leadership (that is `leaderd-core`), retry, or
 //! time out: callers wrap each call in their own timeout and drop the
@@ -30,355 +47,34 @@ macro_rules! opaque_debug {
     };
 }
 
-mod cas;
-mod clock;
-mod galera;
-mod held_off;
-mod history;
-mod migrate;
 mod mysql;
-mod pg;
-mod pg_session;
-mod sql;
+mod postgres;
+mod shared;
 mod sqlite;
-mod tls;
-mod url;
-mod wake;
+mod waiter;
 
-use std::time::Duration;
-
-pub use clock::{boot_id, boot_now};
-pub use held_off::warned_total as takeovers_held_off_total;
-pub use history::Term;
 pub use leaderd_core::{Attempt, Observed};
-pub use pg::{Listener, Probe};
+pub use postgres::{takeovers_held_off_total, Listener, Probe};
+pub use shared::clock::{boot_id, boot_now};
+pub use shared::error::StoreError;
+pub use shared::history::Term;
+pub use shared::lease::{
+    ElectionRow, FenceStatus, LeaseRequest, Migrated, Release, Successor, WakeLock,
+    MAX_ADDRESS_CHARS,
+};
+pub use shared::url::{Backend, DatabaseUrl};
 pub use sqlite::check_file_system;
-pub use url::{Backend, DatabaseUrl};
-pub use wake::{Presence, Waiter};
+pub use waiter::{Presence, Waiter};
 
-/// Errors of the store. Messages never contain the database password.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// The URL cannot be used.
-    #[error("invalid database URL: {0}")]
-    InvalidUrl(String),
-    /// Connecting failed (network, authentication, unknown database, a
-    /// TLS handshake refused: the message says why).
-    #[error("cannot connect to the database: {0}")]
-    Connect(#[source] diesel::ConnectionError),
-    /// The TLS set-up cannot be made (a CA or key file unreadable, no CA
-    /// store on the system).
-    #[error("TLS: {0}")]
-    Tls(String),
-    /// A PostgreSQL statement failed (tokio-postgres runs the lock-table
-    /// statements directly; see `pg`).
-    #[error("database error: {}", pg::describe(.0))]
-    Postgres(#[from] tokio_postgres::Error),
-    /// A statement failed (missing table, permission denied, lost connection).
-    #[error("database error: {0}")]
-    Query(#[from] diesel::result::Error),
-    /// The row is ours, but another transaction holds its lock: nothing was
-    /// written, nothing waited. Not a refusal: the lease may still be ours.
-    #[error("the lock row is locked by another transaction")]
-    Busy,
-    /// The server or session cannot be used safely (e.g. autocommit off).
-    #[error("unsupported database session: {0}")]
-    Unsupported(String),
-    /// The database file cannot be used safely (e.g. on a network file
-    /// system).
-    #[error("{0}")]
-    UnsafeFile(String),
-    /// Creating or upgrading the table failed.
-    #[error("migration failed: {0}")]
-    Migration(String),
-    /// The database is not safe to use: leaderd's schema, tables or
-    /// functions belong to a role that could run code with this user's
-    /// rights through them (the migration's guard said so, naming which).
-    /// Nothing was installed, and no lease is attempted there.
-    #[error("unsafe database: {0}")]
-    Unsafe(String),
-    /// A lock the migration needs is held by another transaction, and was
-    /// not waited for (waiting would queue every renewal behind it):
-    /// nothing was changed; try again later.
-    #[error("migration postponed: the lock table is in use by another transaction ({0})")]
-    MigrationBusy(String),
-    /// Local I/O failed (reading the boot id, a blocking task died).
-    #[error("{0}")]
-    Local(String),
-}
-
-impl StoreError {
-    /// Whether the database answered with this error (a refused statement,
-    /// a missing right), as opposed to not answering (a connection that
-    /// failed or was cut): trying again changes nothing until someone acts.
-    pub fn answered(&self) -> bool {
-        match self {
-            StoreError::Postgres(e) => e.as_db_error().is_some(),
-            StoreError::Query(diesel::result::Error::DatabaseError(..)) => true,
-            StoreError::Query(_) => false,
-            StoreError::Migration(_)
-            | StoreError::Unsafe(_)
-            | StoreError::Busy
-            | StoreError::Unsupported(_)
-            | StoreError::UnsafeFile(_) => true,
-            // Answered, but not for good: the lock is free again soon.
-            StoreError::MigrationBusy(_) => false,
-            StoreError::InvalidUrl(_)
-            | StoreError::Connect(_)
-            | StoreError::Tls(_)
-            | StoreError::Local(_) => false,
-        }
-    }
-}
-
-/// One acquire-or-renew request.
-#[derive(Debug, Clone, Copy)]
-pub struct LeaseRequest<'a> {
-    /// The election (row) name.
-    pub election: &'a str,
-    /// The configured `id`, stored as `holder`.
-    pub holder: &'a str,
-    /// This process's random instance id; only it may renew or release.
-    pub instance: &'a str,
-    /// Lease length granted by the database.
-    pub ttl: Duration,
-    /// The token this instance holds while it leads, so a renewal can be a
-    /// single `UPDATE` on backends without `RETURNING`.
-    pub held_token: Option<i64>,
-    /// The daemon's own instance, as releases name successors (see
-    /// [`Successor`]): a row released to it may be taken before its window
-    /// ends. `None`: only as anyone may.
-    pub daemon: Option<&'a str>,
-    /// Where this replica's app can be reached (`advertise`), written to
-    /// the row when this request takes it over, with `instance`.
-    pub address: Option<&'a str>,
-}
-
-impl LeaseRequest<'_> {
-    fn ttl_us(&self) -> i64 {
-        i64::try_from(self.ttl.as_micros()).unwrap_or(i64::MAX)
-    }
-
-    /// How long a row this request creates stays blocked: one ttl, so that
-    /// a holder whose row was deleted steps down before anyone takes over.
-    /// A presence row (`leaderd_core::spread::PRESENCE_PREFIX`) leases
-    /// nothing anyone acts on, and is open at once: a replica that has just
-    /// started is a candidate (a successor, a share) from its first round.
-    fn block_us(&self) -> i64 {
-        if self
-            .election
-            .starts_with(leaderd_core::spread::PRESENCE_PREFIX)
-        {
-            0
-        } else {
-            self.ttl_us()
-        }
-    }
-}
-
-/// The most characters an address may hold (the column's width).
-pub const MAX_ADDRESS_CHARS: usize = 255;
-
-/// Refuses an address the column cannot hold, before anything is sent: a
-/// backend would cut it short (MySQL's `JSON_TABLE`, with a warning) or
-/// fail the whole batch.
-fn check_address(reqs: &[LeaseRequest<'_>]) -> Result<(), StoreError> {
-    match reqs
-        .iter()
-        .filter_map(|r| r.address)
-        .find(|a| a.chars().count() > MAX_ADDRESS_CHARS)
-    {
-        Some(a) => Err(StoreError::Local(format!(
-            "an address of {} characters (at most {MAX_ADDRESS_CHARS})",
-            a.chars().count()
-        ))),
-        None => Ok(()),
-    }
-}
-
-/// One lease to free.
-#[derive(Debug, Clone, Copy)]
-pub struct Release<'a> {
-    pub election: &'a str,
-    /// Only this instance's lease is freed.
-    pub instance: &'a str,
-    /// Who should lead next, if anyone was named.
-    pub successor: Option<Successor<'a>>,
-}
-
-/// A named successor: the released row is
-/// free but blocked for `window` by the database's clock, and only an
-/// attempt whose [`LeaseRequest::daemon`] is `daemon` may take it before
-/// then. So the others, woken by the release, are refused (writing
-/// nothing) and try again once the window is over: a successor that died
-/// costs at most the window.
-#[derive(Debug, Clone, Copy)]
-pub struct Successor<'a> {
-    pub daemon: &'a str,
-    pub window: Duration,
-}
-
-impl Release<'_> {
-    /// The successor's window in microseconds; 0 with none.
-    fn window_us(&self) -> i64 {
-        self.successor.map_or(0, |s| {
-            i64::try_from(s.window.as_micros()).unwrap_or(i64::MAX)
-        })
-    }
-}
-
-/// One row of the table, as `leaderd status` shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ElectionRow {
-    pub name: String,
-    pub holder: Option<String>,
-    pub token: i64,
-    /// Remaining lease by the database's clock; negative when expired.
-    pub remaining_us: i64,
-    /// The holding instance, `None` when free.
-    pub instance: Option<String>,
-    /// How long the holding instance has held the row, by the database's
-    /// clock (since `acquired_at`); 0 when free.
-    pub held_us: i64,
-    /// The holder's advertised address, `None` when it set none (or its
-    /// daemon predates addresses).
-    pub address: Option<String>,
-}
-
-impl ElectionRow {
-    /// The row as an attempt's refusal would report it (a look's answer).
-    pub fn into_observed(self) -> Observed {
-        Observed {
-            holder: self.holder,
-            instance: self.instance,
-            token: self.token,
-            remaining_us: self.remaining_us,
-            address: self.address,
-        }
-    }
-
-    /// The holder while its lease is live by the database's clock.
-    pub fn live_holder(&self) -> Option<&str> {
-        self.holder.as_deref().filter(|_| self.remaining_us > 0)
-    }
-
-    /// The live holder's advertised address.
-    pub fn live_address(&self) -> Option<&str> {
-        self.address.as_deref().filter(|_| self.remaining_us > 0)
-    }
-}
-
-/// A row as the backends read it: name, holder, token, remaining µs,
-/// instance, held µs, address.
-pub(crate) type RowParts = (
-    String,
-    Option<String>,
-    i64,
-    i64,
-    Option<String>,
-    Option<i64>,
-    Option<String>,
-);
-
-impl From<RowParts> for ElectionRow {
-    fn from((name, holder, token, remaining_us, instance, held_us, address): RowParts) -> Self {
-        Self {
-            name,
-            holder,
-            token,
-            remaining_us,
-            instance,
-            held_us: held_us.unwrap_or(0),
-            address,
-        }
-    }
-}
-
-/// A refusal as the backend reported it. A row that is still this
-/// instance's live lease yet was not renewed was skipped because another
-/// transaction holds its lock: that is [`StoreError::Busy`], never a loss.
-fn refusal(req: &LeaseRequest<'_>, seen: Observed) -> Result<Attempt, StoreError> {
-    if seen.instance.as_deref() == Some(req.instance) && seen.remaining_us > 0 {
-        return Err(StoreError::Busy);
-    }
-    Ok(Attempt::Refused(seen))
-}
-
-/// The holder, instance, token, remaining µs and address of a row.
-type SeenParts = (Option<String>, Option<String>, i64, i64, Option<String>);
-
-fn observed((holder, instance, token, remaining_us, address): SeenParts) -> Observed {
-    Observed {
-        holder,
-        instance,
-        token,
-        remaining_us,
-        address,
-    }
-}
-
-/// A row as `req` sees it (the read-first backends): released to `req`'s
-/// daemon (free, `successor` it), it is open to it now, whatever is left of
-/// the window the others wait out, so it reads as expired.
-fn as_heir(req: &LeaseRequest<'_>, mut seen: Observed, successor: Option<&str>) -> Observed {
-    if seen.instance.is_none() && successor.is_some() && successor == req.daemon {
-        seen.remaining_us = seen.remaining_us.min(0);
-    }
-    seen
-}
-
-/// What a migration run did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Migrated {
-    /// Everything was already in place; nothing was written.
-    UpToDate,
-    /// Pending migrations were applied.
-    Applied,
-}
-
-/// Whether this database offers fenced writes (docs/integrating.md, "Fenced writes"), as
-/// the connected user can see it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FenceStatus {
-    /// `leaderd_fence` at this daemon's version or a newer one (on
-    /// MySQL/MariaDB with its table and both triggers).
-    Installed,
-    /// Absent, older, or the "not installed" stub: an app's call fails.
-    NotInstalled,
-    /// Not seen, and this user could not see it (MySQL/MariaDB: triggers
-    /// show only to users with the TRIGGER right, which a daemon's user
-    /// lacks): ask as the migrating user.
-    NotVisible,
-    /// SQLite has no function: the app follows the documented recipe.
-    Recipe,
-}
-
-impl FenceStatus {
-    /// The name `leaderd status` shows.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FenceStatus::Installed => "installed",
-            FenceStatus::NotInstalled => "not_installed",
-            FenceStatus::NotVisible => "not_visible_to_this_user",
-            FenceStatus::Recipe => "sqlite_recipe",
-        }
-    }
-}
-
-/// Runs blocking work (migrations, opening SQLite) off the async threads.
-async fn run_blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
-) -> Result<T, StoreError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| StoreError::Local(format!("blocking task failed: {e}")))?
-}
+use postgres::CancelHandle;
+use shared::cas;
+use shared::lease::check_address;
 
 /// Cancels the statement in flight on a connection, from outside it: a
 /// client-side timeout alone leaves the server working (or waiting on a lock)
 /// for a client that has gone. A cancel request opens a new connection, with
 /// the same TLS as the one it cancels.
-pub struct Canceller(pg::CancelHandle);
+pub struct Canceller(CancelHandle);
 
 opaque_debug!(Canceller);
 
@@ -389,19 +85,10 @@ impl Canceller {
     }
 }
 
-/// A wake-up lock (MySQL/MariaDB) as a take left it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WakeLock {
-    /// This connection holds it.
-    Held,
-    /// Another connection holds it: its id, when the server said.
-    Busy(Option<u64>),
-}
-
 /// A connection to the lock table on one backend.
 #[derive(Debug)]
 pub enum Connection {
-    Postgres(pg::PgStore),
+    Postgres(postgres::PgStore),
     Mysql(mysql::MysqlStore),
     Sqlite(sqlite::SqliteStore),
 }
@@ -410,7 +97,7 @@ impl Connection {
     /// Opens a connection. No timeout: wrap it.
     pub async fn connect(url: &DatabaseUrl) -> Result<Self, StoreError> {
         Ok(match url.backend() {
-            Backend::Postgres => Connection::Postgres(pg::PgStore::connect(url).await?),
+            Backend::Postgres => Connection::Postgres(postgres::PgStore::connect(url).await?),
             Backend::Mysql => Connection::Mysql(mysql::MysqlStore::connect(url).await?),
             Backend::Sqlite => Connection::Sqlite(sqlite::SqliteStore::connect(url).await?),
         })

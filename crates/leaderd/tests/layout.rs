@@ -1,14 +1,19 @@
-//! The binary's files import one another one way only: no two files import
+//! Every crate's files import one another one way only: no two files import
 //! each other, directly or around a loop (a circle hides which part rests on
-//! which, and every change then passes through all of it).
+//! which, and every change then passes through all of it). In the store,
+//! the rooms are kept too: the shared ground imports no backend, and a
+//! backend imports no other backend and not the crate's front.
 //!
 //! Read from the source as text: every `crate::PATH` outside a comment is an
 //! import of the file of the longest module PATH names (`crate::runtime::
-//! link::Link` is `runtime/link.rs`). `super::PATH` counts where PATH
-//! names a sibling (`super::sources::Layers` in `settings/keys.rs` is
+//! link::Link` is `runtime/link.rs`), and of the crate's root file when it
+//! names none (`crate::Size`: an item of `main.rs` or `lib.rs`, or one they
+//! re-export). `super::PATH` counts where PATH names a sibling
+//! (`super::sources::Layers` in `settings/keys.rs` is
 //! `settings/sources.rs`); a child reaching up to its own parent's items
 //! (`super::Loop`) is not counted: the parent is the folder's front, and its
-//! pieces extend it. The test names the first circle it finds.
+//! pieces extend it. The test names the first circle it finds, and every
+//! import that crosses the store's rooms the wrong way.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -80,13 +85,20 @@ fn resolve<'a>(path: &str, modules: &'a BTreeSet<String>) -> Option<&'a String> 
         .max_by_key(|m| m.len())
 }
 
-/// The file graph of the binary's `src`: module -> modules it imports.
-fn graph() -> BTreeMap<String, BTreeSet<String>> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let files: Vec<(String, String)> = sources(&src)
+/// The crate's root file among `modules`: `lib`, else `main`.
+fn root(modules: &BTreeSet<String>) -> Option<&String> {
+    modules
+        .iter()
+        .find(|m| *m == "lib")
+        .or_else(|| modules.iter().find(|m| *m == "main"))
+}
+
+/// The file graph of one crate's `src`: module -> modules it imports.
+fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let files: Vec<(String, String)> = sources(src)
         .into_iter()
         .map(|file| {
-            let module = module_of(file.strip_prefix(&src).expect("under src"));
+            let module = module_of(file.strip_prefix(src).expect("under src"));
             let text = std::fs::read_to_string(&file).expect("read a source file");
             (module, text)
         })
@@ -96,7 +108,7 @@ fn graph() -> BTreeMap<String, BTreeSet<String>> {
     for (module, text) in &files {
         let edges = graph.entry(module.clone()).or_default();
         for path in imports(text, "crate::") {
-            if let Some(target) = resolve(&path, &modules) {
+            if let Some(target) = resolve(&path, &modules).or_else(|| root(&modules)) {
                 if target != module {
                     edges.insert(target.clone());
                 }
@@ -118,6 +130,52 @@ fn graph() -> BTreeMap<String, BTreeSet<String>> {
         }
     }
     graph
+}
+
+/// Every crate's `src` in the workspace, by the crate's folder name.
+fn crates() -> Vec<(String, PathBuf)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut out: Vec<(String, PathBuf)> = std::fs::read_dir(&dir)
+        .expect("read crates/")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.join("Cargo.toml").is_file() && p.join("src").is_dir())
+        .map(|p| {
+            let name = p.file_name().expect("a name").to_string_lossy().into_owned();
+            (name, p.join("src"))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// The store's room of a module: its folder, `shared` (the ground every
+/// backend rests on) or a backend's; `front` for the files at the top (the
+/// crate's public face, which picks a backend).
+fn room<'a>(module: &'a str, graph: &BTreeMap<String, BTreeSet<String>>) -> &'a str {
+    let folder = module.split("::").next().unwrap_or_default();
+    let is_folder = graph.keys().any(|m| m.starts_with(&format!("{folder}::")));
+    if is_folder {
+        folder
+    } else {
+        "front"
+    }
+}
+
+/// The imports that cross the store's rooms the wrong way: the front may
+/// import any room, a backend only itself and `shared`, `shared` only
+/// itself.
+fn against_the_rooms(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    let mut wrong = Vec::new();
+    for (from, targets) in graph {
+        for to in targets {
+            let (a, b) = (room(from, graph), room(to, graph));
+            let allowed = a == b || a == "front" || (a != "shared" && b == "shared");
+            if !allowed {
+                wrong.push(format!("{from} ({a}) imports {to} ({b})"));
+            }
+        }
+    }
+    wrong
 }
 
 /// A circle through the graph, if there is one, as the modules in order.
@@ -165,11 +223,37 @@ fn circle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
 
 #[test]
 fn no_two_files_import_each_other() {
-    let graph = graph();
-    assert!(graph.contains_key("main") && graph.len() > 10, "{graph:?}");
-    if let Some(found) = circle(&graph) {
-        panic!("an import circle: {}", found.join(" -> "));
+    let crates = crates();
+    let names: Vec<&str> = crates.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        ["leaderd", "leaderd-bench", "leaderd-core", "leaderd-store"]
+    );
+    for (name, src) in &crates {
+        let graph = graph(src);
+        assert!(graph.len() > 5, "{name}: {graph:?}");
+        if let Some(found) = circle(&graph) {
+            panic!("an import circle in {name}: {}", found.join(" -> "));
+        }
     }
+}
+
+#[test]
+fn the_stores_rooms_import_downward() {
+    let (_, src) = crates()
+        .into_iter()
+        .find(|(n, _)| n == "leaderd-store")
+        .expect("the store crate");
+    let graph = graph(&src);
+    let rooms: BTreeSet<&str> = graph.keys().map(|m| room(m, &graph)).collect();
+    assert_eq!(
+        rooms,
+        BTreeSet::from(["front", "mysql", "postgres", "shared", "sqlite"])
+    );
+    // The backends do use the ground, so the rule has something to check.
+    assert!(graph["postgres::store"].contains("shared::error"), "{graph:?}");
+    let wrong = against_the_rooms(&graph);
+    assert!(wrong.is_empty(), "imports against the store's rooms:\n{}", wrong.join("\n"));
 }
 
 #[test]
@@ -194,4 +278,23 @@ fn a_circle_is_found() {
     assert_eq!(resolve("y::Z", &modules).unwrap(), "y");
     assert_eq!(module_of(Path::new("runtime/mod.rs")), "runtime");
     assert_eq!(module_of(Path::new("runtime/link.rs")), "runtime::link");
+    assert_eq!(root(&set(&["a", "lib", "main"])).unwrap(), "lib");
+    assert_eq!(root(&set(&["a", "main"])).unwrap(), "main");
+    // Rooms: down from the front, into the ground, never across or up.
+    let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    g.insert("lib".into(), set(&["pg::store", "shared::url"]));
+    g.insert("pg::store".into(), set(&["pg::plan", "shared::url"]));
+    g.insert("pg::plan".into(), set(&[]));
+    g.insert("shared::url".into(), set(&["shared::tls"]));
+    assert!(against_the_rooms(&g).is_empty());
+    g.insert("shared::tls".into(), set(&["pg::plan"]));
+    g.insert("my::store".into(), set(&["pg::plan", "lib"]));
+    assert_eq!(
+        against_the_rooms(&g),
+        [
+            "my::store (my) imports lib (front)",
+            "my::store (my) imports pg::plan (pg)",
+            "shared::tls (shared) imports pg::plan (pg)",
+        ]
+    );
 }

@@ -19,9 +19,11 @@ use std::time::Duration;
 use diesel::sql_types::{Nullable, Text};
 use diesel_async::{AsyncMysqlConnection, RunQueryDsl};
 
-use crate::mysql::{establish, galera_node, names_json, wanted_of};
-use crate::sql::{Bind, Stmt};
-use crate::{DatabaseUrl, StoreError};
+use super::connect::{establish, galera_node};
+use super::wake::{names_json, wanted_of, NOTICED_WITHIN};
+use crate::shared::error::StoreError;
+use crate::shared::sql::{Bind, Stmt};
+use crate::shared::url::DatabaseUrl;
 
 /// How often a follower reads its rows: a release is seen within this, and
 /// a handover across nodes takes about this plus two round trips.
@@ -29,7 +31,7 @@ pub(crate) const EVERY: Duration = Duration::from_millis(40);
 
 // A leader just elected waits `NOTICED_WITHIN` before it releases, so that
 // the followers have seen it hold the row: a look and a round trip.
-const _: () = assert!(EVERY.as_millis() + 10 <= crate::mysql::NOTICED_WITHIN.as_millis());
+const _: () = assert!(EVERY.as_millis() + 10 <= NOTICED_WITHIN.as_millis());
 
 /// Elections per look before the look slows down ([`EVERY`] more per as
 /// many more).
@@ -145,7 +147,7 @@ mod tests {
     use diesel_async::SimpleAsyncConnection;
 
     use super::*;
-    use crate::mysql::MysqlStore;
+    use crate::mysql::store::MysqlStore;
 
     #[test]
     fn a_follower_reads_at_most_5000_rows_a_second() {

@@ -15,22 +15,25 @@
 //!   lock per session.
 //!   On a MariaDB Galera node, where each node has its own named locks, a
 //!   follower reads its elections' rows instead, every 40 ms
-//!   ([`crate::galera`]).
+//!   (`mysql::galera`).
 //! - SQLite: inotify on the database's directory for a file that a release
 //!   rewrites beside the database (processes on one host).
 
 use std::time::Duration;
 
-use crate::{galera, mysql, pg, sqlite, Backend, DatabaseUrl, StoreError};
+use crate::postgres::{Listener, Probe};
+use crate::shared::error::StoreError;
+use crate::shared::url::{Backend, DatabaseUrl};
+use crate::{mysql, sqlite};
 
 /// The follower side: waits for releases of a daemon's elections, on one
 /// connection (or file watch) for all of them.
 #[derive(Debug)]
 pub enum Waiter {
-    Postgres(pg::Listener),
+    Postgres(Listener),
     Mysql(mysql::LockWaiter),
     MysqlSeveral(mysql::LocksWatcher),
-    Galera(galera::RowsWatcher),
+    Galera(mysql::RowsWatcher),
     Sqlite(sqlite::FileWaiter),
 }
 
@@ -43,9 +46,9 @@ impl Waiter {
         heartbeat: Duration,
     ) -> Result<Self, StoreError> {
         Ok(match (url.backend(), elections) {
-            (Backend::Postgres, _) => Waiter::Postgres(pg::Listener::connect(url).await?),
-            (Backend::Mysql, _) => match (galera::connect_if_galera(url).await?, elections) {
-                ((conn, true), all) => Waiter::Galera(galera::RowsWatcher::new(conn, all)),
+            (Backend::Postgres, _) => Waiter::Postgres(Listener::connect(url).await?),
+            (Backend::Mysql, _) => match (mysql::connect_if_galera(url).await?, elections) {
+                ((conn, true), all) => Waiter::Galera(mysql::RowsWatcher::new(conn, all)),
                 ((conn, false), [one]) => {
                     Waiter::Mysql(mysql::LockWaiter::new(conn, one, heartbeat))
                 }
@@ -58,12 +61,12 @@ impl Waiter {
     }
 
     /// Checks that wake-ups arrive at all (PostgreSQL; the others need no
-    /// check). See [`pg::Listener::probe`].
-    pub async fn probe(&mut self, within: Duration, nonce: &str) -> Result<pg::Probe, StoreError> {
+    /// check). See [`Listener::probe`].
+    pub async fn probe(&mut self, within: Duration, nonce: &str) -> Result<Probe, StoreError> {
         match self {
             Waiter::Postgres(l) => l.probe(within, nonce).await,
             Waiter::Mysql(_) | Waiter::MysqlSeveral(_) | Waiter::Galera(_) | Waiter::Sqlite(_) => {
-                Ok(pg::Probe {
+                Ok(Probe {
                     delivered: true,
                     others: Vec::new(),
                 })
@@ -99,7 +102,7 @@ impl Waiter {
 /// The leader side: what a leader holds while it leads so that its end wakes
 /// the others. Only MySQL/MariaDB needs one, a named lock per election led,
 /// held on the daemon's one connection to the lock table (see
-/// [`crate::Connection::hold_wake_locks`]); elsewhere the release itself
+/// `Connection::hold_wake_locks`); elsewhere the release itself
 /// announces.
 #[derive(Debug)]
 pub struct Presence;

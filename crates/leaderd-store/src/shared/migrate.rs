@@ -16,129 +16,12 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::{FenceStatus, Migrated, StoreError};
+use super::error::{describe, guard_refused, lock_wait_cut, refused_by_server, StoreError};
+use super::lease::{FenceStatus, Migrated};
 
 /// The version earlier leaderd releases recorded in
 /// `__diesel_schema_migrations`.
 pub(crate) const LEGACY_VERSION: &str = "20261122000000";
-
-/// PostgreSQL steps, in order.
-pub(crate) const POSTGRES: &[&str] = &[
-    include_str!(
-        "../../../migrations/postgres/2026-11-22-000000_create_service_leader_lock/up.sql"
-    ),
-    include_str!("../../../migrations/postgres/2026-11-24-000000_token_floor/up.sql"),
-    POSTGRES_FILLFACTOR,
-];
-
-/// [`POSTGRES_FENCE`]'s check, as a literal: the plan asks it together with
-/// the schema's, in the one query every connect sends. Its version is the
-/// function's comment: this one or a newer one (a newer daemon's) counts as
-/// installed, with both takeover triggers on the lock table (a table made
-/// again has none, and the fence would hold nothing off without them) and
-/// its unique index over the token (which makes a takeover a key update).
-macro_rules! postgres_fence_current {
-    () => {
-        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_proc p \
-        WHERE p.proname OPERATOR(pg_catalog.=) 'leaderd_fence' \
-        AND p.pronamespace OPERATOR(pg_catalog.=) (SELECT n.oid FROM pg_catalog.pg_namespace n \
-        WHERE n.nspname OPERATOR(pg_catalog.=) pg_catalog.current_schema()) \
-        AND pg_catalog.obj_description(p.oid, 'pg_proc') OPERATOR(pg_catalog.~) '^leaderd fence [0-9]+$' \
-        AND pg_catalog.split_part(pg_catalog.obj_description(p.oid, 'pg_proc'), ' ', 3)::int \
-        OPERATOR(pg_catalog.>=) 6) \
-        AND (SELECT pg_catalog.count(*) FROM pg_catalog.pg_trigger t \
-        WHERE t.tgrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(pg_catalog.format('%I.service_leader_lock', \
-        pg_catalog.current_schema())) \
-        AND t.tgname OPERATOR(pg_catalog.=) ANY (ARRAY['service_leader_take', \
-        'service_leader_take_new']::pg_catalog.name[])) OPERATOR(pg_catalog.=) 2 \
-        AND EXISTS (SELECT 1 FROM pg_catalog.pg_index i \
-        WHERE i.indrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(pg_catalog.format('%I.service_leader_lock', \
-        pg_catalog.current_schema())) \
-        AND i.indexrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(pg_catalog.format( \
-        '%I.service_leader_lock_name_token', pg_catalog.current_schema())) AND i.indisunique)"
-    };
-}
-pub(crate) use postgres_fence_current;
-
-/// PostgreSQL's fenced writes (`leaderd_fence`), installed apart from the
-/// steps: see [`BestEffort`].
-pub(crate) const POSTGRES_FENCE: BestEffort = BestEffort {
-    refused: FENCE_REFUSED,
-    said: &FENCE_SAID,
-    current: postgres_fence_current!(),
-    visible: None,
-    // The trigger functions' file first: an upgrade from a version before
-    // their search_path was pg_catalog's replaces them with the fence.
-    install: concat!(
-        include_str!("../../../migrations/postgres/2026-11-24-000000_token_floor/up.sql"),
-        include_str!("../../../migrations/postgres/2026-11-26-000000_fence/up.sql")
-    ),
-    savepoint: Some("leaderd_fence"),
-};
-
-/// Whether a MySQL/MariaDB user can see the lock table's triggers:
-/// `information_schema.triggers` shows them only to users with the TRIGGER
-/// right on their table (a daemon's user has none).
-macro_rules! mysql_triggers_visible {
-    () => {
-        "SELECT EXISTS (SELECT 1 FROM information_schema.user_privileges \
-         WHERE privilege_type = 'TRIGGER') \
-         OR EXISTS (SELECT 1 FROM information_schema.schema_privileges \
-         WHERE privilege_type = 'TRIGGER' AND table_schema = DATABASE()) \
-         OR EXISTS (SELECT 1 FROM information_schema.table_privileges \
-         WHERE privilege_type = 'TRIGGER' AND table_schema = DATABASE() \
-         AND table_name = 'service_leader_lock')"
-    };
-}
-pub(crate) use mysql_triggers_visible;
-
-/// [`MYSQL_FENCE`]'s check, as a literal (see [`postgres_fence_current`]).
-macro_rules! mysql_fence_current {
-    () => {
-        "SELECT EXISTS (SELECT 1 FROM information_schema.routines \
-        WHERE routine_schema = DATABASE() AND routine_name = 'leaderd_fence' \
-        AND routine_comment REGEXP '^leaderd fence [0-9]+$' \
-        AND CAST(SUBSTRING_INDEX(routine_comment, ' ', -1) AS UNSIGNED) >= 4) \
-        AND EXISTS (SELECT 1 FROM information_schema.tables \
-        WHERE table_schema = DATABASE() AND table_name = 'service_leader_fence') \
-        AND (SELECT COUNT(*) FROM information_schema.triggers \
-        WHERE trigger_schema = DATABASE() AND event_object_table = 'service_leader_lock' \
-        AND trigger_name IN ('service_leader_fence_take', 'service_leader_fence_new')) = 2"
-    };
-}
-pub(crate) use mysql_fence_current;
-
-/// MySQL 8's fenced writes (`CALL leaderd_fence`): the fence table, its
-/// triggers and the procedure, all three checked (a table or trigger lost,
-/// e.g. with the lock table dropped and made again, is installed again).
-/// DDL commits at once there: no savepoint; the statements stop at the
-/// first refused, and the procedure installed first says "not installed"
-/// until the last one replaces it.
-pub(crate) const MYSQL_FENCE: BestEffort = BestEffort {
-    install: concat!(
-        include_str!("../../../migrations/mysql/2026-11-26-000000_fence/up.sql"),
-        "CREATE ",
-        include_str!("../../../migrations/mysql/2026-11-26-000000_fence/procedure.sql")
-    ),
-    ..MARIADB_FENCE
-};
-
-/// MariaDB's: the same, each part replaced in place (`CREATE OR REPLACE`),
-/// so that no moment lacks the triggers and the procedure keeps its grants.
-pub(crate) const MARIADB_FENCE: BestEffort = BestEffort {
-    refused: FENCE_REFUSED,
-    said: &FENCE_SAID,
-    current: mysql_fence_current!(),
-    // Triggers show in information_schema only to users with the TRIGGER
-    // right on their table (a daemon's user has none).
-    visible: Some(mysql_triggers_visible!()),
-    install: concat!(
-        include_str!("../../../migrations/mysql/2026-11-26-000000_fence/mariadb.sql"),
-        "CREATE OR REPLACE ",
-        include_str!("../../../migrations/mysql/2026-11-26-000000_fence/mariadb-procedure.sql")
-    ),
-    savepoint: None,
-};
 
 /// What the log says, once per process, when the server refuses the fence.
 const FENCE_REFUSED: &str = "fenced writes are not installed or not current (leaderd_fence and \
@@ -147,114 +30,6 @@ const FENCE_REFUSED: &str = "fenced writes are not installed or not current (lea
     an app's call to leaderd_fence fails or runs an older version. Run `leaderd migrate` once as \
     the user who owns them (docs/security.md)";
 static FENCE_SAID: AtomicBool = AtomicBool::new(false);
-
-/// [`MYSQL_KEPT_TOKENS`]'s check, as a literal (see [`postgres_fence_current`]).
-macro_rules! mysql_kept_tokens_current {
-    () => {
-        "SELECT EXISTS (SELECT 1 FROM information_schema.triggers \
-        WHERE trigger_schema = DATABASE() AND event_object_table = 'service_leader_lock' \
-        AND trigger_name = 'service_leader_keep_token')"
-    };
-}
-pub(crate) use mysql_kept_tokens_current;
-
-/// MySQL/MariaDB's kept-tokens trigger (docs/design.md, "The fencing token's floor"):
-/// best effort, as the fence, because a server with binary logging refuses
-/// triggers to a user without SUPER; in a step that refusal failed the whole
-/// migration. Made only when missing, never dropped and made again: a gap
-/// between the two (a lock wait, or MySQL refusing the CREATE after letting
-/// the DROP through) would lose the floor of a row deleted meanwhile. On
-/// its own, so that its refusal leaves the fence as it is.
-pub(crate) const MYSQL_KEPT_TOKENS: BestEffort = BestEffort {
-    refused: "the trigger that keeps a deleted lease row's token is not installed: this database \
-        user may not create triggers (with binary logging: SUPER or \
-        log_bin_trust_function_creators); a row deleted and made again is seeded from the clock \
-        alone. Run `leaderd migrate` once as a user who may",
-    said: &KEPT_TOKENS_SAID,
-    current: mysql_kept_tokens_current!(),
-    visible: None,
-    install: include_str!("../../../migrations/mysql/2026-11-24-000000_token_floor/trigger.sql"),
-    savepoint: None,
-};
-static KEPT_TOKENS_SAID: AtomicBool = AtomicBool::new(false);
-
-/// The record of terms' check, per backend, as a literal (see
-/// [`postgres_fence_current`]): its table, of this version or a newer one
-/// (PostgreSQL: the table's comment), and both its triggers.
-macro_rules! postgres_history_current {
-    () => {
-        "SELECT COALESCE(pg_catalog.obj_description(pg_catalog.to_regclass(pg_catalog.format( \
-        '%I.service_leader_history', pg_catalog.current_schema())), 'pg_class') \
-        OPERATOR(pg_catalog.~) '^leaderd history [0-9]+$', false) \
-        AND (SELECT pg_catalog.count(*) FROM pg_catalog.pg_trigger t \
-        WHERE t.tgrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(pg_catalog.format('%I.service_leader_lock', \
-        pg_catalog.current_schema())) \
-        AND t.tgname OPERATOR(pg_catalog.=) ANY (ARRAY['service_leader_record_term', \
-        'service_leader_record_first']::pg_catalog.name[])) OPERATOR(pg_catalog.=) 2"
-    };
-}
-pub(crate) use postgres_history_current;
-
-/// MySQL/MariaDB: a user who cannot see the triggers (see
-/// [`mysql_triggers_visible`]) cannot make them either; for it the table
-/// is enough, so that its daemons do not try at every start.
-macro_rules! mysql_history_current {
-    () => {
-        concat!(
-            "SELECT EXISTS (SELECT 1 FROM information_schema.tables \
-            WHERE table_schema = DATABASE() AND table_name = 'service_leader_history') \
-            AND ((SELECT COUNT(*) FROM information_schema.triggers \
-            WHERE trigger_schema = DATABASE() AND event_object_table = 'service_leader_lock' \
-            AND trigger_name IN ('service_leader_history_term', 'service_leader_history_first')) = 2 \
-            OR NOT (",
-            $crate::migrate::mysql_triggers_visible!(),
-            "))"
-        )
-    };
-}
-pub(crate) use mysql_history_current;
-
-macro_rules! sqlite_history_current {
-    () => {
-        "SELECT (SELECT COUNT(*) FROM sqlite_master \
-        WHERE (type = 'table' AND name = 'service_leader_history') \
-           OR (type = 'trigger' AND name IN ('service_leader_history_release', \
-               'service_leader_history_take', 'service_leader_history_first'))) = 4"
-    };
-}
-pub(crate) use sqlite_history_current;
-
-/// The record of terms (`leaderd history`): a table and triggers that
-/// record each change of holder, whoever's statement made it. Best effort,
-/// as the fence: a user who may not create triggers runs the daemon
-/// without it.
-pub(crate) const POSTGRES_HISTORY: BestEffort = BestEffort {
-    refused: HISTORY_REFUSED,
-    said: &HISTORY_SAID,
-    current: postgres_history_current!(),
-    visible: None,
-    // After the token floor's file, whose guard it relies on (the schema
-    // is this user's, no other role's table or function has leaderd's
-    // names), and which replaces the older versions' trigger functions.
-    install: concat!(
-        include_str!("../../../migrations/postgres/2026-11-24-000000_token_floor/up.sql"),
-        include_str!("../../../migrations/postgres/2026-12-04-000000_history/up.sql")
-    ),
-    savepoint: Some("leaderd_history"),
-};
-
-pub(crate) const MYSQL_HISTORY: BestEffort = BestEffort {
-    current: mysql_history_current!(),
-    install: include_str!("../../../migrations/mysql/2026-12-04-000000_history/up.sql"),
-    savepoint: None,
-    ..POSTGRES_HISTORY
-};
-
-pub(crate) const SQLITE_HISTORY: BestEffort = BestEffort {
-    current: sqlite_history_current!(),
-    install: include_str!("../../../migrations/sqlite/2026-12-04-000000_history/up.sql"),
-    ..POSTGRES_HISTORY
-};
 
 const HISTORY_REFUSED: &str = "the record of terms (`leaderd history`) is not installed: this \
     database user may not create its table and triggers (MySQL/MariaDB with binary logging: \
@@ -289,6 +64,42 @@ pub(crate) struct BestEffort {
 }
 
 impl BestEffort {
+    /// Fenced writes, as a backend installs them (see the fields).
+    pub(crate) const fn fence(
+        current: &'static str,
+        visible: Option<&'static str>,
+        install: &'static str,
+        savepoint: Option<&'static str>,
+    ) -> Self {
+        Self {
+            refused: FENCE_REFUSED,
+            said: &FENCE_SAID,
+            current,
+            visible,
+            install,
+            savepoint,
+        }
+    }
+
+    /// The record of terms (`leaderd history`): a table and triggers that
+    /// record each change of holder, whoever's statement made it. Best
+    /// effort, as the fence: a user who may not create triggers runs the
+    /// daemon without it.
+    pub(crate) const fn history(
+        current: &'static str,
+        install: &'static str,
+        savepoint: Option<&'static str>,
+    ) -> Self {
+        Self {
+            refused: HISTORY_REFUSED,
+            said: &HISTORY_SAID,
+            current,
+            visible: None,
+            install,
+            savepoint,
+        }
+    }
+
     /// `install` in one batch, under its savepoint where it has one.
     fn batch(&self) -> std::borrow::Cow<'static, str> {
         match self.savepoint {
@@ -310,25 +121,6 @@ impl BestEffort {
         }
     }
 }
-
-/// The last PostgreSQL step, also run on its own when the schema is
-/// already current: it tunes a table earlier versions made, and never fails
-/// nor waits (see the file).
-pub(crate) const POSTGRES_FILLFACTOR: &str =
-    include_str!("../../../migrations/postgres/2026-11-25-000000_fillfactor/up.sql");
-
-/// MySQL/MariaDB steps, in order.
-pub(crate) const MYSQL: &[&str] = &[
-    include_str!("../../../migrations/mysql/2026-11-22-000000_create_service_leader_lock/up.sql"),
-    include_str!("../../../migrations/mysql/2026-11-23-000000_exact_names/up.sql"),
-    include_str!("../../../migrations/mysql/2026-11-24-000000_token_floor/up.sql"),
-];
-
-/// SQLite steps, in order.
-pub(crate) const SQLITE: &[&str] = &[
-    include_str!("../../../migrations/sqlite/2026-11-22-000000_create_service_leader_lock/up.sql"),
-    include_str!("../../../migrations/sqlite/2026-11-24-000000_token_floor/up.sql"),
-];
 
 /// Removes leaderd's legacy row (bind: [`LEGACY_VERSION`]).
 pub(crate) const LEGACY_DELETE: &str = "DELETE FROM __diesel_schema_migrations WHERE version = ?";
@@ -352,63 +144,6 @@ pub(crate) struct Column {
     pub add: &'static str,
 }
 
-/// Whether a column of the lock table is there, as a literal per backend,
-/// so that the plans ask it in their one check.
-macro_rules! postgres_column_present {
-    ($column:literal) => {
-        concat!(
-            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a \
-            JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) a.attrelid \
-            WHERE c.relname OPERATOR(pg_catalog.=) 'service_leader_lock' \
-            AND a.attname OPERATOR(pg_catalog.=) '",
-            $column,
-            "' AND NOT a.attisdropped AND c.relnamespace OPERATOR(pg_catalog.=) \
-            (SELECT n.oid FROM pg_catalog.pg_namespace n \
-            WHERE n.nspname OPERATOR(pg_catalog.=) pg_catalog.current_schema()))"
-        )
-    };
-}
-pub(crate) use postgres_column_present;
-
-macro_rules! mysql_column_present {
-    ($column:literal) => {
-        concat!(
-            "SELECT EXISTS (SELECT 1 FROM information_schema.columns \
-            WHERE table_schema = DATABASE() AND table_name = 'service_leader_lock' \
-            AND column_name = '",
-            $column,
-            "')"
-        )
-    };
-}
-pub(crate) use mysql_column_present;
-
-macro_rules! sqlite_column_present {
-    ($column:literal) => {
-        concat!(
-            "SELECT EXISTS (SELECT 1 FROM pragma_table_info('service_leader_lock') \
-            WHERE name = '",
-            $column,
-            "')"
-        )
-    };
-}
-pub(crate) use sqlite_column_present;
-
-/// The named successor's column, per backend.
-pub(crate) const POSTGRES_SUCCESSOR: Column = Column {
-    present: postgres_column_present!("successor"),
-    add: include_str!("../../../migrations/postgres/2026-11-27-000000_successor/up.sql"),
-};
-pub(crate) const MYSQL_SUCCESSOR: Column = Column {
-    present: mysql_column_present!("successor"),
-    add: include_str!("../../../migrations/mysql/2026-11-27-000000_successor/up.sql"),
-};
-pub(crate) const SQLITE_SUCCESSOR: Column = Column {
-    present: sqlite_column_present!("successor"),
-    add: include_str!("../../../migrations/sqlite/2026-11-27-000000_successor/up.sql"),
-};
-
 /// The holder's advertised address and the instance that wrote it: both
 /// there, per backend (one step adds both; one alone, left by hand, reads
 /// as missing, and the step then fails naming the column).
@@ -416,27 +151,14 @@ macro_rules! address_present {
     ($present:ident) => {
         concat!(
             "SELECT (",
-            $crate::migrate::$present!("address"),
+            $present!("address"),
             ") AND (",
-            $crate::migrate::$present!("address_instance"),
+            $present!("address_instance"),
             ")"
         )
     };
 }
 pub(crate) use address_present;
-
-pub(crate) const POSTGRES_ADDRESS: Column = Column {
-    present: address_present!(postgres_column_present),
-    add: include_str!("../../../migrations/postgres/2026-11-28-000000_address/up.sql"),
-};
-pub(crate) const MYSQL_ADDRESS: Column = Column {
-    present: address_present!(mysql_column_present),
-    add: include_str!("../../../migrations/mysql/2026-11-28-000000_address/up.sql"),
-};
-pub(crate) const SQLITE_ADDRESS: Column = Column {
-    present: address_present!(sqlite_column_present),
-    add: include_str!("../../../migrations/sqlite/2026-11-28-000000_address/up.sql"),
-};
 
 /// How one backend checks, serialises and applies the steps.
 #[derive(Debug)]
@@ -635,22 +357,13 @@ pub(crate) async fn run<M: Migrator>(conn: &mut M, plan: &Plan) -> Result<Migrat
 fn refusal(e: StoreError) -> StoreError {
     match e {
         e if lock_wait_cut(&e) => StoreError::MigrationBusy(e.to_string()),
-        StoreError::Postgres(e) if guard_refused(&e) => StoreError::Unsafe(crate::pg::describe(&e)),
+        StoreError::Postgres(e) if guard_refused(&e) => StoreError::Unsafe(describe(&e)),
         StoreError::Query(e @ diesel::result::Error::DatabaseError(..)) => {
             StoreError::Migration(e.to_string())
         }
-        StoreError::Postgres(e) if e.as_db_error().is_some() => {
-            StoreError::Migration(crate::pg::describe(&e))
-        }
+        StoreError::Postgres(e) if e.as_db_error().is_some() => StoreError::Migration(describe(&e)),
         other => other,
     }
-}
-
-/// Whether the installed SQL's guard refused the database (SQLSTATE
-/// LF010): another role could run code as this user through what leaderd
-/// would use there.
-fn guard_refused(e: &tokio_postgres::Error) -> bool {
-    e.as_db_error().is_some_and(|d| d.code().code() == "LF010")
 }
 
 /// Whether the plan's fence is in place, by the check the migration makes
@@ -703,28 +416,6 @@ async fn again_current<M: Migrator>(conn: &mut M, retry_busy: bool, check: &'sta
     retry_busy && conn.flag(check).await.unwrap_or(false)
 }
 
-/// Whether a step was refused because a lock it needs was not granted
-/// within the plan's bound: PostgreSQL's `lock_not_available` (55P03),
-/// MySQL's lock wait timeout (1205), or a deadlock (1213), which is also
-/// how a Galera node reports a statement that lost to another node's
-/// (seen with three nodes migrating at once on a busy machine): each
-/// statement of the migration may run again.
-fn lock_wait_cut(e: &StoreError) -> bool {
-    match e {
-        StoreError::Postgres(e) => {
-            e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE)
-        }
-        StoreError::Query(diesel::result::Error::DatabaseError(_, info)) => {
-            // diesel keeps MySQL's message, not its number.
-            info.message().contains("Lock wait timeout exceeded")
-                || info
-                    .message()
-                    .contains("Deadlock found when trying to get lock")
-        }
-        _ => false,
-    }
-}
-
 /// Installs `part` unless another migrator just did; whether this one
 /// did. A refusal (no right to create it) is said once per process and
 /// leaves the steps' work in place; a lost connection stays an error.
@@ -751,7 +442,7 @@ async fn install<M: Migrator>(
     match installed {
         Err(StoreError::Postgres(e)) if guard_refused(&e) => {
             part.undo(conn).await?;
-            Err(StoreError::Unsafe(crate::pg::describe(&e)))
+            Err(StoreError::Unsafe(describe(&e)))
         }
         Err(e) if lock_wait_cut(&e) => {
             part.undo(conn).await?;
@@ -773,15 +464,6 @@ async fn install<M: Migrator>(
     }
 }
 
-/// An error the server answered (a refusal), not a lost connection.
-fn refused_by_server(e: &StoreError) -> bool {
-    match e {
-        StoreError::Postgres(e) => e.as_db_error().is_some(),
-        StoreError::Query(diesel::result::Error::DatabaseError(..)) => true,
-        _ => false,
-    }
-}
-
 async fn forget_legacy<M: Migrator>(conn: &mut M, retry_busy: bool) -> Result<(), StoreError> {
     if conn.execute(LEGACY_DELETE, LEGACY_VERSION).await? == 0 {
         return Ok(());
@@ -798,15 +480,20 @@ async fn forget_legacy<M: Migrator>(conn: &mut M, retry_busy: bool) -> Result<()
 /// Implements [`Migrator`] for one diesel connection type.
 macro_rules! diesel_migrator {
     ($conn:ty) => {
-        impl $crate::migrate::Migrator for $conn {
-            async fn flag(&mut self, sql: &'static str) -> Result<bool, $crate::StoreError> {
+        impl $crate::shared::migrate::Migrator for $conn {
+            async fn flag(
+                &mut self,
+                sql: &'static str,
+            ) -> Result<bool, $crate::shared::error::StoreError> {
                 use diesel_async::RunQueryDsl;
-                Ok($crate::sql::Stmt::<diesel::sql_types::Bool>::new(sql, [])
-                    .get_result(self)
-                    .await?)
+                Ok(
+                    $crate::shared::sql::Stmt::<diesel::sql_types::Bool>::new(sql, [])
+                        .get_result(self)
+                        .await?,
+                )
             }
 
-            async fn batch(&mut self, sql: &str) -> Result<(), $crate::StoreError> {
+            async fn batch(&mut self, sql: &str) -> Result<(), $crate::shared::error::StoreError> {
                 use diesel_async::SimpleAsyncConnection;
                 Ok(self.batch_execute(sql).await?)
             }
@@ -815,11 +502,14 @@ macro_rules! diesel_migrator {
                 &mut self,
                 sql: &'static str,
                 text: &str,
-            ) -> Result<u64, $crate::StoreError> {
+            ) -> Result<u64, $crate::shared::error::StoreError> {
                 use diesel_async::RunQueryDsl;
-                let n = $crate::sql::Stmt::<()>::new(sql, [$crate::sql::Bind::Text(text)])
-                    .execute(self)
-                    .await?;
+                let n = $crate::shared::sql::Stmt::<()>::new(
+                    sql,
+                    [$crate::shared::sql::Bind::Text(text)],
+                )
+                .execute(self)
+                .await?;
                 Ok(n as u64)
             }
 
@@ -827,11 +517,11 @@ macro_rules! diesel_migrator {
                 &mut self,
                 sql: &'static str,
                 text: &str,
-            ) -> Result<i64, $crate::StoreError> {
+            ) -> Result<i64, $crate::shared::error::StoreError> {
                 use diesel_async::RunQueryDsl;
-                Ok($crate::sql::Stmt::<diesel::sql_types::BigInt>::new(
+                Ok($crate::shared::sql::Stmt::<diesel::sql_types::BigInt>::new(
                     sql,
-                    [$crate::sql::Bind::Text(text)],
+                    [$crate::shared::sql::Bind::Text(text)],
                 )
                 .get_result(self)
                 .await?)

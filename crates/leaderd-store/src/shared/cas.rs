@@ -10,7 +10,10 @@
 //!   it, decided by the matched-row count, and the new token is `seen + 1`.
 //!   Missing: insert it free and blocked for one ttl.
 
-use crate::{Attempt, LeaseRequest, Observed, StoreError};
+use leaderd_core::{Attempt, Observed};
+
+use super::error::StoreError;
+use super::lease::LeaseRequest;
 
 /// The four statements a backend supplies.
 pub(crate) trait CasOps {

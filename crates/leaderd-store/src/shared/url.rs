@@ -10,8 +10,8 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use crate::tls::{Files, Verify};
-use crate::StoreError;
+use super::error::StoreError;
+use super::tls::{Files, Verify};
 
 /// The database families leaderd can talk to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -20,7 +20,7 @@
 
 use tokio_postgres::{Client, Row};
 
-use crate::StoreError;
+use crate::shared::error::StoreError;
 
 /// leaderd's objects in the schema whose oid is `$nsp` (an SQL
 /// expression) that this user should not trust, one text each ("trigger
