@@ -201,7 +201,7 @@ impl Connection {
     /// that request's alone.
     ///
     /// PostgreSQL renews every held lease in one statement and attempts the
-    /// rest in one more (see `pg`). MySQL renews them in one statement (up
+    /// rest in one more (see `postgres::lease`). MySQL renews them in one statement (up
     /// to 16,384), reads the followers' rows in one, and creates or takes
     /// them in one each (see `cas::acquire_or_renew_many_read_together`).
     /// SQLite renews them in one transaction (one commit), reads the

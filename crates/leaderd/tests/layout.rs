@@ -140,7 +140,11 @@ fn crates() -> Vec<(String, PathBuf)> {
         .map(|e| e.expect("entry").path())
         .filter(|p| p.join("Cargo.toml").is_file() && p.join("src").is_dir())
         .map(|p| {
-            let name = p.file_name().expect("a name").to_string_lossy().into_owned();
+            let name = p
+                .file_name()
+                .expect("a name")
+                .to_string_lossy()
+                .into_owned();
             (name, p.join("src"))
         })
         .collect();
@@ -251,9 +255,16 @@ fn the_stores_rooms_import_downward() {
         BTreeSet::from(["front", "mysql", "postgres", "shared", "sqlite"])
     );
     // The backends do use the ground, so the rule has something to check.
-    assert!(graph["postgres::store"].contains("shared::error"), "{graph:?}");
+    assert!(
+        graph["postgres::store"].contains("shared::error"),
+        "{graph:?}"
+    );
     let wrong = against_the_rooms(&graph);
-    assert!(wrong.is_empty(), "imports against the store's rooms:\n{}", wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "imports against the store's rooms:\n{}",
+        wrong.join("\n")
+    );
 }
 
 #[test]

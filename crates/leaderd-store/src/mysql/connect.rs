@@ -52,7 +52,7 @@ pub(super) fn ssl_opts(verify: Verify, files: &Files) -> mysql_async::SslOpts {
     let mut opts = mysql_async::SslOpts::default();
     opts = match verify {
         Verify::Nothing => opts.with_danger_accept_invalid_certs(true),
-        // Never parsed from a URL (see `url`): the driver's name skip does
+        // Never parsed from a URL (see `shared::url`): the driver's name skip does
         // not work with this rustls, so it would check the name anyway.
         Verify::Chain | Verify::Full => opts,
     };

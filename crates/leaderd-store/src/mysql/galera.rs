@@ -13,14 +13,14 @@
 //! look, 25 rows a second per election (the look slows beyond 200
 //! elections, so a follower reads at most 5,000 rows a second).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use diesel::sql_types::{Nullable, Text};
 use diesel_async::{AsyncMysqlConnection, RunQueryDsl};
 
 use super::connect::{establish, galera_node};
-use super::wake::{names_json, wanted_of, NOTICED_WITHIN};
+use super::wake::{names_json, Looks, NOTICED_WITHIN};
 use crate::shared::error::StoreError;
 use crate::shared::sql::{Bind, Stmt};
 use crate::shared::url::DatabaseUrl;
@@ -68,11 +68,8 @@ pub(crate) async fn connect_if_galera(
 /// Releases of a daemon's elections on a Galera node, seen in their rows.
 pub struct RowsWatcher {
     conn: AsyncMysqlConnection,
-    elections: Vec<String>,
-    /// Each election looked at last time, and its holding instance then.
-    seen: HashMap<String, Option<String>>,
-    /// Released ones not yet returned.
-    freed: VecDeque<String>,
+    /// The elections watched, and their holding instances at the last look.
+    looks: Looks,
     /// The looks, at a fixed rate (a slow look does not space the next).
     every: tokio::time::Interval,
 }
@@ -83,9 +80,7 @@ impl RowsWatcher {
     pub(crate) fn new(conn: AsyncMysqlConnection, elections: &[String]) -> Self {
         Self {
             conn,
-            elections: elections.to_vec(),
-            seen: HashMap::new(),
-            freed: VecDeque::new(),
+            looks: Looks::new(elections),
             every: {
                 let mut every = tokio::time::interval(period(elections.len()));
                 every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -102,7 +97,7 @@ impl RowsWatcher {
         wanted: &(dyn Fn(&str) -> bool + Sync),
     ) -> Result<String, StoreError> {
         loop {
-            if let Some(name) = self.freed.pop_front() {
+            if let Some(name) = self.looks.next_freed() {
                 return Ok(name);
             }
             self.every.tick().await;
@@ -112,8 +107,8 @@ impl RowsWatcher {
 
     /// One look at the rows of the elections `wanted` now.
     async fn look(&mut self, wanted: &(dyn Fn(&str) -> bool + Sync)) -> Result<(), StoreError> {
-        let looked = wanted_of(&self.elections, wanted);
-        let now: HashMap<String, Option<String>> = if looked.is_empty() {
+        let looked = self.looks.wanted(wanted);
+        let holders: HashMap<String, String> = if looked.is_empty() {
             HashMap::new()
         } else {
             let names = names_json(&looked);
@@ -121,21 +116,11 @@ impl RowsWatcher {
                 .load::<(String, Option<String>)>(&mut self.conn)
                 .await?
                 .into_iter()
+                .filter_map(|(name, instance)| Some((name, instance?)))
                 .collect()
         };
-        let mut seen = HashMap::with_capacity(looked.len());
-        for name in looked {
-            let holder = now.get(name).cloned().flatten();
-            if let Some(Some(before)) = self.seen.get(name) {
-                if holder.as_ref() != Some(before) {
-                    self.freed.push_back(name.to_owned());
-                }
-            }
-            seen.insert(name.to_owned(), holder);
-        }
-        // One not looked at (led here meanwhile) is forgotten: when it is
-        // looked at again, its first look only records its holder.
-        self.seen = seen;
+        let looked: Vec<String> = looked.into_iter().map(str::to_owned).collect();
+        self.looks.record(looked, holders);
         Ok(())
     }
 }
@@ -147,7 +132,7 @@ mod tests {
     use diesel_async::SimpleAsyncConnection;
 
     use super::*;
-    use crate::mysql::store::MysqlStore;
+    use crate::mysql::scratch::migrated;
 
     #[test]
     fn a_follower_reads_at_most_5000_rows_a_second() {
@@ -162,21 +147,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_release_or_a_new_holder_wakes_only_a_wanted_election() {
-        let name = format!("leaderd_unit_{}", uuid::Uuid::new_v4().simple());
-        let admin = DatabaseUrl::parse("mysql://root@127.0.0.1:3306/test").unwrap();
-        let mut admin = establish(&admin).await.expect("the local MariaDB");
-        admin
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .await
-            .unwrap();
-        let url = DatabaseUrl::parse(&format!("mysql://root@127.0.0.1:3306/{name}")).unwrap();
-        MysqlStore::connect(&url)
-            .await
-            .unwrap()
-            .migrate()
-            .await
-            .unwrap();
-        let mut sql = establish(&url).await.unwrap();
+        let (url, mut sql, dropper) = migrated().await;
         sql.batch_execute(
             "INSERT INTO service_leader_lock (name, token, holder, instance, expires_at) VALUES \
              ('e1', 1, 'a', 'ia', UTC_TIMESTAMP(6) + INTERVAL 1 HOUR), \
@@ -193,7 +164,11 @@ mod tests {
         // The first look records; nothing changes: nothing is freed.
         w.look(&wanted).await.unwrap();
         w.look(&wanted).await.unwrap();
-        assert!(w.freed.is_empty(), "woke with no change: {:?}", w.freed);
+        assert!(
+            w.looks.pending().is_empty(),
+            "woke with no change: {:?}",
+            w.looks
+        );
         // e3 is not wanted (led here), e2 is released, e1 changes holder.
         sql.batch_execute(
             "UPDATE service_leader_lock SET instance = NULL, holder = NULL WHERE name IN ('e2', 'e3'); \
@@ -205,8 +180,8 @@ mod tests {
         assert_eq!(w.next(&wanted).await.unwrap(), "e2");
         // A free row stays free, a holder stays: no second wake-up.
         w.look(&wanted).await.unwrap();
-        assert!(w.freed.is_empty(), "woke again: {:?}", w.freed);
+        assert!(w.looks.pending().is_empty(), "woke again: {:?}", w.looks);
         drop(w);
-        let _ = admin.batch_execute(&format!("DROP DATABASE {name}")).await;
+        dropper.drop_now().await;
     }
 }

@@ -3,7 +3,7 @@
 //! rows split into parts a statement carries, and a row locked elsewhere
 //! answered as that row's alone.
 
-use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel::sql_types::BigInt;
 use diesel_async::RunQueryDsl;
 use leaderd_core::Observed;
 
@@ -150,30 +150,13 @@ impl CasBatch for MysqlStore {
         }
         let names: Vec<&str> = reqs.iter().map(|r| r.election).collect();
         let names = names_json(&names);
-        // Place, then the row as `observed` takes it, and its successor.
-        type Row = (
-            i64,
-            Option<String>,
-            Option<String>,
-            i64,
-            i64,
-            Option<String>,
-            Option<String>,
-        );
-        type RowSql = (
-            BigInt,
-            Nullable<Text>,
-            Nullable<Text>,
-            BigInt,
-            BigInt,
-            Nullable<Text>,
-            Nullable<Text>,
-        );
-        let rows: Vec<Row> = Stmt::<RowSql>::new(self.sql(&OBSERVE_ALL), [Bind::Text(&names)])
-            .load(&mut self.conn)
-            .await?;
+        // Place, then the row as [`OBSERVE`] reads it.
+        let rows: Vec<(i64, SeenRow)> =
+            Stmt::<(BigInt, SeenSql)>::new(self.sql(&OBSERVE_ALL), [Bind::Text(&names)])
+                .load(&mut self.conn)
+                .await?;
         let mut out = vec![None; reqs.len()];
-        for (place, holder, instance, token, remaining_us, address, successor) in rows {
+        for (place, (holder, instance, token, remaining_us, address, successor)) in rows {
             let Some(i) = usize::try_from(place - 1).ok().filter(|&i| i < reqs.len()) else {
                 continue;
             };
@@ -319,45 +302,8 @@ mod tests {
     //! Against the local MariaDB (127.0.0.1:3306, `root`, no password), in
     //! a database of its own.
     use super::*;
-    use crate::mysql::connect::establish;
-    use crate::shared::url::DatabaseUrl;
-    use diesel_async::{AsyncMysqlConnection, SimpleAsyncConnection};
-
-    async fn scratch() -> (String, AsyncMysqlConnection) {
-        let admin = DatabaseUrl::parse("mysql://root@127.0.0.1:3306/test").unwrap();
-        let mut conn = establish(&admin).await.expect("the local MariaDB");
-        let name = format!("leaderd_unit_{}", uuid::Uuid::new_v4().simple());
-        conn.batch_execute(&format!("CREATE DATABASE {name}"))
-            .await
-            .unwrap();
-        (name, conn)
-    }
-
-    /// A migrated scratch database: its URL, a connection to run SQL on
-    /// it, and a connection to drop it with.
-    async fn migrated() -> (DatabaseUrl, AsyncMysqlConnection, Dropper) {
-        let (name, admin) = scratch().await;
-        let url = DatabaseUrl::parse(&format!("mysql://root@127.0.0.1:3306/{name}")).unwrap();
-        MysqlStore::connect(&url)
-            .await
-            .unwrap()
-            .migrate()
-            .await
-            .unwrap();
-        let sql = establish(&url).await.unwrap();
-        (url, sql, Dropper(Some((name, admin))))
-    }
-
-    /// Drops the scratch database at the end of a test.
-    struct Dropper(Option<(String, AsyncMysqlConnection)>);
-
-    impl Dropper {
-        async fn drop_now(mut self) {
-            if let Some((name, mut admin)) = self.0.take() {
-                let _ = admin.batch_execute(&format!("DROP DATABASE {name}")).await;
-            }
-        }
-    }
+    use crate::mysql::scratch::migrated;
+    use diesel_async::SimpleAsyncConnection;
 
     fn req<'a>(election: &'a str, holder: &'a str, instance: &'a str) -> LeaseRequest<'a> {
         LeaseRequest {

@@ -15,6 +15,8 @@ mod connect;
 mod galera;
 mod lease;
 mod plan;
+#[cfg(test)]
+mod scratch;
 mod statements;
 mod store;
 mod wake;

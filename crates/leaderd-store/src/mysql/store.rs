@@ -9,7 +9,7 @@
 //! `CLIENT_FOUND_ROWS`, so counts are matched rows. `lock` is a reserved word;
 //! nothing here is named that.
 
-use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel::sql_types::{BigInt, Text};
 use diesel_async::{AsyncMysqlConnection, RunQueryDsl};
 
 use super::connect::{establish, galera_node, has_json_table};
@@ -18,7 +18,9 @@ use super::statements::*;
 use crate::shared::cas::CasBatch;
 use crate::shared::error::StoreError;
 use crate::shared::history::{Term, TermParts, TermSql};
-use crate::shared::lease::{ElectionRow, FenceStatus, LeaseRequest, Migrated, Release, RowParts};
+use crate::shared::lease::{
+    ElectionRow, FenceStatus, LeaseRequest, Migrated, Release, RowParts, RowSql,
+};
 use crate::shared::migrate;
 use crate::shared::sql::{Bind, Stmt};
 use crate::shared::url::DatabaseUrl;
@@ -167,17 +169,9 @@ impl MysqlStore {
 
     pub(crate) async fn elections(&mut self, prefix: &str) -> Result<Vec<ElectionRow>, StoreError> {
         let rows: Vec<RowParts> =
-            Stmt::<(
-                Text,
-                Nullable<Text>,
-                BigInt,
-                BigInt,
-                Nullable<Text>,
-                Nullable<BigInt>,
-                Nullable<Text>,
-            )>::new(ELECTIONS, [Bind::Text(prefix), Bind::Text(prefix)])
-            .load(&mut self.conn)
-            .await?;
+            Stmt::<RowSql>::new(ELECTIONS, [Bind::Text(prefix), Bind::Text(prefix)])
+                .load(&mut self.conn)
+                .await?;
         Ok(rows.into_iter().map(ElectionRow::from).collect())
     }
 

@@ -176,12 +176,8 @@ pub(super) const LOCKS_HELD: &str = concat!(
 /// leads all of its own sends nothing.
 pub struct LocksWatcher {
     conn: AsyncMysqlConnection,
-    /// The elections watched.
-    elections: Vec<String>,
-    /// The locks held at the last look.
-    held: std::collections::HashSet<String>,
-    /// Freed ones not yet returned.
-    freed: std::collections::VecDeque<String>,
+    /// The elections watched, whose locks were held at the last look.
+    looks: Looks,
     every: std::time::Duration,
 }
 
@@ -195,9 +191,7 @@ impl LocksWatcher {
             IDLE_SOON * u32::try_from(elections.len().div_ceil(200).max(1)).unwrap_or(u32::MAX);
         Self {
             conn,
-            elections: elections.to_vec(),
-            held: std::collections::HashSet::new(),
-            freed: std::collections::VecDeque::new(),
+            looks: Looks::new(elections),
             every,
         }
     }
@@ -209,33 +203,27 @@ impl LocksWatcher {
         wanted: &(dyn Fn(&str) -> bool + Sync),
     ) -> Result<String, StoreError> {
         loop {
-            if let Some(name) = self.freed.pop_front() {
+            if let Some(name) = self.looks.next_freed() {
                 return Ok(name);
             }
-            let looked = wanted_of(&self.elections, wanted);
-            let held: std::collections::HashSet<String> = if looked.is_empty() {
-                std::collections::HashSet::new()
+            let looked = self.looks.wanted(wanted);
+            let held: Vec<(String, bool)> = if looked.is_empty() {
+                Vec::new()
             } else {
                 let names = names_json(&looked);
-                let rows: Vec<(String, bool)> =
-                    Stmt::<(Text, diesel::sql_types::Bool)>::new(LOCKS_HELD, [Bind::Text(&names)])
-                        .load(&mut self.conn)
-                        .await?;
-                rows.into_iter()
-                    .filter_map(|(name, held)| held.then_some(name))
-                    .collect()
+                Stmt::<(Text, diesel::sql_types::Bool)>::new(LOCKS_HELD, [Bind::Text(&names)])
+                    .load(&mut self.conn)
+                    .await?
             };
-            // Seen held, looked at again, and free now: released. One not
-            // looked at (led here meanwhile) is forgotten, not released.
-            let looked: std::collections::HashSet<&str> = looked.into_iter().collect();
-            self.freed.extend(
-                self.held
-                    .iter()
-                    .filter(|e| looked.contains(e.as_str()) && !held.contains(*e))
-                    .cloned(),
+            // A lock's holder is only "held": seen held, looked at again,
+            // and free now is a release.
+            let held = held.into_iter().filter(|(_, held)| *held);
+            let looked: Vec<String> = looked.into_iter().map(str::to_owned).collect();
+            self.looks.record(
+                looked,
+                held.map(|(name, _)| (name, String::new())).collect(),
             );
-            self.held = held;
-            if self.freed.is_empty() {
+            if self.looks.pending().is_empty() {
                 tokio::time::sleep(self.every).await;
             }
         }
@@ -276,17 +264,62 @@ impl MysqlStore {
     }
 }
 
-/// The elections of `elections` that `wanted` says to look at now (a
-/// release waiter's look, see `wake`).
-pub(crate) fn wanted_of<'a>(
-    elections: &'a [String],
-    wanted: &(dyn Fn(&str) -> bool + Sync),
-) -> Vec<&'a str> {
-    elections
-        .iter()
-        .map(String::as_str)
-        .filter(|e| wanted(e))
-        .collect()
+/// What a follower of several elections learns by looking at all of them
+/// at once (their wake-up locks, or on Galera their rows): each election
+/// looked at and its holder then, and the releases not yet returned, each
+/// one seen held and then not by the same holder. One not looked at (led
+/// here meanwhile) is forgotten, not released: when it is looked at again,
+/// its first look only records its holder.
+#[derive(Debug)]
+pub(super) struct Looks {
+    elections: Vec<String>,
+    seen: std::collections::HashMap<String, String>,
+    freed: std::collections::VecDeque<String>,
+}
+
+impl Looks {
+    pub(super) fn new(elections: &[String]) -> Self {
+        Self {
+            elections: elections.to_vec(),
+            seen: std::collections::HashMap::new(),
+            freed: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// The elections `wanted` says to look at now (see `waiter`).
+    pub(super) fn wanted(&self, wanted: &(dyn Fn(&str) -> bool + Sync)) -> Vec<&str> {
+        self.elections
+            .iter()
+            .map(String::as_str)
+            .filter(|e| wanted(e))
+            .collect()
+    }
+
+    /// Records a look at `looked`, with the holder of each one held in
+    /// `holders` (the others are free).
+    pub(super) fn record(
+        &mut self,
+        looked: Vec<String>,
+        holders: std::collections::HashMap<String, String>,
+    ) {
+        for name in looked {
+            let before = self.seen.remove(&name);
+            if before.is_some() && before.as_ref() != holders.get(&name) {
+                self.freed.push_back(name);
+            }
+        }
+        self.seen = holders;
+    }
+
+    /// The oldest release not yet returned.
+    pub(super) fn next_freed(&mut self) -> Option<String> {
+        self.freed.pop_front()
+    }
+
+    /// The releases not yet returned.
+    pub(super) fn pending(&self) -> &std::collections::VecDeque<String> {
+        &self.freed
+    }
 }
 
 /// Names as a JSON array, for `JSON_TABLE`: one bind, one statement text,

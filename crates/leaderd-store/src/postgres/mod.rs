@@ -13,6 +13,7 @@
 //! - `plan`: the migration plan over `migrations/postgres/`.
 
 mod connect;
+mod from_row;
 mod held_off;
 mod lease;
 mod listener;

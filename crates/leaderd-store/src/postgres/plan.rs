@@ -189,7 +189,7 @@ macro_rules! trusted_by_a_superuser {
 }
 
 /// Whoever connects uses leaderd's objects only while their owners are
-/// ones it trusts (see `pg_session::untrusted`): a role that may create in
+/// ones it trusts (see `session::untrusted`): a role that may create in
 /// the schema could make them all, with the right names, before leaderd
 /// was installed there. When they are not, the migration runs, and its
 /// guard refuses (LF010).
@@ -322,7 +322,7 @@ impl migrate::Migrator for Client {
 /// A statement the backends share (`column = ?`, `column <> ?`,
 /// `COUNT(*)`) in PostgreSQL's form: its bind `$1`, and its operators and
 /// functions `pg_catalog`'s, not whatever the search_path finds (see
-/// `pg_session`).
+/// `session`).
 pub(super) fn bound_here(sql: &str) -> String {
     sql.replace(" = ?", " OPERATOR(pg_catalog.=) $1")
         .replace(" <> ?", " OPERATOR(pg_catalog.<>) $1")

@@ -242,7 +242,7 @@ impl Statements {
         if let Some((_, s)) = made.iter().find(|(t, _)| t == table) {
             return s;
         }
-        // The lock table's name ends with its own (`pg_session`): the
+        // The lock table's name ends with its own (`session`): the
         // record of terms is beside it, in the same schema.
         let history = format!(
             "{}service_leader_history",

@@ -1,5 +1,5 @@
 //! PostgreSQL: the lock table on `tokio-postgres` (pure Rust), over rustls
-//! when the URL asks for TLS (see `tls`).
+//! when the URL asks for TLS (see `shared::tls`).
 //!
 //! Clock: `now()`, the start of each autocommit statement, on the server.
 //! Acquire-or-renew is one `UPDATE … RETURNING` that also reads the holder when
@@ -24,13 +24,14 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Row};
 
 use super::connect::{open, CancelHandle};
+use super::from_row::FromRow;
 use super::held_off::HeldOff;
 use super::plan::{MIGRATION, SETTLE_UPGRADE};
 use super::session::{Facts, Session};
 use super::statements::*;
 use crate::shared::error::StoreError;
-use crate::shared::history::Term;
-use crate::shared::lease::{ElectionRow, FenceStatus, Migrated, Release};
+use crate::shared::history::{Term, TermParts};
+use crate::shared::lease::{ElectionRow, FenceStatus, Migrated, Release, RowParts};
 use crate::shared::migrate;
 use crate::shared::url::DatabaseUrl;
 
@@ -42,14 +43,14 @@ pub struct PgStore {
     pub(super) stmts: &'static Statements,
     /// What this role may do beyond the daemon's needs, what of leaderd's
     /// it should not trust (while there is any, no statement is sent), and
-    /// who else may create in the table's schema (see `pg_session`).
+    /// who else may create in the table's schema (see `session`).
     pub(super) facts: Box<Facts>,
     /// Who held this connection's takeovers off, and since when.
     pub(super) held_off: Box<HeldOff>,
     /// Named statements prepared once on this connection, once it is known
     /// to be direct; `None`: unnamed statements, the pooler-safe default.
     pub(super) named: Option<Vec<(&'static str, tokio_postgres::Statement)>>,
-    /// Whether the connection is direct, while `pg_session` finds out.
+    /// Whether the connection is direct, while `session` finds out.
     pub(super) finding: Option<tokio::task::JoinHandle<bool>>,
 }
 
@@ -210,17 +211,7 @@ impl PgStore {
             .query(self.stmts.elections, &[Type::VARCHAR], &[&prefix])
             .await?;
         rows.iter()
-            .map(|r| {
-                Ok(ElectionRow::from((
-                    r.try_get(0)?,
-                    r.try_get(1)?,
-                    r.try_get(2)?,
-                    r.try_get(3)?,
-                    r.try_get(4)?,
-                    r.try_get(5)?,
-                    r.try_get(6)?,
-                )))
-            })
+            .map(|r| Ok(ElectionRow::from(RowParts::from_row(r)?)))
             .collect()
     }
 
@@ -243,22 +234,7 @@ impl PgStore {
             rows => rows?,
         };
         rows.iter()
-            .map(|r| {
-                Ok(Term::from((
-                    r.try_get(0)?,
-                    r.try_get(1)?,
-                    r.try_get(2)?,
-                    r.try_get(3)?,
-                    r.try_get(4)?,
-                    r.try_get(5)?,
-                    r.try_get(6)?,
-                    r.try_get(7)?,
-                    r.try_get(8)?,
-                    r.try_get(9)?,
-                    r.try_get(10)?,
-                    r.try_get(11)?,
-                )))
-            })
+            .map(|r| Ok(Term::from(TermParts::from_row(r)?)))
             .collect::<Result<_, StoreError>>()
             .map(Some)
     }

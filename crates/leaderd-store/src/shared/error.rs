@@ -18,7 +18,7 @@ pub enum StoreError {
     #[error("TLS: {0}")]
     Tls(String),
     /// A PostgreSQL statement failed (tokio-postgres runs the lock-table
-    /// statements directly; see `pg`).
+    /// statements directly; see `postgres`).
     #[error("database error: {}", describe(.0))]
     Postgres(#[from] tokio_postgres::Error),
     /// A statement failed (missing table, permission denied, lost connection).

@@ -73,35 +73,20 @@ pub(crate) type TermSql = (
 );
 
 impl From<TermParts> for Term {
-    fn from(
-        (
-            election,
-            token,
-            holder,
-            instance,
-            address,
-            began_how,
-            earlier,
-            began_at,
-            began_ago_us,
-            ended_at,
-            ended_ago_us,
-            ended_how,
-        ): TermParts,
-    ) -> Self {
+    fn from(p: TermParts) -> Self {
         Term {
-            election,
-            token,
-            holder,
-            instance,
-            address,
-            began_how,
-            earlier_version: earlier != 0,
-            began_at,
-            began_ago_us,
-            ended_at,
-            ended_ago_us,
-            ended_how,
+            election: p.0,
+            token: p.1,
+            holder: p.2,
+            instance: p.3,
+            address: p.4,
+            began_how: p.5,
+            earlier_version: p.6 != 0,
+            began_at: p.7,
+            began_ago_us: p.8,
+            ended_at: p.9,
+            ended_ago_us: p.10,
+            ended_how: p.11,
         }
     }
 }

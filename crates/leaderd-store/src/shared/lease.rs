@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use diesel::sql_types::{BigInt, Nullable, Text};
+
 use super::error::StoreError;
 use leaderd_core::{Attempt, Observed};
 
@@ -155,6 +157,17 @@ pub(crate) type RowParts = (
     Option<String>,
     Option<i64>,
     Option<String>,
+);
+
+/// [`RowParts`]' SQL types, for diesel (MySQL, SQLite).
+pub(crate) type RowSql = (
+    Text,
+    Nullable<Text>,
+    BigInt,
+    BigInt,
+    Nullable<Text>,
+    Nullable<BigInt>,
+    Nullable<Text>,
 );
 
 impl From<RowParts> for ElectionRow {

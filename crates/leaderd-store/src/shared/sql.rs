@@ -1,6 +1,6 @@
 //! One statement type for the diesel backends (MySQL, SQLite): fixed SQL
 //! text with `?` where each bind goes. PostgreSQL's statements run on
-//! tokio-postgres directly (see `pg`).
+//! tokio-postgres directly (see `postgres`).
 //!
 //! diesel caches neither `sql_query` nor its INSERT/UPDATE builders as
 //! prepared statements; a `QueryFragment` whose SQL text never changes is
@@ -26,7 +26,7 @@ pub(crate) enum Bind<'a> {
 }
 
 /// Fixed SQL with `?` placeholders (MySQL and SQLite; PostgreSQL's statements
-/// are in `pg.rs`) and the binds in order. `ST` is the row type it returns.
+/// are in `postgres/statements.rs`) and the binds in order. `ST` is the row type it returns.
 #[derive(Debug)]
 pub(crate) struct Stmt<'a, ST = ()> {
     sql: &'static str,

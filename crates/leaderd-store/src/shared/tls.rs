@@ -9,7 +9,7 @@
 //! connection is made, never cached, so a rotated Kubernetes Secret is used
 //! by the next connection without a restart.
 //!
-//! This module does not connect: `pg` hands the configuration to
+//! This module does not connect: `postgres` hands the configuration to
 //! tokio-postgres; MySQL's driver (mysql_async) builds its own from the same
 //! options (see `mysql`).
 
@@ -32,7 +32,7 @@ pub(crate) enum Verify {
     /// `PREFERRED`/`REQUIRED`): a certificate from anyone is accepted.
     Nothing,
     /// The chain up to a trusted root, not the name (`verify-ca`; MySQL's
-    /// `VERIFY_CA` is refused, see `url`).
+    /// `VERIFY_CA` is refused, see `shared::url`).
     Chain,
     /// The chain and the host name of the URL (`verify-full`,
     /// `VERIFY_IDENTITY`).

@@ -16,10 +16,9 @@
 //! readers never block, with `synchronous = FULL` so a committed take
 //! survives a power loss (else the next take could hand out the same token),
 //! and a short busy timeout for writers. Every `UPDATE` takes SQLite's write
-//! lock, so followers only read (see `cas`).
+//! lock, so followers only read (see `shared::cas`).
 
 use diesel::connection::SimpleConnection;
-use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::SqliteConnection;
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
@@ -31,7 +30,7 @@ use super::wake::announce_release;
 use crate::shared::clock::boot_id;
 use crate::shared::error::StoreError;
 use crate::shared::history::{Term, TermParts, TermSql};
-use crate::shared::lease::{ElectionRow, FenceStatus, Migrated, Release, RowParts};
+use crate::shared::lease::{ElectionRow, FenceStatus, Migrated, Release, RowParts, RowSql};
 use crate::shared::migrate;
 use crate::shared::sql::{Bind, Stmt};
 use crate::shared::url::DatabaseUrl;
@@ -238,15 +237,7 @@ impl SqliteStore {
 
     pub(crate) async fn elections(&mut self, prefix: &str) -> Result<Vec<ElectionRow>, StoreError> {
         let now = now_us();
-        let rows: Vec<RowParts> = Stmt::<(
-            Text,
-            Nullable<Text>,
-            BigInt,
-            BigInt,
-            Nullable<Text>,
-            Nullable<BigInt>,
-            Nullable<Text>,
-        )>::new(
+        let rows: Vec<RowParts> = Stmt::<RowSql>::new(
             ELECTIONS,
             [
                 Bind::Text(&self.boot_id),
