@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use plotters::coord::ranged1d::ValueFormatter;
+use plotters::coord::Shift;
 use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
@@ -98,19 +99,23 @@ fn ticks(r: &std::ops::Range<f64>) -> Vec<f64> {
     out
 }
 
+/// A chart of the plots: an SVG, on two axes of numbers.
+type Chart<'a, X, Y> = ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>;
+
+/// An axis of the plots: numbers, labelled with [`number`].
+trait Axis: Ranged<ValueType = f64> + ValueFormatter<f64> {}
+
+impl<T: Ranged<ValueType = f64> + ValueFormatter<f64>> Axis for T {}
+
 /// One series as a line with markers: solid with filled dots, or dashed with
 /// hollow ones; labelled in the legend.
-fn series<X, Y>(
-    chart: &mut ChartContext<'_, SVGBackend<'_>, Cartesian2d<X, Y>>,
+fn series<X: Axis, Y: Axis>(
+    chart: &mut Chart<'_, X, Y>,
     points: &[(f64, f64)],
     colour: RGBColor,
     dashed: bool,
     label: &str,
-) -> Result<()>
-where
-    X: Ranged<ValueType = f64> + ValueFormatter<f64>,
-    Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
-{
+) -> Result<()> {
     let line = colour.stroke_width(2);
     if dashed {
         chart
@@ -136,15 +141,7 @@ where
 }
 
 /// A horizontal reference line across the whole x range.
-fn reference<X, Y>(
-    chart: &mut ChartContext<'_, SVGBackend<'_>, Cartesian2d<X, Y>>,
-    at: f64,
-    label: &str,
-) -> Result<()>
-where
-    X: Ranged<ValueType = f64> + ValueFormatter<f64>,
-    Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
-{
+fn reference<X: Axis, Y: Axis>(chart: &mut Chart<'_, X, Y>, at: f64, label: &str) -> Result<()> {
     let x = chart.x_range();
     let style = VERMILION.stroke_width(1);
     chart
@@ -160,15 +157,7 @@ where
 }
 
 /// The usual grid and axes: both labelled with [`number`].
-fn axes<'a, X, Y>(
-    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
-    x_desc: &str,
-    y_desc: &str,
-) -> Result<()>
-where
-    X: Ranged<ValueType = f64> + ValueFormatter<f64>,
-    Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
-{
+fn axes<X: Axis, Y: Axis>(chart: &mut Chart<'_, X, Y>, x_desc: &str, y_desc: &str) -> Result<()> {
     chart
         .configure_mesh()
         .max_light_lines(2)
@@ -182,14 +171,7 @@ where
     Ok(())
 }
 
-fn legend<'a, X, Y>(
-    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
-    at: SeriesLabelPosition,
-) -> Result<()>
-where
-    X: Ranged<ValueType = f64> + ValueFormatter<f64>,
-    Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
-{
+fn legend<X: Axis, Y: Axis>(chart: &mut Chart<'_, X, Y>, at: SeriesLabelPosition) -> Result<()> {
     chart
         .configure_series_labels()
         .position(at)
@@ -198,6 +180,21 @@ where
         .label_font((FONT, 13))
         .draw()?;
     Ok(())
+}
+
+/// A chart on `area` in the plots' common style: its caption, margins and
+/// label areas (a caller may widen them).
+fn styled<'a, 'b, DB: DrawingBackend>(
+    area: &'a DrawingArea<DB, Shift>,
+    caption: impl AsRef<str>,
+) -> ChartBuilder<'a, 'b, DB> {
+    let mut builder = ChartBuilder::on(area);
+    builder
+        .caption(caption, (FONT, 17))
+        .margin(12)
+        .x_label_area_size(42)
+        .y_label_area_size(62);
+    builder
 }
 
 /// Heartbeat cost: throughput and p99 latency against electors, leaderd
@@ -224,18 +221,13 @@ pub fn heartbeat(path: &Path, rows: &[CostRow]) -> Result<()> {
         .flat_map(|r| [r.leaderd.rate, r.seed.rate])
         .fold(0.0, f64::max)
         * 1.3;
-    let mut chart = ChartBuilder::on(&left)
-        .caption("Heartbeats per second (higher is better)", (FONT, 17))
-        .margin(12)
-        .x_label_area_size(42)
-        .y_label_area_size(62)
-        .build_cartesian_2d(
-            electors
-                .clone()
-                .log_scale()
-                .with_key_points(measured.clone()),
-            0.0..top.max(1.0),
-        )?;
+    let mut chart = styled(&left, "Heartbeats per second (higher is better)").build_cartesian_2d(
+        electors
+            .clone()
+            .log_scale()
+            .with_key_points(measured.clone()),
+        0.0..top.max(1.0),
+    )?;
     axes(&mut chart, "electors (log scale)", "heartbeats/s")?;
     for &kind in &kinds {
         let name = short_backend(kind);
@@ -261,15 +253,10 @@ pub fn heartbeat(path: &Path, rows: &[CostRow]) -> Result<()> {
             .flat_map(|r| [millis(r.leaderd.lat.p99), millis(r.seed.lat.p99)]),
         2.0,
     );
-    let mut chart = ChartBuilder::on(&right)
-        .caption("p99 heartbeat latency (lower is better)", (FONT, 17))
-        .margin(12)
-        .x_label_area_size(42)
-        .y_label_area_size(62)
-        .build_cartesian_2d(
-            electors.log_scale().with_key_points(measured),
-            p99.clone().log_scale().with_key_points(ticks(&p99)),
-        )?;
+    let mut chart = styled(&right, "p99 heartbeat latency (lower is better)").build_cartesian_2d(
+        electors.log_scale().with_key_points(measured),
+        p99.clone().log_scale().with_key_points(ticks(&p99)),
+    )?;
     axes(&mut chart, "electors (log scale)", "ms (log scale)")?;
     for &kind in &kinds {
         let name = short_backend(kind);
@@ -318,15 +305,10 @@ pub fn scale(path: &Path, steps: &[ScaleStep]) -> Result<()> {
             .chain([50.0]),
         2.0,
     );
-    let mut chart = ChartBuilder::on(&left)
-        .caption("Renewal latency, one PostgreSQL", (FONT, 17))
-        .margin(12)
-        .x_label_area_size(42)
-        .y_label_area_size(62)
-        .build_cartesian_2d(
-            0.0..most,
-            lat.clone().log_scale().with_key_points(ticks(&lat)),
-        )?;
+    let mut chart = styled(&left, "Renewal latency, one PostgreSQL").build_cartesian_2d(
+        0.0..most,
+        lat.clone().log_scale().with_key_points(ticks(&lat)),
+    )?;
     axes(
         &mut chart,
         "replicas renewing once a second",
@@ -344,12 +326,8 @@ pub fn scale(path: &Path, steps: &[ScaleStep]) -> Result<()> {
     reference(&mut chart, 50.0, "target: p99 < 50 ms")?;
     legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
 
-    let mut chart = ChartBuilder::on(&right)
-        .caption("Renewals per second served", (FONT, 17))
-        .margin(12)
-        .x_label_area_size(42)
-        .y_label_area_size(62)
-        .build_cartesian_2d(0.0..most, 0.0..most)?;
+    let mut chart =
+        styled(&right, "Renewals per second served").build_cartesian_2d(0.0..most, 0.0..most)?;
     axes(&mut chart, "replicas renewing once a second", "renewals/s")?;
     series(
         &mut chart,
@@ -379,19 +357,16 @@ pub fn failover(path: &Path, cases: &[Case], ttl: Duration) -> Result<()> {
             .chain([millis(ttl)]),
         1.6,
     );
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "Failover: time until another replica leads (each dot one failover)",
-            (FONT, 17),
-        )
-        .margin(12)
-        .margin_right(LEGEND_WIDTH)
-        .x_label_area_size(42)
-        .y_label_area_size(270)
-        .build_cartesian_2d(
-            xs.clone().log_scale().with_key_points(ticks(&xs)),
-            -0.6..rows as f64 - 0.4,
-        )?;
+    let mut chart = styled(
+        &root,
+        "Failover: time until another replica leads (each dot one failover)",
+    )
+    .margin_right(LEGEND_WIDTH)
+    .y_label_area_size(270)
+    .build_cartesian_2d(
+        xs.clone().log_scale().with_key_points(ticks(&xs)),
+        -0.6..rows as f64 - 0.4,
+    )?;
     chart
         .configure_mesh()
         .max_light_lines(2)
@@ -513,21 +488,17 @@ pub fn serve(path: &Path, served: &Served) -> Result<()> {
         })
         .collect();
     let ys = log_range(points.iter().map(|p| p.1).chain([1.0]), 1.6);
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!(
-                "GET /leader latency by percentile ({} requests/s on 2 shared cores)",
-                number(served.rate.round())
-            ),
-            (FONT, 17),
-        )
-        .margin(12)
-        .x_label_area_size(42)
-        .y_label_area_size(62)
-        .build_cartesian_2d(
-            0.0..max_nines.ceil(),
-            ys.clone().log_scale().with_key_points(ticks(&ys)),
-        )?;
+    let mut chart = styled(
+        &root,
+        format!(
+            "GET /leader latency by percentile ({} requests/s on 2 shared cores)",
+            number(served.rate.round())
+        ),
+    )
+    .build_cartesian_2d(
+        0.0..max_nines.ceil(),
+        ys.clone().log_scale().with_key_points(ticks(&ys)),
+    )?;
     chart
         .configure_mesh()
         .max_light_lines(2)
@@ -575,15 +546,10 @@ pub fn elections(path: &Path, steps: &[Step]) -> Result<()> {
             .flat_map(|s| [s.statements_per_s, s.db_cpu_percent]),
         2.0,
     );
-    let mut chart = ChartBuilder::on(&left)
-        .caption("Database load, three daemons", (FONT, 17))
-        .margin(12)
-        .x_label_area_size(42)
-        .y_label_area_size(62)
-        .build_cartesian_2d(
-            xs.clone().log_scale().with_key_points(ticks(&xs)),
-            load.clone().log_scale().with_key_points(ticks(&load)),
-        )?;
+    let mut chart = styled(&left, "Database load, three daemons").build_cartesian_2d(
+        xs.clone().log_scale().with_key_points(ticks(&xs)),
+        load.clone().log_scale().with_key_points(ticks(&load)),
+    )?;
     axes(&mut chart, "elections per daemon", "per second / % (log)")?;
     series(
         &mut chart,
@@ -607,15 +573,10 @@ pub fn elections(path: &Path, steps: &[Step]) -> Result<()> {
             .chain([50.0]),
         2.0,
     );
-    let mut chart = ChartBuilder::on(&right)
-        .caption("p99: attempts, renewals", (FONT, 17))
-        .margin(12)
-        .x_label_area_size(42)
-        .y_label_area_size(62)
-        .build_cartesian_2d(
-            xs.clone().log_scale().with_key_points(ticks(&xs)),
-            lat.clone().log_scale().with_key_points(ticks(&lat)),
-        )?;
+    let mut chart = styled(&right, "p99: attempts, renewals").build_cartesian_2d(
+        xs.clone().log_scale().with_key_points(ticks(&xs)),
+        lat.clone().log_scale().with_key_points(ticks(&lat)),
+    )?;
     axes(&mut chart, "elections per daemon", "ms (log scale)")?;
     series(&mut chart, &pts(&|s| s.p99_ms), BLUE, false, "attempts p99")?;
     series(
@@ -639,16 +600,13 @@ pub fn rolling(path: &Path, cases: &[Changes]) -> Result<()> {
     let height = 120 + 30 * rows as u32;
     let root = SVGBackend::new(path, (1000, height)).into_drawing_area();
     root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "A rolling update: changes of leader per election and update",
-            (FONT, 17),
-        )
-        .margin(12)
-        .margin_right(LEGEND_WIDTH)
-        .x_label_area_size(42)
-        .y_label_area_size(250)
-        .build_cartesian_2d(0.0..100.0, -0.6..rows as f64 - 0.4)?;
+    let mut chart = styled(
+        &root,
+        "A rolling update: changes of leader per election and update",
+    )
+    .margin_right(LEGEND_WIDTH)
+    .y_label_area_size(250)
+    .build_cartesian_2d(0.0..100.0, -0.6..rows as f64 - 0.4)?;
     let labels: Vec<String> = cases.iter().map(|c| c.label.clone()).collect();
     let y_of = |i: usize| (rows - 1 - i) as f64;
     chart

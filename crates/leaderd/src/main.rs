@@ -16,6 +16,8 @@ mod runtime;
 mod settings;
 mod signals;
 mod status;
+#[cfg(test)]
+mod testing;
 
 use std::ffi::OsString;
 use std::process::ExitCode;

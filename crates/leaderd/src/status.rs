@@ -236,18 +236,7 @@ fn without_presence<'a>(presence: &[ElectionRow], elections: &'a [ElectionRow]) 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn row(name: &str, holder: Option<&str>, remaining_us: i64) -> ElectionRow {
-        ElectionRow {
-            name: name.to_owned(),
-            holder: holder.map(str::to_owned),
-            token: 1,
-            remaining_us,
-            instance: holder.map(|h| format!("0/{h}")),
-            held_us: 0,
-            address: None,
-        }
-    }
+    use crate::testing::row;
 
     #[test]
     fn replicas_are_listed_once_with_why_they_do_not_compete() {

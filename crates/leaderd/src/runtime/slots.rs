@@ -82,10 +82,10 @@ pub fn spare_slot(prefix: &str, rows: &[ElectionRow], mine: &str) -> Option<Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::row;
 
     #[test]
     fn a_replica_takes_a_low_slot_no_live_replica_holds() {
-        let row = slot_row;
         let p = "leaderd-presence/0123456789abcdef/";
         assert_eq!(free_slot(p, &[], "i"), format!("{p}slot-0"));
         let rows = [
@@ -122,35 +122,23 @@ mod tests {
         assert_eq!(free_slot(p, &rows, "i"), format!("{p}slot-2"));
     }
 
-    fn slot_row(name: &str, holder: Option<&str>, remaining_us: i64) -> ElectionRow {
-        ElectionRow {
-            name: name.into(),
-            holder: holder.map(Into::into),
-            token: 1,
-            remaining_us,
-            instance: holder.map(|h| format!("0/{h}")),
-            held_us: 0,
-            address: None,
-        }
-    }
-
     #[test]
     fn a_replica_keeps_its_own_slot_and_prefers_one_it_can_take_now() {
         let p = "leaderd-presence/0123456789abcdef/";
         // Its own live slot, though a lower one is free: kept (its
         // acquired_at says when it started).
         let rows = [
-            slot_row(&format!("{p}slot-0"), None, -5),
-            slot_row(&format!("{p}slot-1"), Some("me"), 900_000),
+            row(&format!("{p}slot-0"), None, -5),
+            row(&format!("{p}slot-1"), Some("me"), 900_000),
         ];
         assert_eq!(free_slot(p, &rows, "0/me"), format!("{p}slot-1"));
         // Slot 1 made just now (blocked), slot 2 released: 2 first, for
         // every newcomer.
         let rows = [
-            slot_row(&format!("{p}slot-0"), Some("a"), 900_000),
-            slot_row(&format!("{p}slot-1"), None, 1_100_000),
-            slot_row(&format!("{p}slot-2"), None, -1),
-            slot_row(&format!("{p}slot-3"), Some("b"), 900_000),
+            row(&format!("{p}slot-0"), Some("a"), 900_000),
+            row(&format!("{p}slot-1"), None, 1_100_000),
+            row(&format!("{p}slot-2"), None, -1),
+            row(&format!("{p}slot-3"), Some("b"), 900_000),
         ];
         for i in 0..20 {
             assert_eq!(
@@ -164,18 +152,18 @@ mod tests {
     fn a_spare_is_made_only_when_no_row_can_be_taken_now() {
         let p = "leaderd-presence/0123456789abcdef/";
         let held = [
-            slot_row(&format!("{p}slot-0"), Some("a"), 900_000),
-            slot_row(&format!("{p}slot-2"), Some("b"), 900_000),
-            slot_row("leaderd-presence/ffffffffffffffff/slot-1", None, -1),
+            row(&format!("{p}slot-0"), Some("a"), 900_000),
+            row(&format!("{p}slot-2"), Some("b"), 900_000),
+            row("leaderd-presence/ffffffffffffffff/slot-1", None, -1),
         ];
         let mine = format!("{p}slot-3");
         assert_eq!(spare_slot(p, &held, &mine), Some(format!("{p}slot-1")));
         let mut with_free = held.to_vec();
-        with_free.push(slot_row(&format!("{p}slot-7"), None, -1));
+        with_free.push(row(&format!("{p}slot-7"), None, -1));
         assert_eq!(spare_slot(p, &with_free, &mine), None);
         // A spare made just now (blocked) is a spare all the same.
         let mut blocked = held.to_vec();
-        blocked.push(slot_row(&format!("{p}slot-1"), None, 1_000_000));
+        blocked.push(row(&format!("{p}slot-1"), None, 1_000_000));
         assert_eq!(spare_slot(p, &blocked, &mine), None);
         // The slot just taken is never the spare, whether `rows` (read
         // before it was taken) show it free, or not at all.
@@ -184,7 +172,7 @@ mod tests {
             spare_slot(p, &read_before, &format!("{p}slot-1")),
             Some(format!("{p}slot-3"))
         );
-        let free_before = [held[0].clone(), slot_row(&format!("{p}slot-1"), None, -1)];
+        let free_before = [held[0].clone(), row(&format!("{p}slot-1"), None, -1)];
         assert_eq!(
             spare_slot(p, &free_before, &format!("{p}slot-1")),
             Some(format!("{p}slot-2"))
