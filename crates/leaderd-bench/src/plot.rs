@@ -12,6 +12,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use plotters::coord::combinators::{LogCoord, WithKeyPoints};
 use plotters::coord::ranged1d::ValueFormatter;
 use plotters::coord::Shift;
 use plotters::element::DashedPathElement;
@@ -20,7 +21,7 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::elections::Step;
 use crate::failover::{Case, Went};
-use crate::heartbeat::{kind_name, CostRow, ScaleStep};
+use crate::heartbeat::{kind_name, CostRow, Run, ScaleStep};
 use crate::rolling::Changes;
 use crate::serve::Served;
 use leaderd_tests::Kind;
@@ -106,6 +107,11 @@ type Chart<'a, X, Y> = ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>;
 trait Axis: Ranged<ValueType = f64> + ValueFormatter<f64> {}
 
 impl<T: Ranged<ValueType = f64> + ValueFormatter<f64>> Axis for T {}
+
+/// A log-scale axis over `r`, with [`ticks`] as its labelled points.
+fn log_axis(r: &std::ops::Range<f64>) -> WithKeyPoints<LogCoord<f64>> {
+    r.clone().log_scale().with_key_points(ticks(r))
+}
 
 /// One series as a line with markers: solid with filled dots, or dashed with
 /// hollow ones; labelled in the legend.
@@ -209,12 +215,6 @@ pub fn heartbeat(path: &Path, rows: &[CostRow]) -> Result<()> {
     measured.dedup();
     let mut kinds: Vec<Kind> = rows.iter().map(|r| r.kind).collect();
     kinds.dedup();
-    let lines = |pick: &dyn Fn(&CostRow) -> f64, kind: Kind| -> Vec<(f64, f64)> {
-        rows.iter()
-            .filter(|r| r.kind == kind)
-            .map(|r| (r.electors as f64, pick(r)))
-            .collect()
-    };
 
     let top = rows
         .iter()
@@ -229,24 +229,7 @@ pub fn heartbeat(path: &Path, rows: &[CostRow]) -> Result<()> {
         0.0..top.max(1.0),
     )?;
     axes(&mut chart, "electors (log scale)", "heartbeats/s")?;
-    for &kind in &kinds {
-        let name = short_backend(kind);
-        series(
-            &mut chart,
-            &lines(&|r| r.leaderd.rate, kind),
-            backend_colour(kind),
-            false,
-            &format!("leaderd, {name}"),
-        )?;
-        series(
-            &mut chart,
-            &lines(&|r| r.seed.rate, kind),
-            backend_colour(kind),
-            true,
-            &format!("seed, {name}"),
-        )?;
-    }
-    legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
+    leaderd_and_seed(&mut chart, rows, &kinds, &|run| run.rate)?;
 
     let p99 = log_range(
         rows.iter()
@@ -255,29 +238,37 @@ pub fn heartbeat(path: &Path, rows: &[CostRow]) -> Result<()> {
     );
     let mut chart = styled(&right, "p99 heartbeat latency (lower is better)").build_cartesian_2d(
         electors.log_scale().with_key_points(measured),
-        p99.clone().log_scale().with_key_points(ticks(&p99)),
+        log_axis(&p99),
     )?;
     axes(&mut chart, "electors (log scale)", "ms (log scale)")?;
-    for &kind in &kinds {
-        let name = short_backend(kind);
-        series(
-            &mut chart,
-            &lines(&|r| millis(r.leaderd.lat.p99), kind),
-            backend_colour(kind),
-            false,
-            &format!("leaderd, {name}"),
-        )?;
-        series(
-            &mut chart,
-            &lines(&|r| millis(r.seed.lat.p99), kind),
-            backend_colour(kind),
-            true,
-            &format!("seed, {name}"),
-        )?;
-    }
-    legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
+    leaderd_and_seed(&mut chart, rows, &kinds, &|run| millis(run.lat.p99))?;
     root.present().context("writing the heartbeat plot")?;
     Ok(())
+}
+
+/// Per backend, leaderd's line (solid) and the seed's (dashed) of `of`
+/// against electors, and the legend.
+fn leaderd_and_seed<X: Axis, Y: Axis>(
+    chart: &mut Chart<'_, X, Y>,
+    rows: &[CostRow],
+    kinds: &[Kind],
+    of: &dyn Fn(&Run) -> f64,
+) -> Result<()> {
+    for &kind in kinds {
+        let name = short_backend(kind);
+        let colour = backend_colour(kind);
+        let line = |run: &dyn Fn(&CostRow) -> &Run| -> Vec<(f64, f64)> {
+            rows.iter()
+                .filter(|r| r.kind == kind)
+                .map(|r| (r.electors as f64, of(run(r))))
+                .collect()
+        };
+        let leaderd = line(&|r| &r.leaderd);
+        series(chart, &leaderd, colour, false, &format!("leaderd, {name}"))?;
+        let seed = line(&|r| &r.seed);
+        series(chart, &seed, colour, true, &format!("seed, {name}"))?;
+    }
+    legend(chart, SeriesLabelPosition::UpperLeft)
 }
 
 fn short_backend(kind: Kind) -> &'static str {
@@ -305,10 +296,8 @@ pub fn scale(path: &Path, steps: &[ScaleStep]) -> Result<()> {
             .chain([50.0]),
         2.0,
     );
-    let mut chart = styled(&left, "Renewal latency, one PostgreSQL").build_cartesian_2d(
-        0.0..most,
-        lat.clone().log_scale().with_key_points(ticks(&lat)),
-    )?;
+    let mut chart = styled(&left, "Renewal latency, one PostgreSQL")
+        .build_cartesian_2d(0.0..most, log_axis(&lat))?;
     axes(
         &mut chart,
         "replicas renewing once a second",
@@ -363,10 +352,7 @@ pub fn failover(path: &Path, cases: &[Case], ttl: Duration) -> Result<()> {
     )
     .margin_right(LEGEND_WIDTH)
     .y_label_area_size(270)
-    .build_cartesian_2d(
-        xs.clone().log_scale().with_key_points(ticks(&xs)),
-        -0.6..rows as f64 - 0.4,
-    )?;
+    .build_cartesian_2d(log_axis(&xs), -0.6..rows as f64 - 0.4)?;
     chart
         .configure_mesh()
         .max_light_lines(2)
@@ -495,10 +481,7 @@ pub fn serve(path: &Path, served: &Served) -> Result<()> {
             number(served.rate.round())
         ),
     )
-    .build_cartesian_2d(
-        0.0..max_nines.ceil(),
-        ys.clone().log_scale().with_key_points(ticks(&ys)),
-    )?;
+    .build_cartesian_2d(0.0..max_nines.ceil(), log_axis(&ys))?;
     chart
         .configure_mesh()
         .max_light_lines(2)
@@ -546,10 +529,8 @@ pub fn elections(path: &Path, steps: &[Step]) -> Result<()> {
             .flat_map(|s| [s.statements_per_s, s.db_cpu_percent]),
         2.0,
     );
-    let mut chart = styled(&left, "Database load, three daemons").build_cartesian_2d(
-        xs.clone().log_scale().with_key_points(ticks(&xs)),
-        load.clone().log_scale().with_key_points(ticks(&load)),
-    )?;
+    let mut chart = styled(&left, "Database load, three daemons")
+        .build_cartesian_2d(log_axis(&xs), log_axis(&load))?;
     axes(&mut chart, "elections per daemon", "per second / % (log)")?;
     series(
         &mut chart,
@@ -573,10 +554,8 @@ pub fn elections(path: &Path, steps: &[Step]) -> Result<()> {
             .chain([50.0]),
         2.0,
     );
-    let mut chart = styled(&right, "p99: attempts, renewals").build_cartesian_2d(
-        xs.clone().log_scale().with_key_points(ticks(&xs)),
-        lat.clone().log_scale().with_key_points(ticks(&lat)),
-    )?;
+    let mut chart = styled(&right, "p99: attempts, renewals")
+        .build_cartesian_2d(log_axis(&xs), log_axis(&lat))?;
     axes(&mut chart, "elections per daemon", "ms (log scale)")?;
     series(&mut chart, &pts(&|s| s.p99_ms), BLUE, false, "attempts p99")?;
     series(
