@@ -12,12 +12,14 @@
 //!   table.
 //!
 //! The crate is laid out in rooms, each importing only the ones below it:
-//! - this file and `waiter` are the front: the public types, and
-//!   [`Connection`] and [`Waiter`], which pick a backend by the URL;
+//! - this file and `waiter` are the front: [`Connection`] and [`Waiter`],
+//!   which pick a backend by the URL, and the public types re-exported
+//!   from the rooms below;
 //! - one folder per database: `postgres/`, `mysql/` (MySQL and MariaDB,
 //!   Galera clusters included) and `sqlite/`. Each holds its store
 //!   (`store.rs`: connecting and the lease's operations), its SQL
-//!   (`statements.rs`), its wake-ups (the followers' side) and its migration
+//!   (`statements.rs`), its wake-ups (`listener.rs` on PostgreSQL,
+//!   `wake.rs` on the others: the followers' side) and its migration
 //!   plan (`plan.rs`, which names the files under `migrations/<backend>/`).
 //!   A backend never imports another backend, nor the front;
 //! - `shared/` is what every backend rests on and which knows none of them:
@@ -29,27 +31,18 @@
 //! the same files, a variant of [`Backend`] in `shared/url.rs`, and an arm
 //! in [`Connection`] and [`Waiter`]. A new statement goes in its backend's
 //! `statements.rs`, and its call in that backend's `store.rs` (or the file
-//! of the path it serves: `lease.rs`, `wake.rs`).
+//! of the path it serves: `lease.rs`, a wake-up's file).
 //!
 //! This crate does not decide leadership (that is `leaderd-core`), retry, or
 //! time out: callers wrap each call in their own timeout and drop the
 //! connection when it fires.
 
-/// `Debug` for a type that wraps a live connection: its name, nothing inside
-/// (drivers' own `Debug` may show connection details).
-macro_rules! opaque_debug {
-    ($ty:ident) => {
-        impl std::fmt::Debug for $ty {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.debug_struct(stringify!($ty)).finish_non_exhaustive()
-            }
-        }
-    };
-}
+// First, so that its macro (`opaque_debug!`) is in scope in every room.
+#[macro_use]
+mod shared;
 
 mod mysql;
 mod postgres;
-mod shared;
 mod sqlite;
 mod waiter;
 

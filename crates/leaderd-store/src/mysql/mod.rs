@@ -9,7 +9,8 @@
 //! - `connect`: opening a connection (TLS, the server's kind);
 //! - `wake`: the named locks a leader holds and followers wait on;
 //! - `galera`: wake-ups across the nodes of a Galera cluster;
-//! - `plan`: the migration plans over `migrations/mysql/`.
+//! - `plan`: the migration plans over `migrations/mysql/`;
+//! - `scratch` (tests only): scratch databases on the local MariaDB.
 
 mod connect;
 mod galera;

@@ -6,6 +6,7 @@
 //! - `statements`: the SQL of the lease, the release and the listings;
 //! - `lease`: acquire-or-renew, for one election and for many;
 //! - `connect`: opening a connection (host lists, bounds, cancel requests);
+//! - `from_row`: rows read into the shared row types;
 //! - `session`: what a connection learns once at connect (the table's
 //!   schema, a direct connection, rights beyond the daemon's needs);
 //! - `listener`: the followers' wake-ups (`LISTEN`/`NOTIFY`);

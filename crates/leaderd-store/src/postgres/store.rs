@@ -14,7 +14,7 @@
 //! it is not used here at all. Statements are therefore *unnamed*
 //! (`query_typed`: parse, bind and execute in one round trip) unless the
 //! connection is known to be direct: the server's view of its peer is a TCP
-//! socket of this very process (see [`direct`]). Then they are named and
+//! socket of this very process (see `session`). Then they are named and
 //! prepared once (from the first statement after the check answers): the server's parse and plan of each renewal cost
 //! 2.5× the throughput at 32 electors (BENCHMARKS.md). Anything unknown
 //! (a Unix socket, NAT, a proxy of any kind, no `/proc`) counts as not

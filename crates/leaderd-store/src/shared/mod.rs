@@ -5,6 +5,18 @@
 //! terms' row type, and the migration runner, which each backend hands its
 //! plan as data. Nothing here imports a backend folder or the crate's front.
 
+/// `Debug` for a type that wraps a live connection: its name, nothing inside
+/// (drivers' own `Debug` may show connection details).
+macro_rules! opaque_debug {
+    ($ty:ident) => {
+        impl std::fmt::Debug for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($ty)).finish_non_exhaustive()
+            }
+        }
+    };
+}
+
 pub(crate) mod cas;
 pub(crate) mod clock;
 pub(crate) mod error;
