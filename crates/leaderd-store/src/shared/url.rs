@@ -184,33 +184,47 @@ fn parameters(url: &url::Url, backend: Backend) -> Result<Tls, StoreError> {
                     _ => key = file,
                 }
             }
-            Kind::Seconds if v.parse::<u32>().is_err() => {
-                return Err(StoreError::InvalidUrl(format!(
-                    "`{k}={v}`: expected whole seconds"
-                )));
+            Kind::Seconds | Kind::Bool | Kind::Sessions | Kind::Driver => {
+                check_value(kind, &k, &v)?
             }
-            Kind::Bool if !matches!(&*v, "true" | "false") => {
-                return Err(StoreError::InvalidUrl(format!(
-                    "`{k}={v}`: expected true or false"
-                )));
-            }
-            Kind::Sessions => match &*v {
-                "any" | "read-write" | "primary" => {}
-                "standby" | "read-only" | "prefer-standby" => {
-                    return Err(StoreError::InvalidUrl(format!(
-                        "`{k}={v}` would pick a server that cannot write, and leaderd writes \
-                         its lease: use read-write (or primary), or any"
-                    )));
-                }
-                _ => {
-                    return Err(StoreError::InvalidUrl(format!(
-                        "`{k}={v}`: expected any, read-write or primary"
-                    )));
-                }
-            },
-            Kind::Seconds | Kind::Bool | Kind::Driver => {}
         }
     }
+    tls(backend, params, mode, root, (cert, key))
+}
+
+/// Checks the value of a parameter that leaderd only reads or passes on.
+fn check_value(kind: Kind, k: &str, v: &str) -> Result<(), StoreError> {
+    match kind {
+        Kind::Seconds if v.parse::<u32>().is_err() => Err(StoreError::InvalidUrl(format!(
+            "`{k}={v}`: expected whole seconds"
+        ))),
+        Kind::Bool if !matches!(v, "true" | "false") => Err(StoreError::InvalidUrl(format!(
+            "`{k}={v}`: expected true or false"
+        ))),
+        Kind::Sessions => match v {
+            "any" | "read-write" | "primary" => Ok(()),
+            "standby" | "read-only" | "prefer-standby" => Err(StoreError::InvalidUrl(format!(
+                "`{k}={v}` would pick a server that cannot write, and leaderd writes \
+                 its lease: use read-write (or primary), or any"
+            ))),
+            _ => Err(StoreError::InvalidUrl(format!(
+                "`{k}={v}`: expected any, read-write or primary"
+            ))),
+        },
+        _ => Ok(()),
+    }
+}
+
+/// The TLS the parameters ask for, once all are read: a client
+/// certificate needs its key, MySQL's CA file a mode, and PostgreSQL's
+/// `require` with a CA file checks the chain.
+fn tls(
+    backend: Backend,
+    params: Params,
+    mode: Option<TlsMode>,
+    root: Option<PathBuf>,
+    (cert, key): (Option<PathBuf>, Option<PathBuf>),
+) -> Result<Tls, StoreError> {
     let client = match (cert, key) {
         (Some(cert), Some(key)) => Some((cert, key)),
         (None, None) => None,
@@ -307,6 +321,47 @@ fn primary_as_read_write(url: &mut url::Url) {
     url.set_query(Some(&query));
 }
 
+/// The URL handed to the driver: without the parameters leaderd reads
+/// itself, with the ones leaderd sets for it (MySQL: no switch to a Unix
+/// socket; PostgreSQL: its `application_name`, `primary` as `read-write`).
+fn for_driver(
+    parsed: &url::Url,
+    backend: Backend,
+    host_list: Option<&str>,
+) -> Result<String, StoreError> {
+    Ok(if backend == Backend::Mysql {
+        let mut driver = without(parsed, MYSQL);
+        // The driver only knows `mysql://`.
+        let _ = driver.set_scheme("mysql");
+        // mysql_async would otherwise switch a loopback TCP connection to
+        // the server's Unix socket, bypassing whatever the URL names
+        // (a proxy, a port forward) and TLS with it.
+        if !driver.query_pairs().any(|(k, _)| k == "prefer_socket") {
+            driver
+                .query_pairs_mut()
+                .append_pair("prefer_socket", "false");
+        }
+        driver.to_string()
+    } else {
+        let mut driver = without(parsed, POSTGRES);
+        primary_as_read_write(&mut driver);
+        // Sent in the startup packet: a `SET` would be session state,
+        // which a transaction pooler does not keep.
+        if !driver.query_pairs().any(|(k, _)| k == "application_name") {
+            driver
+                .query_pairs_mut()
+                .append_pair("application_name", "leaderd");
+        }
+        let driver = restore_host_list(driver.to_string(), host_list);
+        // tokio-postgres's own reading of the rest (host lists, ports);
+        // its messages name the option, never the password.
+        driver
+            .parse::<tokio_postgres::Config>()
+            .map_err(|e| StoreError::InvalidUrl(e.to_string()))?;
+        driver
+    })
+}
+
 impl DatabaseUrl {
     /// Parses `postgres://…`, `postgresql://…`, `mysql://…`, `mariadb://…` or
     /// `sqlite://PATH` (also `sqlite:PATH`).
@@ -364,37 +419,7 @@ impl DatabaseUrl {
             ));
         }
         let tls = parameters(&parsed, backend)?;
-        let raw = if backend == Backend::Mysql {
-            let mut driver = without(&parsed, MYSQL);
-            // The driver only knows `mysql://`.
-            let _ = driver.set_scheme("mysql");
-            // mysql_async would otherwise switch a loopback TCP connection to
-            // the server's Unix socket, bypassing whatever the URL names
-            // (a proxy, a port forward) and TLS with it.
-            if !driver.query_pairs().any(|(k, _)| k == "prefer_socket") {
-                driver
-                    .query_pairs_mut()
-                    .append_pair("prefer_socket", "false");
-            }
-            driver.to_string()
-        } else {
-            let mut driver = without(&parsed, POSTGRES);
-            primary_as_read_write(&mut driver);
-            // Sent in the startup packet: a `SET` would be session state,
-            // which a transaction pooler does not keep.
-            if !driver.query_pairs().any(|(k, _)| k == "application_name") {
-                driver
-                    .query_pairs_mut()
-                    .append_pair("application_name", "leaderd");
-            }
-            let driver = restore_host_list(driver.to_string(), host_list.as_deref());
-            // tokio-postgres's own reading of the rest (host lists, ports);
-            // its messages name the option, never the password.
-            driver
-                .parse::<tokio_postgres::Config>()
-                .map_err(|e| StoreError::InvalidUrl(e.to_string()))?;
-            driver
-        };
+        let raw = for_driver(&parsed, backend, host_list.as_deref())?;
         redact(&mut parsed);
         Ok(Self {
             raw,
