@@ -15,23 +15,34 @@
 //! - this file and `waiter` are the front: [`Connection`] and [`Waiter`],
 //!   which pick a backend by the URL, and the public types re-exported
 //!   from the rooms below;
-//! - one folder per database: `postgres/`, `mysql/` (MySQL and MariaDB,
-//!   Galera clusters included) and `sqlite/`. Each holds its store
-//!   (`store.rs`: connecting and the lease's operations), its SQL
-//!   (`statements.rs`), its wake-ups (`listener.rs` on PostgreSQL,
-//!   `wake.rs` on the others: the followers' side) and its migration
-//!   plan (`plan.rs`, which names the files under `migrations/<backend>/`).
-//!   A backend never imports another backend, nor the front;
+//! - one folder per database: `postgres/`, `mysql/` (MySQL 8 and MariaDB,
+//!   Galera clusters included: each statement there is one `Sql` with a
+//!   MariaDB text and a MySQL text) and `sqlite/`. Each holds the same
+//!   roles: `store.rs` (the connection and the lease's operations),
+//!   `statements.rs` (its SQL: renewal, takeover, creation, release,
+//!   listings), `lease.rs` (acquire-or-renew), its opening of a connection
+//!   (`connect.rs`, SQLite's `open.rs`), its wake-ups (PostgreSQL's
+//!   `listener.rs`; `wake.rs` and `galera.rs` on MySQL/MariaDB; SQLite's
+//!   `wake.rs`) and `plan.rs`, its migration plan over the SQL files in
+//!   `migrations/<backend>/` at the repository's root. A backend never
+//!   imports another backend, nor the front;
 //! - `shared/` is what every backend rests on and which knows none of them:
-//!   the error type, the lease's vocabulary, URLs and TLS, the read-first
-//!   acquire-or-renew (`cas`), diesel's statement type, the boot clock, and
-//!   the migration runner, which each backend hands a plan as data.
+//!   the error type, the lease's vocabulary (`lease.rs`: requests, releases,
+//!   rows), URLs and TLS, the read-first acquire-or-renew (`cas`), diesel's
+//!   statement type (`sql`), the boot clock, the record of terms' rows
+//!   (`history`), and the migration runner (`migrate`), which each backend
+//!   hands a plan as data.
 //!
-//! A new backend (say CockroachDB) is a new folder beside these three with
-//! the same files, a variant of [`Backend`] in `shared/url.rs`, and an arm
-//! in [`Connection`] and [`Waiter`]. A new statement goes in its backend's
-//! `statements.rs`, and its call in that backend's `store.rs` (or the file
-//! of the path it serves: `lease.rs`, a wake-up's file).
+//! A new backend is a new folder beside these three with those roles, a
+//! variant of [`Backend`] in `shared/url.rs` (and its URL schemes there), an
+//! arm in each method of [`Connection`] and [`Waiter`], and its SQL files
+//! under `migrations/`. A server that speaks another's protocol and SQL
+//! with small differences (as MariaDB does MySQL's) is a variant inside
+//! that backend's folder instead; CockroachDB, which speaks PostgreSQL's
+//! protocol but has no `LISTEN`/`NOTIFY` and its own DDL, would be a folder
+//! of its own. A new statement goes in its backend's `statements.rs`, and
+//! its call in that backend's `store.rs` (or the file of the path it
+//! serves: `lease.rs`, a wake-up's file).
 //!
 //! This crate does not decide leadership (that is `leaderd-core`), retry, or
 //! time out: callers wrap each call in their own timeout and drop the

@@ -3,8 +3,9 @@
 //!
 //! - `store`: a connection running the lease's statements (and the module
 //!   docs on clocks and counts);
-//! - `statements`: the SQL of the lease (takeover, renewal, creation), the
-//!   release and the listings, each bounded in its own lock waits;
+//! - `statements`: the SQL of the lease (the takeover `TAKE`/`TAKE_ALL`,
+//!   renewal, creation), the release and the listings, each one `Sql` with
+//!   a MariaDB text and a MySQL 8 text, bounded in its own lock waits;
 //! - `lease`: acquire-or-renew by reading first, alone and in batches;
 //! - `connect`: opening a connection (TLS, the server's kind);
 //! - `wake`: the named locks a leader holds and followers wait on;
