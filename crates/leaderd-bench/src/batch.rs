@@ -12,8 +12,8 @@ use anyhow::{bail, Result};
 use leaderd_store::{Attempt, Connection, DatabaseUrl, LeaseRequest};
 use leaderd_tests::{Kind, TempDb};
 
+use crate::size::Size;
 use crate::stats::{ms, Summary};
-use crate::Size;
 
 /// One measured size.
 #[derive(Debug, Clone)]

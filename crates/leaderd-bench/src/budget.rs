@@ -16,7 +16,7 @@ use leaderd_core::Timing;
 use leaderd_tests::{single_leader, Daemon, Scratch, TempDb};
 
 use crate::busy::{pgbench, pgbench_figures, pgbench_init, transitions};
-use crate::Size;
+use crate::size::Size;
 
 const TTLS_MS: [u64; 3] = [100, 150, 300];
 

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use leaderd_tests::{single_leader, Daemon, Scratch, TempDb};
 
+use crate::size::Size;
 use crate::stats::{ms, Summary};
-use crate::Size;
 
 const TIMING: [&str; 4] = ["--ttl", "100ms", "--heartbeat", "33ms"];
 const SMOKE_TIMING: [&str; 4] = ["--ttl", "1200ms", "--heartbeat", "1s"];

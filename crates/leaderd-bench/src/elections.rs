@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use leaderd_tests::{cpu_ticks, http_get, status_kib, wait_for, Daemon, Scratch, TempDb};
 
-use crate::Size;
+use crate::size::Size;
 
 /// One row of the table.
 #[derive(Debug, Clone)]

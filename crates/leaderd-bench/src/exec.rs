@@ -12,8 +12,8 @@ use leaderd_tests::sse::{boot_us, Watcher};
 use leaderd_tests::{wait_for, Daemon, TempDb, Value};
 use rustix::process::Signal;
 
+use crate::size::Size;
 use crate::stats::{ms, Summary};
-use crate::Size;
 
 /// The command each replica runs while leading.
 const COMMAND: &[&str] = &["/bin/sleep", "3600"];

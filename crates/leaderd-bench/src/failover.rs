@@ -12,8 +12,8 @@ use leaderd_tests::{wait_single_leader, Daemon, Kind, Scratch, TempDb};
 use rustix::process::Signal;
 
 use crate::seed::Seed;
+use crate::size::Size;
 use crate::stats::{ms, Summary};
-use crate::Size;
 
 /// How the leader is made to go.
 #[derive(Debug, Clone, Copy)]

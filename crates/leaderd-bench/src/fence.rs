@@ -13,8 +13,8 @@ use leaderd_tests::{Kind, TempDb};
 use mysql_async::prelude::Queryable;
 use tokio_postgres::NoTls;
 
+use crate::size::Size;
 use crate::stats::{ms, Summary};
-use crate::Size;
 
 /// Long enough to outlast the gaps between runs; what a renewal costs does
 /// not depend on it.

@@ -13,8 +13,8 @@ use leaderd_tests::{Kind, TempDb};
 use tokio::sync::Mutex;
 
 use crate::seed::{self, Seed};
+use crate::size::Size;
 use crate::stats::{ms, Summary};
-use crate::Size;
 
 /// Connections shared by the electors, as behind a pooler: PostgreSQL allows
 /// 100 connections by default, MariaDB 151.

@@ -27,6 +27,7 @@ mod release;
 mod rolling;
 mod seed;
 mod serve;
+mod size;
 mod stats;
 
 use std::path::{Path, PathBuf};
@@ -34,22 +35,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-/// How big each part runs.
-#[derive(Debug, Clone, Copy)]
-pub struct Size {
-    pub smoke: bool,
-}
-
-impl Size {
-    /// `full` normally, `smoke` under `--smoke`.
-    pub fn pick<T>(self, full: T, smoke: T) -> T {
-        if self.smoke {
-            smoke
-        } else {
-            full
-        }
-    }
-}
+use size::Size;
 
 const PARTS: &[&str] = &[
     "heartbeat",

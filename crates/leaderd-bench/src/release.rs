@@ -13,8 +13,8 @@ use anyhow::{bail, Result};
 use leaderd_tests::{wait_for, Scratch, TempDb};
 
 use crate::elections::{names, start};
+use crate::size::Size;
 use crate::stats::{ms, Summary};
-use crate::Size;
 
 /// One measured size.
 #[derive(Debug, Clone)]

@@ -26,8 +26,8 @@ use leaderd_tests::checker::{check, intervals_of};
 use leaderd_tests::{led_in, wait_for, Daemon, Scratch, TempDb};
 
 use crate::keepalive::KeepAlive;
+use crate::size::Size;
 use crate::stats::ms;
-use crate::Size;
 
 /// How often every pod is asked.
 const SAMPLE_EVERY: Duration = Duration::from_millis(5);

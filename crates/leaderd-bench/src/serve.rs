@@ -7,8 +7,8 @@ use leaderd_tests::{leaderd_bin, wait_for, Daemon, Scratch, TempDb};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::size::Size;
 use crate::stats::{ms, Summary};
-use crate::Size;
 
 /// One keep-alive connection sending `GET /leader` back to back.
 async fn client(port: u16, until: Instant) -> Result<Vec<Duration>> {
