@@ -1,6 +1,6 @@
 //! When a command run under `leaderd exec` starts and stops: "Running a
 //! command only while leading" (docs/integrating.md), as a state machine fed with
-//! the lease and the time, like [`Engine`](crate::Engine).
+//! the lease and the time, like [`Engine`](crate::engine::Engine).
 //!
 //! Rules:
 //! - a child starts when this replica leads and has more than `stop_grace`

@@ -123,8 +123,8 @@ pub struct View {
     /// The local deadline when leading, else the holder's remaining lease as
     /// last observed.
     pub lease_remaining: Option<Duration>,
-    /// Whether this replica competes, else why not (see [`crate::Standing`]).
-    pub standing: crate::Standing,
+    /// Whether this replica competes, else why not (see [`crate::standing::Standing`]).
+    pub standing: crate::standing::Standing,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -505,8 +505,8 @@ impl Engine {
     }
 
     /// Whether this replica competes at `now`, else why not, and what is
-    /// left of its hold or drain (see [`crate::Standing`]).
-    pub fn standing(&self, now: BootTime) -> crate::Standing {
+    /// left of its hold or drain (see [`crate::standing::Standing`]).
+    pub fn standing(&self, now: BootTime) -> crate::standing::Standing {
         crate::standing::standing(
             now,
             self.role == Role::ShutDown,
@@ -1729,7 +1729,7 @@ mod tests {
 
     #[test]
     fn a_hold_or_a_drain_is_told_and_resume_ends_both_at_once() {
-        use crate::NotCompeting;
+        use crate::standing::NotCompeting;
         let mut e = engine();
         assert!(e.standing(at(0)).competing());
         e.on_attempt(at(0), at(5), Attempt::Granted { token: 7 });

@@ -19,7 +19,7 @@
 
 use std::time::Duration;
 
-use crate::Timing;
+use crate::time::Timing;
 
 /// Lock-table names that start with this are presence rows, not elections;
 /// no election may be named so.

@@ -13,7 +13,7 @@
 use std::cmp::Reverse;
 use std::time::Duration;
 
-use crate::Timing;
+use crate::time::Timing;
 
 /// How long only the named successor may take a released row: one
 /// heartbeat. A successor woken by the release takes it
