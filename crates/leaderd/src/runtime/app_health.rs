@@ -77,12 +77,10 @@ pub async fn watch(
                 shared.control(Control::AppHealthy(healthy));
             }
         }
-        for shared in daemon.all() {
-            shared
-                .metrics
-                .app_healthy
-                .store(healthy, std::sync::atomic::Ordering::Relaxed);
-        }
+        daemon
+            .metrics()
+            .app_healthy
+            .store(healthy, std::sync::atomic::Ordering::Relaxed);
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(heartbeat) => {}

@@ -12,6 +12,7 @@ use std::time::Duration;
 use leaderd_core::BootTime;
 
 use crate::clock::boot_now;
+use crate::outputs::metrics::{DaemonMetrics, Daemonwide, Scraped};
 use crate::runtime::reach::Reach;
 use crate::runtime::roster::Roster;
 use crate::runtime::shared::Shared;
@@ -22,6 +23,8 @@ pub struct Daemon {
     elections: Vec<Arc<Shared>>,
     /// The other live replicas, for naming successors.
     roster: Arc<Roster>,
+    /// Its elections' timings and its own counters (see `metrics`).
+    metrics: Arc<DaemonMetrics>,
     /// Until when the replica drains (see [`Daemon::drain`]).
     draining_until: Mutex<Option<BootTime>>,
     /// Whether the database answers the daemon's connection.
@@ -42,13 +45,15 @@ impl Daemon {
     /// [`Settings::each_election`]), in that order.
     pub fn new(each: &[Settings]) -> Self {
         let roster = Arc::new(Roster::new(&each[0]));
+        let metrics = Arc::new(DaemonMetrics::default());
         let elections = each
             .iter()
-            .map(|one| Arc::new(Shared::new(one, roster.clone())))
+            .map(|one| Arc::new(Shared::new(one, roster.clone(), metrics.clone())))
             .collect();
         Self {
             elections,
             roster,
+            metrics,
             draining_until: Mutex::new(None),
             reach: Arc::new(Reach::new(&each[0].timing)),
         }
@@ -142,22 +147,32 @@ impl Daemon {
         &self.reach
     }
 
-    /// Prometheus text for every election: one family per metric name, one
-    /// series per election (a name must not appear twice in one scrape).
+    /// The daemon's own metrics (the attempts' timings, the app's health).
+    pub fn metrics(&self) -> &DaemonMetrics {
+        &self.metrics
+    }
+
+    /// Prometheus text: the daemon's series once, each election's beside
+    /// them (a name must not appear twice in one scrape).
     pub fn render_metrics(&self) -> String {
         let db_up = self.db_up();
         let scraped: Vec<_> = self
             .elections
             .iter()
-            .map(|shared| crate::outputs::metrics::Scraped {
+            .map(|shared| Scraped {
                 election: &shared.election,
                 metrics: &shared.metrics,
                 view: shared.view(),
                 db_up,
-                renew_every: shared.timing.renew_every(),
-                renewal_budget: shared.timing.renewal_budget(),
             })
             .collect();
-        crate::outputs::metrics::render(&scraped)
+        // One timing for every election of a daemon (see `Settings`).
+        let timing = self.first().timing;
+        let daemon = Daemonwide {
+            metrics: &self.metrics,
+            renew_every: timing.renew_every(),
+            renewal_budget: timing.renewal_budget(),
+        };
+        crate::outputs::metrics::render(&daemon, &scraped)
     }
 }

@@ -14,7 +14,7 @@ use leaderd_core::{BootTime, Engine, Timing, View};
 use tokio::sync::{oneshot, watch, Notify};
 
 use crate::clock::boot_now;
-use crate::outputs::metrics::Metrics;
+use crate::outputs::metrics::{DaemonMetrics, Metrics};
 use crate::runtime::inbox::Inbox;
 use crate::runtime::roster::Roster;
 use crate::settings::Settings;
@@ -56,6 +56,8 @@ pub struct Shared {
     /// Last time the loop went round, for the `/healthz` watchdog.
     pub(crate) last_progress: Mutex<BootTime>,
     pub metrics: Metrics,
+    /// The daemon's, shared by its elections: the attempts' timings.
+    pub daemon_metrics: Arc<DaemonMetrics>,
     /// Requests to the loop (see [`Shared::control`]).
     pub(crate) control: Inbox<Control>,
     /// What `/leader/watch` and `exec` react to; see [`Shared::publish`].
@@ -97,7 +99,11 @@ impl From<View> for Leadership {
 }
 
 impl Shared {
-    pub fn new(settings: &Settings, roster: Arc<Roster>) -> Self {
+    pub fn new(
+        settings: &Settings,
+        roster: Arc<Roster>,
+        daemon_metrics: Arc<DaemonMetrics>,
+    ) -> Self {
         let instance = uuid::Uuid::new_v4().to_string();
         let now = boot_now();
         let mut engine = Engine::new(settings.timing, settings.id.clone(), instance, now)
@@ -115,6 +121,7 @@ impl Shared {
             engine: Mutex::new(engine),
             last_progress: Mutex::new(now),
             metrics: Metrics::default(),
+            daemon_metrics,
             control: Inbox::default(),
             changes: watch::Sender::new(Leadership::default()),
             child_running: watch::Sender::new(false),

@@ -111,12 +111,12 @@ impl Loop {
     ) {
         let received_at = boot_now();
         let took = received_at.saturating_since(sent_at).as_secs_f64();
-        self.shared.metrics.heartbeat_duration.observe(took);
+        self.shared.daemon_metrics.heartbeat_duration.observe(took);
         // A renewal that met no connection took no time the database could
         // be blamed for: it would pull the p99 down. One that waited in a
         // stalled batch did.
         if renewal && (result.is_ok() || self.db.reached != Reached::Nothing) {
-            self.shared.metrics.renewal_duration.observe(took);
+            self.shared.daemon_metrics.renewal_duration.observe(took);
         }
         let events = match result {
             Ok(answer) => {
@@ -143,7 +143,7 @@ impl Loop {
     }
 
     pub(super) fn failed(&mut self, reason: String, now: BootTime) -> Vec<Event> {
-        self.shared.metrics.heartbeat_errors.inc();
+        self.shared.daemon_metrics.heartbeat_errors.inc();
         // A deadline this failure ends is announced before the logging.
         let events = self.shared.engine().on_failure(now).into_iter().collect();
         self.shared.publish();
