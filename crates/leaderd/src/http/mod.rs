@@ -453,16 +453,7 @@ mod tests {
         ] {
             assert!(body.contains(name), "{name} missing");
         }
-        let daemons = [
-            "leaderd_app_healthy",
-            "leaderd_heartbeat_duration_seconds",
-            "leaderd_heartbeat_errors_total",
-            "leaderd_log_lines_dropped_total",
-            "leaderd_renew_interval_seconds",
-            "leaderd_renewal_budget_seconds",
-            "leaderd_renewal_duration_seconds",
-            "leaderd_takeovers_held_off_total",
-        ];
+        let daemons = crate::outputs::metrics::PER_DAEMON;
         for line in body.lines().filter(|l| !l.starts_with('#')) {
             let daemon = daemons.iter().any(|d| line.starts_with(d));
             assert_eq!(

@@ -375,6 +375,20 @@ fn per_daemon(daemon: &Daemonwide<'_>) -> Vec<MetricFamily> {
     ]
 }
 
+/// The families [`per_daemon`] serves, for the tests that tell them from an
+/// election's.
+#[cfg(test)]
+pub const PER_DAEMON: [&str; 8] = [
+    "leaderd_app_healthy",
+    "leaderd_heartbeat_duration_seconds",
+    "leaderd_heartbeat_errors_total",
+    "leaderd_log_lines_dropped_total",
+    "leaderd_renew_interval_seconds",
+    "leaderd_renewal_budget_seconds",
+    "leaderd_renewal_duration_seconds",
+    "leaderd_takeovers_held_off_total",
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -439,16 +453,7 @@ mod tests {
             "leaderd_lease_remaining_seconds",
             "leaderd_transitions_total",
         ];
-        let per_daemon = [
-            "leaderd_app_healthy",
-            "leaderd_heartbeat_duration_seconds",
-            "leaderd_heartbeat_errors_total",
-            "leaderd_log_lines_dropped_total",
-            "leaderd_renew_interval_seconds",
-            "leaderd_renewal_budget_seconds",
-            "leaderd_renewal_duration_seconds",
-            "leaderd_takeovers_held_off_total",
-        ];
+        let per_daemon = PER_DAEMON;
         let one = series(&scrape(1));
         let thousand = series(&scrape(1_000));
         let mut names: Vec<&str> = per_election.iter().chain(&per_daemon).copied().collect();
