@@ -367,6 +367,17 @@ fn a_thousand_elections_on_sqlite_are_held_and_released_together() {
     assert_eq!(a.leading().unwrap().len(), THOUSAND);
     let lost = a.logged("lost leadership").len();
     assert_eq!(lost, 0, "leases lost while held");
+    // One scrape of a daemon of 1,000: nine series an election and the
+    // daemon's own 48, whatever their number (docs/reference.md, "Metrics").
+    let (status, metrics) = http_get(a.port, "/metrics").expect("a scrape");
+    assert_eq!(status, 200);
+    let series: Vec<&str> = metrics.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(series.len(), 9 * THOUSAND + 48, "series in one scrape");
+    let led = series
+        .iter()
+        .filter(|l| l.starts_with("leaderd_is_leader{") && l.ends_with(" 1"))
+        .count();
+    assert_eq!(led, THOUSAND, "leaderd_is_leader 1 per election led");
     a.sigterm();
     let exited = a.wait_exit(Duration::from_secs(2));
     assert!(exited.is_some(), "exit within 2 s of SIGTERM");
