@@ -366,17 +366,17 @@ fn real_prometheus_scrapes_daemons_and_the_rules_and_dashboard_work() {
     );
     metrics.sort();
     metrics.dedup();
+    let daemons = daemon_metrics();
     for metric in &metrics {
         let series = wait_for(Duration::from_secs(20), metric, || {
             let r = prom.query(metric).unwrap_or_else(|e| panic!("{e}"));
             (!r.is_empty()).then_some(r)
         });
         // A daemon's own series carry no election; an election's carry it.
-        let daemons = daemon_metrics();
-        let daemons = daemons.iter().any(|d| metric.starts_with(d.as_str()));
+        let daemons_own = daemons.iter().any(|d| metric.starts_with(d.as_str()));
         for s in &series {
             let labels = &s["metric"];
-            if daemons {
+            if daemons_own {
                 assert!(labels.get("election").is_none(), "{metric}: {labels}");
             } else {
                 assert_eq!(labels["election"], ELECTION, "{metric}: {labels}");
