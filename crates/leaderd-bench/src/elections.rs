@@ -4,13 +4,13 @@
 //! the elections are spread, over a window: statements the database commits
 //! per second, the CPU its backends serving the daemons use, the p99 of the
 //! daemons' attempts and of their renewals alone (from their `/metrics`
-//! histograms), and each daemon's RSS; then one daemon alone holding 1,000
-//! elections, idle.
+//! histograms), and each daemon's RSS (one daemon's memory per election
+//! alone: `memory`).
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use leaderd_tests::{cpu_ticks, http_get, status_kib, wait_for, Daemon, Scratch, TempDb};
+use leaderd_tests::{cpu_ticks, http_get, status_kib, Daemon, Scratch, TempDb};
 
 use crate::size::Size;
 
@@ -216,20 +216,6 @@ fn measure(n: usize, window: Duration) -> Result<Option<Step>> {
     }))
 }
 
-/// One daemon alone holding `n` elections: its RSS once they are all led
-/// and it has settled.
-fn idle_rss(n: usize, settle: Duration) -> Result<f64> {
-    let db = TempDb::postgres();
-    let dir = Scratch::new();
-    let d = start(&db, &dir, "alone", n, &[]);
-    wait_for(Duration::from_secs(60), "all elections led", || {
-        (d.leading()?.len() == n).then_some(())
-    });
-    std::thread::sleep(settle);
-    let rss = status_kib(d.pid(), "VmRSS:").context("VmRSS")?;
-    Ok(rss as f64 / 1024.0)
-}
-
 /// Prints the part's table; returns its rows for the plot.
 pub fn run(size: Size) -> Result<Vec<Step>> {
     // `LEADERD_BENCH_ELECTIONS=20000,30000` runs those steps alone.
@@ -259,11 +245,6 @@ pub fn run(size: Size) -> Result<Vec<Step>> {
             }
         }
     }
-    let alone = size.pick(1000, 4);
-    let rss = idle_rss(
-        alone,
-        size.pick(Duration::from_secs(10), Duration::from_secs(1)),
-    )?;
     println!("## Several elections per daemon\n");
     println!(
         "Three daemons on one PostgreSQL, each running the same N elections (default timing, \
@@ -295,7 +276,7 @@ pub fn run(size: Size) -> Result<Vec<Step>> {
     if let Some(n) = unsettled {
         println!("| {n} | did not spread within 60 s | | | | | | |");
     }
-    println!("\nOne daemon alone leading {alone} elections, idle: RSS {rss:.1} MiB.\n");
+    println!("\nOne daemon's memory per election: the `memory` part.\n");
     Ok(steps)
 }
 

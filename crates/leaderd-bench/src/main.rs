@@ -2,7 +2,7 @@
 //! by side with the common lock-row recipe, in one run.
 //!
 //! ```text
-//! cargo run --release -p leaderd-bench -- [--smoke] [--plots DIR] [heartbeat|scale|failover|views|views-busy|busy|budget|exec|serve|footprint|elections|batch|release|fence|rolling]...
+//! cargo run --release -p leaderd-bench -- [--smoke] [--plots DIR] [heartbeat|scale|failover|views|views-busy|busy|budget|exec|serve|footprint|elections|memory|batch|release|fence|rolling]...
 //! ```
 //!
 //! With no part named, all run but `rolling` (hours: name it). `--smoke` shrinks every part to seconds so
@@ -22,6 +22,7 @@ mod failover;
 mod fence;
 mod heartbeat;
 mod keepalive;
+mod memory;
 mod plot;
 mod release;
 mod rolling;
@@ -49,6 +50,7 @@ const PARTS: &[&str] = &[
     "serve",
     "footprint",
     "elections",
+    "memory",
     "batch",
     "release",
     "fence",
@@ -154,6 +156,14 @@ fn main() -> Result<()> {
                     plot::ELECTIONS,
                     "Statements/s, database CPU, attempt and renewal p99 against elections per daemon",
                     &|p| plot::elections(p, &steps),
+                )?;
+            }
+            "memory" => {
+                let rows = memory::run(size)?;
+                plot(
+                    plot::MEMORY,
+                    "One daemon's RSS against the elections it leads, idle",
+                    &|p| plot::memory(p, &rows),
                 )?;
             }
             "batch" => {

@@ -22,6 +22,7 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 use crate::elections::Step;
 use crate::failover::{Case, Went};
 use crate::heartbeat::{kind_name, CostRow, Run, ScaleStep};
+use crate::memory::{Footprint, TARGET_KIB_PER_ELECTION};
 use crate::rolling::Changes;
 use crate::serve::Served;
 use leaderd_tests::Kind;
@@ -32,6 +33,7 @@ pub const SCALE: &str = "scale.svg";
 pub const FAILOVER: &str = "failover.svg";
 pub const SERVE: &str = "leader-latency.svg";
 pub const ELECTIONS: &str = "elections.svg";
+pub const MEMORY: &str = "memory.svg";
 pub const ROLLING: &str = "rolling.svg";
 
 const FONT: &str = "sans-serif";
@@ -568,6 +570,45 @@ pub fn elections(path: &Path, steps: &[Step]) -> Result<()> {
     reference(&mut chart, 50.0, "target: p99 < 50 ms")?;
     legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
     root.present().context("writing the elections plot")?;
+    Ok(())
+}
+
+/// One daemon's RSS against the elections it leads, beside the target:
+/// one election's RSS plus 2 KiB for each other.
+pub fn memory(path: &Path, rows: &[Footprint]) -> Result<()> {
+    let root = SVGBackend::new(path, (640, 440)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let base = rows.first().map_or(0.0, |r| r.rss_mib);
+    let target = |n: usize| base + (n.saturating_sub(1)) as f64 * TARGET_KIB_PER_ELECTION / 1024.0;
+    let xs = log_range(rows.iter().map(|r| r.elections as f64), 1.5);
+    let ys = log_range(
+        rows.iter()
+            .flat_map(|r| [r.rss_mib, r.scraped_mib, target(r.elections)]),
+        1.5,
+    );
+    let mut chart = styled(&root, "One daemon leading N elections, idle")
+        .build_cartesian_2d(log_axis(&xs), log_axis(&ys))?;
+    axes(&mut chart, "elections led", "RSS MiB (log)")?;
+    let pts = |f: &dyn Fn(&Footprint) -> f64| -> Vec<(f64, f64)> {
+        rows.iter().map(|r| (r.elections as f64, f(r))).collect()
+    };
+    series(&mut chart, &pts(&|r| r.rss_mib), BLUE, false, "RSS")?;
+    series(
+        &mut chart,
+        &pts(&|r| r.scraped_mib),
+        ORANGE,
+        false,
+        "RSS after one /metrics scrape",
+    )?;
+    series(
+        &mut chart,
+        &pts(&|r| target(r.elections)),
+        GREY,
+        true,
+        "target: one election's + 2 KiB each",
+    )?;
+    legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
+    root.present().context("writing the memory plot")?;
     Ok(())
 }
 

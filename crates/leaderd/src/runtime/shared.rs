@@ -7,7 +7,7 @@
 //! daemon imported the loop's file, which imported them: a circle).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use leaderd_core::{BootTime, Engine, Timing, View};
@@ -61,10 +61,17 @@ pub struct Shared {
     /// Requests to the loop (see [`Shared::control`]).
     pub(crate) control: Inbox<Control>,
     /// What `/leader/watch` and `exec` react to; see [`Shared::publish`].
-    pub(crate) changes: watch::Sender<Leadership>,
+    /// Made at the first subscription: a watch channel's allocation costs
+    /// hundreds of bytes in each of thousands of elections nobody watches.
+    changes: OnceLock<watch::Sender<Leadership>>,
     /// Whether a command run under `exec` is alive: the row is not released
     /// on purpose until it is gone, or its successor could overlap it.
-    pub(crate) child_running: watch::Sender<bool>,
+    /// A flag and a `Notify` rather than a watch channel: that one's
+    /// allocation costs hundreds of bytes in each of thousands of elections
+    /// that never run a command.
+    child_running: AtomicBool,
+    /// Woken when `child_running` is cleared.
+    child_stopped: Notify,
     /// Wakes the loop for a request queued, a renewal asked for or a
     /// release announced. One `Notify` for all three: each one the loop
     /// waits on costs a registration and its removal at every turn.
@@ -123,8 +130,9 @@ impl Shared {
             metrics: Metrics::default(),
             daemon_metrics,
             control: Inbox::default(),
-            changes: watch::Sender::new(Leadership::default()),
-            child_running: watch::Sender::new(false),
+            changes: OnceLock::new(),
+            child_running: AtomicBool::new(false),
+            child_stopped: Notify::new(),
             wake: Notify::new(),
             renew_asked: AtomicBool::new(false),
             release_noticed: AtomicBool::new(false),
@@ -155,6 +163,10 @@ impl Shared {
     /// every event and answer, and it wakes at the local deadline, so a
     /// deadline passing is announced too. Watchers wake only on a change.
     pub fn publish(&self) {
+        // Nobody subscribed yet: the first one starts from the engine.
+        let Some(changes) = self.changes.get() else {
+            return;
+        };
         let engine = self.engine();
         let now = boot_now();
         let (is_leader, leader, token) = engine.leadership(now);
@@ -167,10 +179,10 @@ impl Shared {
                 && was.leader.as_deref() == leader
                 && was.not_competing == not_competing
         };
-        if same(&self.changes.borrow()) {
+        if same(&changes.borrow()) {
             return;
         }
-        self.changes.send_if_modified(|was| {
+        changes.send_if_modified(|was| {
             if same(was) {
                 return false;
             }
@@ -186,7 +198,9 @@ impl Shared {
 
     /// A receiver woken at every change [`Shared::publish`] announces.
     pub fn subscribe(&self) -> watch::Receiver<Leadership> {
-        self.changes.subscribe()
+        self.changes
+            .get_or_init(|| watch::Sender::new(self.view().into()))
+            .subscribe()
     }
 
     /// The lease this replica holds at this instant (token and deadline),
@@ -197,20 +211,32 @@ impl Shared {
         let engine = self.engine();
         let lease = engine.lease(boot_now());
         if lease.is_some() {
-            self.child_running.send_replace(true);
+            self.child_running.store(true, Ordering::SeqCst);
         }
         lease
     }
 
     /// Tells the loop whether a command run under `exec` is alive.
     pub fn set_child_running(&self, running: bool) {
-        self.child_running.send_replace(running);
+        self.child_running.store(running, Ordering::SeqCst);
+        if !running {
+            self.child_stopped.notify_waiters();
+        }
     }
 
     /// Resolves once no command run under `exec` is alive.
     pub(crate) async fn child_gone(&self) {
-        let mut running = self.child_running.subscribe();
-        let _ = running.wait_for(|r| !r).await;
+        loop {
+            // Registered before the flag is read, so a clearing in between
+            // is not missed.
+            let stopped = self.child_stopped.notified();
+            tokio::pin!(stopped);
+            stopped.as_mut().enable();
+            if !self.child_running.load(Ordering::SeqCst) {
+                return;
+            }
+            stopped.await;
+        }
     }
 
     /// Sends a request to the election loop; `false` when it has stopped.

@@ -140,10 +140,14 @@ impl Election {
     pub async fn run(mut self, shutdown: CancellationToken) {
         let roster = self.lp.shared.roster.clone();
         let heartbeat = self.lp.shared.timing.heartbeat();
-        tokio::select! {
-            () = presence::joined(&roster, &self.lp.db.link, heartbeat) => roster.set_begun(),
-            () = shutdown.cancelled() => {}
-        }
+        // Boxed: once at the start, it need not widen the loop's future.
+        Box::pin(async {
+            tokio::select! {
+                () = presence::joined(&roster, &self.lp.db.link, heartbeat) => roster.set_begun(),
+                () = shutdown.cancelled() => {}
+            }
+        })
+        .await;
         self.lp.elect(&shutdown).await;
         // Requests from now on (a `leaderd release` in a preStop hook) are
         // answered at once ("stopped"), not after the release below.

@@ -1,0 +1,91 @@
+//! Memory per election: one daemon on PostgreSQL leading N elections,
+//! idle, its RSS once all are led and it has settled, against the same
+//! daemon leading one; then once more after one `/metrics` scrape (a scrape
+//! builds every series at once, and the allocator keeps some of what it
+//! freed). The busiest of three daemons sharing N elections is in the
+//! `elections` part.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use leaderd_tests::{http_get, status_kib, wait_for, Scratch, TempDb};
+
+use crate::elections;
+use crate::size::Size;
+
+/// One row of the table.
+#[derive(Debug, Clone)]
+pub struct Footprint {
+    pub elections: usize,
+    pub rss_mib: f64,
+    /// RSS after one scrape of `/metrics`.
+    pub scraped_mib: f64,
+}
+
+/// The target: at most this much RSS per election beyond one election's.
+pub const TARGET_KIB_PER_ELECTION: f64 = 2.0;
+
+fn measure(n: usize, settle: Duration) -> Result<Footprint> {
+    let db = TempDb::postgres();
+    let dir = Scratch::new();
+    let d = elections::start(&db, &dir, "alone", n, &[]);
+    // `/elections`, not `/metrics`: the measurement should not scrape.
+    wait_for(Duration::from_secs(120), "all elections led", || {
+        (d.leading()?.len() == n).then_some(())
+    });
+    std::thread::sleep(settle);
+    let rss = status_kib(d.pid(), "VmRSS:").context("VmRSS")?;
+    let scraped = http_get(d.port, "/metrics");
+    anyhow::ensure!(
+        matches!(scraped, Some((200, _))),
+        "/metrics did not answer 200"
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let after = status_kib(d.pid(), "VmRSS:").context("VmRSS")?;
+    Ok(Footprint {
+        elections: n,
+        rss_mib: rss as f64 / 1024.0,
+        scraped_mib: after as f64 / 1024.0,
+    })
+}
+
+/// Prints the part's table; returns its rows for the plot.
+pub fn run(size: Size) -> Result<Vec<Footprint>> {
+    let ns = size.pick(vec![1, 100, 1000, 3000, 10_000], vec![1, 4]);
+    let settle = size.pick(Duration::from_secs(10), Duration::from_secs(1));
+    let rows = ns
+        .into_iter()
+        .map(|n| {
+            let row = measure(n, settle)?;
+            eprintln!("memory {n}: {row:?}");
+            Ok(row)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let base = rows.first().map_or(0.0, |r| r.rss_mib);
+    println!("## Memory per election\n");
+    println!(
+        "One daemon on PostgreSQL (default timing) leading N elections, idle: its RSS {} s \
+         after all are led, the same after one `/metrics` scrape, and the RSS beyond the \
+         daemon leading one, per election. Target: at most {TARGET_KIB_PER_ELECTION} KiB an \
+         election.\n",
+        settle.as_secs()
+    );
+    println!("| elections | RSS MiB | after a scrape MiB | KiB an election beyond one |");
+    println!("|---:|---:|---:|---:|");
+    for r in &rows {
+        let per = if r.elections > 1 {
+            format!(
+                "{:.1}",
+                (r.rss_mib - base) * 1024.0 / (r.elections - 1) as f64
+            )
+        } else {
+            "–".to_owned()
+        };
+        println!(
+            "| {} | {:.1} | {:.1} | {per} |",
+            r.elections, r.rss_mib, r.scraped_mib
+        );
+    }
+    println!();
+    Ok(rows)
+}
