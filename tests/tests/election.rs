@@ -444,8 +444,9 @@ fn two_processes_with_the_same_id_never_both_lead() {
         );
         assert!(refs[leader].is_leader());
     }
-    let count = series_value(follower, "leaderd_duplicate_id_total");
-    assert!(count >= 1.0, "{count} sightings counted");
+    // The follower counts the election the twin holds under its id.
+    let held = series_value(follower, "leaderd_duplicate_id_elections");
+    assert_eq!(held, 1.0, "elections held by the twin");
     let errors = follower
         .log_events()
         .iter()

@@ -367,12 +367,12 @@ fn a_thousand_elections_on_sqlite_are_held_and_released_together() {
     assert_eq!(a.leading().unwrap().len(), THOUSAND);
     let lost = a.logged("lost leadership").len();
     assert_eq!(lost, 0, "leases lost while held");
-    // One scrape of a daemon of 1,000: nine series an election and the
-    // daemon's own 48, whatever their number (docs/reference.md, "Metrics").
+    // One scrape of a daemon of 1,000: seven series an election and the
+    // daemon's own 50, whatever their number (docs/reference.md, "Metrics").
     let (status, metrics) = http_get(a.port, "/metrics").expect("a scrape");
     assert_eq!(status, 200);
     let series: Vec<&str> = metrics.lines().filter(|l| !l.starts_with('#')).collect();
-    assert_eq!(series.len(), 9 * THOUSAND + 48, "series in one scrape");
+    assert_eq!(series.len(), 7 * THOUSAND + 50, "series in one scrape");
     let led = series
         .iter()
         .filter(|l| l.starts_with("leaderd_is_leader{") && l.ends_with(" 1"))
@@ -398,7 +398,14 @@ fn three_thousand_elections_on_sqlite_are_taken_over_at_once() {
     let db = TempDb::sqlite();
     let dir = Scratch::new();
     let a = many(&db, &dir, "a", N, &[]);
-    let b = launch_many(&db, &dir, "b", N, &[]);
+    // With one series an election on /metrics, as advised at this count.
+    let b = launch_many(
+        &db,
+        &dir,
+        "b",
+        N,
+        &[("LEADERD_ELECTION_METRICS", "is_leader")],
+    );
     // b follows: it has read every row (and so knows when each expires).
     wait_for(Duration::from_secs(20), "b to see a lead all", || {
         let (200, body) = http_get(b.port, "/elections")? else {
@@ -416,6 +423,16 @@ fn three_thousand_elections_on_sqlite_are_taken_over_at_once() {
     std::thread::sleep(Duration::from_secs(10));
     assert_eq!(b.leading().unwrap().len(), N, "b still leads all");
     assert_eq!(b.logged("lost leadership").len(), 0, "leases lost by b");
+    // leaderd_is_leader alone per election, beside the daemon's own 50.
+    let (status, metrics) = http_get(b.port, "/metrics").expect("a scrape");
+    assert_eq!(status, 200);
+    let series: Vec<&str> = metrics.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(series.len(), N + 50, "series in one scrape");
+    let led = series
+        .iter()
+        .filter(|l| l.starts_with("leaderd_is_leader{") && l.ends_with(" 1"))
+        .count();
+    assert_eq!(led, N, "leaderd_is_leader 1 per election led");
 }
 
 /// The id of the running process whose command name is `name`.

@@ -142,6 +142,9 @@ struct OtherHolder {
     address: Option<String>,
     /// When the holder's lease ends, by the database's answer, on our clock.
     until: BootTime,
+    /// Another process holds it under this replica's id (see
+    /// [`Engine::duplicate_held`]).
+    duplicate: bool,
 }
 
 /// The election state of one replica. See the module docs for its rules.
@@ -310,6 +313,16 @@ impl Engine {
             .map(|o| o.holder.as_str())
     }
 
+    /// Whether another process held the lease under this replica's id, live
+    /// at `now`, at the last answer: two replicas were given one id. A
+    /// restart within its old leases sees its former self for at most a
+    /// lease; a second process with the id, for as long as it holds.
+    pub fn duplicate_held(&self, now: BootTime) -> bool {
+        self.other
+            .as_ref()
+            .is_some_and(|o| o.duplicate && now < o.until)
+    }
+
     /// The snapshot served over HTTP at `now`.
     pub fn view(&self, now: BootTime) -> View {
         let (is_leader, leader, token, until) = self.reported(now);
@@ -435,6 +448,8 @@ impl Engine {
                     token: seen.token,
                     address: seen.address,
                     until,
+                    // A look tells no instance: the attempts tell.
+                    duplicate: false,
                 });
                 let asks_at = self.next_wakeup_to_ask();
                 if asks_at > until {
@@ -795,9 +810,9 @@ impl Engine {
                     events.push(Event::Lost { token, reason });
                 }
                 let ours = |i: &String| *i == self.instance || self.past_instances.contains(i);
-                if seen.holder.as_deref() == Some(self.id.as_str())
-                    && !seen.instance.as_ref().is_some_and(ours)
-                {
+                let duplicate = seen.holder.as_deref() == Some(self.id.as_str())
+                    && !seen.instance.as_ref().is_some_and(ours);
+                if duplicate {
                     events.push(Event::DuplicateId {
                         instance: seen.instance.clone(),
                     });
@@ -844,6 +859,7 @@ impl Engine {
                         token: seen.token,
                         address: seen.address,
                         until: received_at + remaining,
+                        duplicate,
                     }),
                     _ => None,
                 };
@@ -1603,6 +1619,30 @@ mod tests {
             }]
         );
         assert_eq!(e.view(at(10)).leader, None);
+        // Held by the other process until its lease ends (5 ms + 900 ms).
+        assert!(e.duplicate_held(at(10)));
+        assert!(e.duplicate_held(at(904)));
+        assert!(!e.duplicate_held(at(905)));
+    }
+
+    #[test]
+    fn own_lapsed_lease_and_other_holders_are_not_duplicates() {
+        let mut e = engine();
+        let instance = e.instance().to_owned();
+        for (holder, instance) in [("pod-a", instance), ("pod-b", "other".to_owned())] {
+            e.on_attempt(
+                at(0),
+                at(5),
+                Attempt::Refused(Observed {
+                    holder: Some(holder.into()),
+                    instance: Some(instance),
+                    token: 3,
+                    remaining_us: 900_000,
+                    address: None,
+                }),
+            );
+            assert!(!e.duplicate_held(at(10)), "{holder}");
+        }
     }
 
     #[test]

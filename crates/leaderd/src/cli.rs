@@ -161,6 +161,10 @@ pub struct RunArgs {
     /// Do not spread: every replica takes any free election.
     #[arg(long)]
     pub no_spread: bool,
+    /// Series per election on /metrics: all, or is_leader alone (for
+    /// thousands of elections) [default: all]
+    #[arg(long, value_name = "WHICH")]
+    pub election_metrics: Option<String>,
 }
 
 /// `exec`: the daemon's flags and the commands it runs.
@@ -237,6 +241,7 @@ pub struct ConfigArgs {
     pub advertise: Option<String>,
     pub spread: bool,
     pub no_spread: bool,
+    pub election_metrics: Option<String>,
     pub exec: Vec<String>,
     pub stop_grace: Option<String>,
 }
@@ -302,6 +307,7 @@ impl From<&RunArgs> for ConfigArgs {
             advertise: r.advertise.clone(),
             spread: r.spread,
             no_spread: r.no_spread,
+            election_metrics: r.election_metrics.clone(),
             ..ConfigArgs::from(&r.source)
         }
     }
@@ -348,6 +354,7 @@ impl ConfigArgs {
             advertise: self.advertise.or(under.advertise),
             spread,
             no_spread,
+            election_metrics: self.election_metrics.or(under.election_metrics),
             exec: list(self.exec, under.exec),
             stop_grace: self.stop_grace.or(under.stop_grace),
         }

@@ -50,6 +50,7 @@ pub const KEYS: &[&str] = &[
     "stop_grace",
     "exec",
     "spread",
+    "election_metrics",
 ];
 
 /// The largest `priority`, either way: room enough for any ordering a
@@ -111,6 +112,16 @@ pub enum LogFormat {
     Json,
 }
 
+/// Which series `/metrics` serves per election (`election_metrics`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ElectionMetrics {
+    /// Every per-election family: seven series an election.
+    All,
+    /// `leaderd_is_leader` alone: one series an election, for daemons of
+    /// thousands. The alerts and the dashboard work on either.
+    IsLeader,
+}
+
 /// The validated configuration.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -125,6 +136,8 @@ pub struct Settings {
     pub elections: Arc<[String]>,
     /// Whether the elections are spread across the live replicas.
     pub spread: bool,
+    /// Which series `/metrics` serves per election.
+    pub election_metrics: ElectionMetrics,
     pub id: String,
     pub timing: Timing,
     pub listen: SocketAddr,
@@ -225,6 +238,23 @@ fn validate(
     };
     let migrate = bool_key(layers, "migrate", problems);
     let spread = bool_key(layers, "spread", problems);
+    let election_metrics = match layers
+        .get("election_metrics")
+        .map(|s| (s, s.value.as_str()))
+    {
+        None | Some((_, "all")) => Some(ElectionMetrics::All),
+        Some((_, "is_leader")) => Some(ElectionMetrics::IsLeader),
+        Some((s, v)) => {
+            problem(
+                problems,
+                "election_metrics",
+                s,
+                v,
+                "expected all or is_leader",
+            );
+            None
+        }
+    };
     let log_format = match layers.get("log_format").map(|s| (s, s.value.as_str())) {
         None | Some((_, "text")) => Some(LogFormat::Text),
         Some((_, "json")) => Some(LogFormat::Json),
@@ -314,6 +344,7 @@ fn validate(
         election: elections.as_ref()?.first()?.clone(),
         elections: elections?.into(),
         spread: spread?,
+        election_metrics: election_metrics?,
         id: id?,
         timing: timing?,
         listen: listen?,

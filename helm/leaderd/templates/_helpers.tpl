@@ -50,6 +50,8 @@ Usage, from a parent chart that has this one as a dependency:
       value: {{ join "," .Values.elections | quote }}
     - name: LEADERD_SPREAD
       value: {{ .Values.spread | quote }}
+    - name: LEADERD_ELECTION_METRICS
+      value: {{ .Values.electionMetrics | quote }}
     {{- else }}
     - name: LEADERD_ELECTION
       value: {{ .Values.election | quote }}

@@ -448,7 +448,7 @@ mod tests {
             "leaderd_heartbeat_errors_total",
             "leaderd_lease_remaining_seconds",
             "leaderd_db_up",
-            "leaderd_duplicate_id_total",
+            "leaderd_duplicate_id_elections",
             "leaderd_log_lines_dropped_total",
         ] {
             assert!(body.contains(name), "{name} missing");

@@ -2,18 +2,19 @@
 //!
 //! Per election (labelled `election`), only what has an answer per
 //! election: whether this replica leads, the token, the lease left, the
-//! changes of leader, whether it competes and its hold, the sightings of
-//! its id held by another process (a restart sees its own id once or twice
-//! per election, which the alert allows for), and whether the database
-//! answers (the same for all, kept per election for the alerts built on
-//! it). Nine series an election; the default test run counts them at
-//! 1,000 elections.
+//! changes of leader, whether it competes and its hold. Seven series an
+//! election; with `election_metrics = "is_leader"`, `leaderd_is_leader`
+//! alone, which the alerts need (they give the daemon's own series to each
+//! election it leads by joining on it). The default test run counts both
+//! at 1,000 elections.
 //!
-//! Once per daemon (no `election` label): the attempts' and renewals'
-//! duration histograms (every election's observations together), the
-//! renew interval and budget (one timing for all), the app's health, and
-//! the counters that are the daemon's own (failed attempts, which fail with
-//! its one connection; dropped log lines; held-off takeovers).
+//! Once per daemon (no `election` label): whether the database answers
+//! (one connection for all), the elections another process holds under
+//! this replica's id, the attempts' and renewals' duration histograms
+//! (every election's observations together), the renew interval and
+//! budget (one timing for all), the app's health, and the counters that
+//! are the daemon's own (failed attempts, which fail with its one
+//! connection; dropped log lines; held-off takeovers).
 //!
 //! Counters and histograms are plain atomics (an election's are three
 //! counters, 24 bytes); the gauges that describe leadership are read from a
@@ -31,6 +32,8 @@ use prometheus::proto::{
 use prometheus::{Encoder, TextEncoder};
 
 use leaderd_core::View;
+
+use crate::settings::ElectionMetrics;
 
 /// The attempt histograms' upper bounds, in seconds (`+Inf` is implied).
 /// Fine around the renewal budgets of short leases (17 ms at ttl 100 ms,
@@ -113,10 +116,6 @@ impl Histogram {
 pub struct Metrics {
     pub acquired: Counter,
     pub lost: Counter,
-    /// Polls that found this replica's id on the row with another
-    /// process's instance (per election: a container restarted within its
-    /// old leases sees its own id once or twice in each).
-    pub duplicate_id: Counter,
 }
 
 /// The daemon's own metrics, once for all its elections.
@@ -156,6 +155,10 @@ pub struct Daemonwide<'a> {
     /// (`Timing::renewal_budget`): what the renewals' durations are
     /// measured against.
     pub renewal_budget: Duration,
+    /// Whether the database answers the daemon's connection (`/readyz`).
+    pub db_up: bool,
+    /// Which series each election gets.
+    pub election_metrics: ElectionMetrics,
 }
 
 /// What a scrape needs of one election.
@@ -164,7 +167,9 @@ pub struct Scraped<'a> {
     pub election: &'a str,
     pub metrics: &'a Metrics,
     pub view: View,
-    pub db_up: bool,
+    /// Another process holds it under this replica's id (see
+    /// [`leaderd_core::Engine::duplicate_held`]).
+    pub duplicate: bool,
 }
 
 /// One family: name, help, type and its series.
@@ -221,8 +226,11 @@ type Series = (Vec<(&'static str, String)>, Metric);
 /// metric name (sorted by name), one series per election in the given
 /// order for the per-election families.
 pub fn render(daemon: &Daemonwide<'_>, elections: &[Scraped<'_>]) -> String {
-    let mut families = per_election(elections);
-    families.extend(per_daemon(daemon));
+    let mut families = match daemon.election_metrics {
+        ElectionMetrics::All => per_election(elections),
+        ElectionMetrics::IsLeader => vec![is_leader(elections)],
+    };
+    families.extend(per_daemon(daemon, elections));
     families.sort_by(|a, b| a.name().cmp(b.name()));
     let mut out = Vec::new();
     TextEncoder::new()
@@ -231,12 +239,33 @@ pub fn render(daemon: &Daemonwide<'_>, elections: &[Scraped<'_>]) -> String {
     String::from_utf8(out).expect("prometheus text is UTF-8")
 }
 
+/// A gauge with one series per election.
+fn gauges(
+    elections: &[Scraped<'_>],
+    name: &str,
+    help: &str,
+    value: &dyn Fn(&Scraped<'_>) -> f64,
+) -> MetricFamily {
+    let series = elections
+        .iter()
+        .map(|e| (vec![("election", e.election.to_owned())], gauge(value(e))));
+    family(name, help, MetricType::GAUGE, series)
+}
+
+/// `leaderd_is_leader`, never left out: the alerts are built on it.
+fn is_leader(elections: &[Scraped<'_>]) -> MetricFamily {
+    gauges(
+        elections,
+        "leaderd_is_leader",
+        "1 while this replica leads, else 0",
+        &|e| f64::from(u8::from(e.view.is_leader)),
+    )
+}
+
 /// The families with one series per election (two for the transitions).
 fn per_election(elections: &[Scraped<'_>]) -> Vec<MetricFamily> {
-    let by = |e: &Scraped<'_>| vec![("election", e.election.to_owned())];
     let gauges = |name: &str, help: &str, value: &dyn Fn(&Scraped<'_>) -> f64| {
-        let series = elections.iter().map(|e| (by(e), gauge(value(e))));
-        family(name, help, MetricType::GAUGE, series)
+        gauges(elections, name, help, value)
     };
     let transitions = elections.iter().flat_map(|e| {
         [("acquired", &e.metrics.acquired), ("lost", &e.metrics.lost)].map(|(kind, n)| {
@@ -249,25 +278,11 @@ fn per_election(elections: &[Scraped<'_>]) -> Vec<MetricFamily> {
             )
         })
     });
-    let duplicates = elections
-        .iter()
-        .map(|e| (by(e), counter(e.metrics.duplicate_id.get())));
     vec![
         gauges(
             "leaderd_competing",
             "1 while this replica asks for the row; 0 while its app fails, it is held, draining or stopping (see /leader's not_competing)",
             &|e| f64::from(u8::from(e.view.standing.competing())),
-        ),
-        gauges(
-            "leaderd_db_up",
-            "1 when the database answered within max(3 x heartbeat, ttl), whether this replica competes or not",
-            &|e| f64::from(u8::from(e.db_up)),
-        ),
-        family(
-            "leaderd_duplicate_id_total",
-            "Times the row carried this replica's id with another process's instance",
-            MetricType::COUNTER,
-            duplicates,
         ),
         gauges(
             "leaderd_fencing_token",
@@ -286,11 +301,7 @@ fn per_election(elections: &[Scraped<'_>]) -> Vec<MetricFamily> {
                     .map_or(0.0, |d| d.as_secs_f64())
             },
         ),
-        gauges(
-            "leaderd_is_leader",
-            "1 while this replica leads, else 0",
-            &|e| f64::from(u8::from(e.view.is_leader)),
-        ),
+        is_leader(elections),
         gauges(
             "leaderd_lease_remaining_seconds",
             "Local lease left when leading, else the holder's lease as last observed",
@@ -307,7 +318,7 @@ fn per_election(elections: &[Scraped<'_>]) -> Vec<MetricFamily> {
 
 /// The families of the daemon as a whole, one series each (a histogram's
 /// buckets aside), whatever the number of elections.
-fn per_daemon(daemon: &Daemonwide<'_>) -> Vec<MetricFamily> {
+fn per_daemon(daemon: &Daemonwide<'_>, elections: &[Scraped<'_>]) -> Vec<MetricFamily> {
     let one = |name: &str, help: &str, kind: MetricType, value: Metric| {
         family(
             name,
@@ -328,6 +339,21 @@ fn per_daemon(daemon: &Daemonwide<'_>) -> Vec<MetricFamily> {
             "1 while the app passes its health check (app_health), else 0; 1 when none is set",
             MetricType::GAUGE,
             gauge(f64::from(u8::from(m.app_healthy.load(Ordering::Relaxed)))),
+        ),
+        one(
+            "leaderd_db_up",
+            "1 when the database answered within max(3 x heartbeat, ttl), whether this replica competes or not",
+            MetricType::GAUGE,
+            gauge(f64::from(u8::from(daemon.db_up))),
+        ),
+        one(
+            "leaderd_duplicate_id_elections",
+            "Elections whose lease another process holds under this replica's id, as last seen \
+             (two replicas were given one id; a restart sees its former self for a lease at most)",
+            MetricType::GAUGE,
+            // Far below 2^53.
+            #[allow(clippy::cast_precision_loss)]
+            gauge(elections.iter().filter(|e| e.duplicate).count() as f64),
         ),
         histogram(
             "leaderd_heartbeat_duration_seconds",
@@ -378,8 +404,10 @@ fn per_daemon(daemon: &Daemonwide<'_>) -> Vec<MetricFamily> {
 /// The families [`per_daemon`] serves, for the tests that tell them from an
 /// election's.
 #[cfg(test)]
-pub const PER_DAEMON: [&str; 8] = [
+pub const PER_DAEMON: [&str; 10] = [
     "leaderd_app_healthy",
+    "leaderd_db_up",
+    "leaderd_duplicate_id_elections",
     "leaderd_heartbeat_duration_seconds",
     "leaderd_heartbeat_errors_total",
     "leaderd_log_lines_dropped_total",
@@ -396,8 +424,9 @@ mod tests {
     use leaderd_core::{BootTime, Engine, Timing};
 
     /// A scrape of one daemon of `n` elections (each a follower that has
-    /// not asked yet), as Prometheus' text.
-    fn scrape(n: usize) -> String {
+    /// not asked yet, the first held under this replica's id by another
+    /// process), as Prometheus' text.
+    fn scrape(n: usize, which: ElectionMetrics) -> String {
         let now = BootTime::from_since_boot(Duration::from_secs(60));
         let timing = Timing::new(Duration::from_secs(1), Duration::from_millis(1200)).unwrap();
         let view = Engine::new(timing, "a", "0/a", now).view(now);
@@ -406,11 +435,12 @@ mod tests {
         let elections: Vec<Scraped<'_>> = names
             .iter()
             .zip(&metrics)
-            .map(|(election, metrics)| Scraped {
+            .enumerate()
+            .map(|(i, (election, metrics))| Scraped {
                 election,
                 metrics,
                 view: view.clone(),
-                db_up: true,
+                duplicate: i == 0,
             })
             .collect();
         let daemon = DaemonMetrics::default();
@@ -419,6 +449,8 @@ mod tests {
             metrics: &daemon,
             renew_every: timing.renew_every(),
             renewal_budget: timing.renewal_budget(),
+            db_up: true,
+            election_metrics: which,
         };
         render(&wide, &elections)
     }
@@ -439,48 +471,61 @@ mod tests {
         out
     }
 
-    /// At 1,000 elections: nine series an election, and the daemon's own
-    /// once, well under 200 (the documented bound: 10 and 200).
+    /// The per-election families of `which`.
+    fn per_election(which: ElectionMetrics) -> &'static [&'static str] {
+        match which {
+            ElectionMetrics::All => &[
+                "leaderd_competing",
+                "leaderd_fencing_token",
+                "leaderd_hold_remaining_seconds",
+                "leaderd_is_leader",
+                "leaderd_lease_remaining_seconds",
+                "leaderd_transitions_total",
+            ],
+            ElectionMetrics::IsLeader => &["leaderd_is_leader"],
+        }
+    }
+
+    /// At 1,000 elections: seven series an election (one with
+    /// `election_metrics = "is_leader"`), and the daemon's own once, well
+    /// under 200 (the documented bounds: 10 and 200).
     #[test]
-    fn a_thousand_elections_cost_nine_series_each_and_the_daemons_once() {
-        let per_election = [
-            "leaderd_competing",
-            "leaderd_db_up",
-            "leaderd_duplicate_id_total",
-            "leaderd_fencing_token",
-            "leaderd_hold_remaining_seconds",
-            "leaderd_is_leader",
-            "leaderd_lease_remaining_seconds",
-            "leaderd_transitions_total",
-        ];
-        let per_daemon = PER_DAEMON;
-        let one = series(&scrape(1));
-        let thousand = series(&scrape(1_000));
-        let mut names: Vec<&str> = per_election.iter().chain(&per_daemon).copied().collect();
-        names.sort_unstable();
-        assert_eq!(thousand.keys().collect::<Vec<_>>(), names);
-        for name in per_daemon {
-            assert_eq!(thousand[name], one[name], "{name} grows with the elections");
-        }
-        for name in per_election {
-            let each = if name == "leaderd_transitions_total" {
-                2
-            } else {
-                1
-            };
-            assert_eq!(thousand[name], 1_000 * each, "{name}");
-        }
-        let total: usize = thousand.values().sum();
-        let daemon: usize = per_daemon.iter().map(|n| thousand[*n]).sum();
-        assert_eq!(total - daemon, 9_000, "{thousand:?}");
-        // As docs/reference.md says: 48, two histograms of 21 and six more.
-        assert_eq!(daemon, 48, "series of the daemon's own");
-        // The daemon's series carry no election label; the elections' do.
-        let text = scrape(2);
-        for line in text.lines().filter(|l| !l.starts_with('#')) {
-            let name = line.split(['{', ' ']).next().unwrap_or_default();
-            let daemons = per_daemon.iter().any(|d| name.starts_with(d));
-            assert_eq!(!daemons, line.contains("election=\""), "{line}");
+    fn a_thousand_elections_cost_seven_series_each_or_one_and_the_daemons_once() {
+        for (which, each) in [(ElectionMetrics::All, 7), (ElectionMetrics::IsLeader, 1)] {
+            let per_election = per_election(which);
+            let one = series(&scrape(1, which));
+            let thousand = series(&scrape(1_000, which));
+            let mut names: Vec<&str> = per_election.iter().chain(&PER_DAEMON).copied().collect();
+            names.sort_unstable();
+            assert_eq!(thousand.keys().collect::<Vec<_>>(), names, "{which:?}");
+            for name in PER_DAEMON {
+                assert_eq!(thousand[name], one[name], "{name} grows with the elections");
+            }
+            for name in per_election {
+                let n = if *name == "leaderd_transitions_total" {
+                    2
+                } else {
+                    1
+                };
+                assert_eq!(thousand[*name], 1_000 * n, "{name}");
+            }
+            let total: usize = thousand.values().sum();
+            let daemon: usize = PER_DAEMON.iter().map(|n| thousand[*n]).sum();
+            assert_eq!(total - daemon, 1_000 * each, "{which:?}: {thousand:?}");
+            // As docs/reference.md says: 50, two histograms of 21 and eight more.
+            assert_eq!(daemon, 50, "series of the daemon's own");
+            // The daemon's series carry no election label; the elections' do.
+            let text = scrape(2, which);
+            for line in text.lines().filter(|l| !l.starts_with('#')) {
+                let name = line.split(['{', ' ']).next().unwrap_or_default();
+                let daemons = PER_DAEMON.iter().any(|d| name.starts_with(d));
+                assert_eq!(!daemons, line.contains("election=\""), "{line}");
+            }
+            assert!(
+                text.contains("\nleaderd_duplicate_id_elections 1\n"),
+                "{text}"
+            );
+            assert!(text.contains("\nleaderd_db_up 1\n"), "{text}");
         }
     }
 

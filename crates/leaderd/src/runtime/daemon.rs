@@ -16,7 +16,7 @@ use crate::outputs::metrics::{DaemonMetrics, Daemonwide, Scraped};
 use crate::runtime::reach::Reach;
 use crate::runtime::roster::Roster;
 use crate::runtime::shared::Shared;
-use crate::settings::Settings;
+use crate::settings::{ElectionMetrics, Settings};
 
 #[derive(Debug)]
 pub struct Daemon {
@@ -29,6 +29,8 @@ pub struct Daemon {
     draining_until: Mutex<Option<BootTime>>,
     /// Whether the database answers the daemon's connection.
     reach: Arc<Reach>,
+    /// Which series `/metrics` serves per election.
+    election_metrics: ElectionMetrics,
 }
 
 /// No election of that name runs here: the message names it and the ones
@@ -56,6 +58,7 @@ impl Daemon {
             metrics,
             draining_until: Mutex::new(None),
             reach: Arc::new(Reach::new(&each[0].timing)),
+            election_metrics: each[0].election_metrics,
         }
     }
 
@@ -155,15 +158,17 @@ impl Daemon {
     /// Prometheus text: the daemon's series once, each election's beside
     /// them (a name must not appear twice in one scrape).
     pub fn render_metrics(&self) -> String {
-        let db_up = self.db_up();
         let scraped: Vec<_> = self
             .elections
             .iter()
-            .map(|shared| Scraped {
-                election: &shared.election,
-                metrics: &shared.metrics,
-                view: shared.view(),
-                db_up,
+            .map(|shared| {
+                let (view, duplicate) = shared.scraped();
+                Scraped {
+                    election: &shared.election,
+                    metrics: &shared.metrics,
+                    view,
+                    duplicate,
+                }
             })
             .collect();
         // One timing for every election of a daemon (see `Settings`).
@@ -172,6 +177,8 @@ impl Daemon {
             metrics: &self.metrics,
             renew_every: timing.renew_every(),
             renewal_budget: timing.renewal_budget(),
+            db_up: self.db_up(),
+            election_metrics: self.election_metrics,
         };
         crate::outputs::metrics::render(&daemon, &scraped)
     }

@@ -314,6 +314,14 @@ impl Shared {
         self.engine().view(boot_now())
     }
 
+    /// What a scrape reports, in one look: the view, and whether another
+    /// process holds the lease under this replica's id.
+    pub fn scraped(&self) -> (View, bool) {
+        let engine = self.engine();
+        let now = boot_now();
+        (engine.view(now), engine.duplicate_held(now))
+    }
+
     /// The loop went round recently. It wakes at least once per heartbeat and
     /// every attempt is bounded (a follower's by a heartbeat, a leader's
     /// renewal by the local lease it would grant), so silence longer than

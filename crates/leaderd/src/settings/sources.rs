@@ -155,6 +155,7 @@ pub(super) fn layer(
                 _ => None,
             },
         ),
+        ("election_metrics", args.election_metrics.clone()),
     ];
     for (key, value) in flags {
         if let Some(value) = value {

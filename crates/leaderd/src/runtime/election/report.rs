@@ -71,7 +71,6 @@ impl Report {
                     shared.metrics.lost.inc();
                 }
                 Event::DuplicateId { instance } => {
-                    shared.metrics.duplicate_id.inc();
                     // Once per offending process, not at every poll.
                     if self.duplicate_seen.as_ref() == Some(&instance) {
                         continue;
