@@ -226,8 +226,8 @@ fn counter(value: u64) -> Metric {
 type Series = (Vec<(&'static str, String)>, Metric);
 
 /// Prometheus text for the daemon and its `elections`: one family per
-/// metric name (sorted by name), one series per election in the given
-/// order for the per-election families.
+/// metric name, the daemon's first (sorted by name), then the elections'
+/// (one series per election, in the given order).
 pub fn render(daemon: &Daemonwide<'_>, elections: &[Scraped<'_>]) -> String {
     let mut families = per_daemon(daemon, elections);
     families.sort_by(|a, b| a.name().cmp(b.name()));
