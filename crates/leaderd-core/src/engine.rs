@@ -443,13 +443,18 @@ impl Engine {
             if let Some(holder) = seen.holder {
                 let remaining = Duration::from_micros(seen.remaining_us.unsigned_abs());
                 let until = received_at + remaining;
+                // A look tells no instance: what the attempts told of this
+                // holder stands.
+                let duplicate = self
+                    .other
+                    .as_ref()
+                    .is_some_and(|o| o.duplicate && o.holder == holder);
                 self.other = Some(OtherHolder {
                     holder,
                     token: seen.token,
                     address: seen.address,
                     until,
-                    // A look tells no instance: the attempts tell.
-                    duplicate: false,
+                    duplicate,
                 });
                 let asks_at = self.next_wakeup_to_ask();
                 if asks_at > until {
@@ -1623,6 +1628,19 @@ mod tests {
         assert!(e.duplicate_held(at(10)));
         assert!(e.duplicate_held(at(904)));
         assert!(!e.duplicate_held(at(905)));
+        // A look names no instance: what the attempt told of the same
+        // holder stands; another holder ends it.
+        let look = |holder: &str| Observed {
+            holder: Some(holder.into()),
+            instance: None,
+            token: 3,
+            remaining_us: 900_000,
+            address: None,
+        };
+        e.on_look(at(500), Some(look("pod-a")));
+        assert!(e.duplicate_held(at(1300)));
+        e.on_look(at(600), Some(look("pod-b")));
+        assert!(!e.duplicate_held(at(700)));
     }
 
     #[test]

@@ -198,9 +198,14 @@ impl Shared {
 
     /// A receiver woken at every change [`Shared::publish`] announces.
     pub fn subscribe(&self) -> watch::Receiver<Leadership> {
-        self.changes
+        let receiver = self
+            .changes
             .get_or_init(|| watch::Sender::new(self.view().into()))
-            .subscribe()
+            .subscribe();
+        // A change between the first value's reading and the channel's
+        // making found no channel to announce it on: announce it now.
+        self.publish();
+        receiver
     }
 
     /// The lease this replica holds at this instant (token and deadline),
