@@ -27,14 +27,14 @@ enum How {
 pub const DAEMON_TTL: Duration = Duration::from_millis(1200);
 
 /// The releaser's hold: long enough that it cannot take the lead back first.
-const RELEASE_HOLD: Duration = Duration::from_millis(500);
+pub(crate) const RELEASE_HOLD: Duration = Duration::from_millis(500);
 
 /// What daemon `id` advertises.
-fn address_of(id: &str) -> String {
+pub(crate) fn address_of(id: &str) -> String {
     format!("http://{id}.test:8080")
 }
 
-fn start(url: &str, id: &str, dir: &Scratch) -> Daemon {
+pub(crate) fn start(url: &str, id: &str, dir: &Scratch) -> Daemon {
     Daemon::start(url, id, dir, &["--advertise", &address_of(id)])
 }
 
@@ -118,7 +118,11 @@ fn leaderd_failovers(url: &str, how: How, rounds: usize) -> (Vec<Duration>, Vec<
 
 /// Asks `f` every 0.5 ms until it answers; what it answered, and how long
 /// after `from`. Panics with `what` after 10 s.
-fn poll<T>(from: Instant, what: &str, mut f: impl FnMut() -> Option<T>) -> (T, Duration) {
+pub(crate) fn poll<T>(
+    from: Instant,
+    what: &str,
+    mut f: impl FnMut() -> Option<T>,
+) -> (T, Duration) {
     loop {
         if let Some(found) = f() {
             return (found, from.elapsed());
@@ -130,7 +134,7 @@ fn poll<T>(from: Instant, what: &str, mut f: impl FnMut() -> Option<T>) -> (T, D
 
 /// A well-mixed number from `n` and the clock (splitmix64); no dependency
 /// needed for picking moments.
-fn pseudo_random(n: u64) -> u64 {
+pub(crate) fn pseudo_random(n: u64) -> u64 {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos() as u64);

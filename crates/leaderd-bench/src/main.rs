@@ -2,7 +2,7 @@
 //! by side with the common lock-row recipe, in one run.
 //!
 //! ```text
-//! cargo run --release -p leaderd-bench -- [--smoke] [--plots DIR] [heartbeat|scale|failover|views|views-busy|busy|budget|exec|serve|footprint|elections|memory|batch|release|fence|rolling]...
+//! cargo run --release -p leaderd-bench -- [--smoke] [--plots DIR] [heartbeat|scale|failover|views|views-busy|busy|budget|exec|serve|footprint|elections|memory|handover|batch|release|fence|rolling]...
 //! ```
 //!
 //! With no part named, all run but `rolling` (hours: name it). `--smoke` shrinks every part to seconds so
@@ -20,6 +20,7 @@ mod elections;
 mod exec;
 mod failover;
 mod fence;
+mod handover;
 mod heartbeat;
 mod keepalive;
 mod memory;
@@ -51,6 +52,7 @@ const PARTS: &[&str] = &[
     "footprint",
     "elections",
     "memory",
+    "handover",
     "batch",
     "release",
     "fence",
@@ -166,6 +168,7 @@ fn main() -> Result<()> {
                     &|p| plot::memory(p, &rows),
                 )?;
             }
+            "handover" => handover::run(size)?,
             "batch" => {
                 rt.block_on(batch::run(size))?;
             }
