@@ -88,13 +88,20 @@ fn run_once(url: &str, sigterm: bool, rounds: usize) -> Result<Vec<Parts>> {
                     logged_at(taker, "acquired leadership", signalled)?,
                 ))
             });
-        out.push(Parts {
+        let parts = Parts {
             total,
             step_down: between(signalled, stepped),
             release: between(stepped, released),
             take: between(released, took),
             answer: between(took, answered),
-        });
+        };
+        eprintln!(
+            "handover {} round {round}: {} to {}: {parts:?}",
+            if sigterm { "SIGTERM" } else { "release" },
+            old.id,
+            taker.id
+        );
+        out.push(parts);
         if sigterm {
             let id = format!("{}{round}", &ds[leader].id[..1]);
             ds[leader] = start(url, &id, &dir);

@@ -8,7 +8,7 @@
 //! With no part named, all run but `rolling` (hours: name it). `--smoke` shrinks every part to seconds so
 //! the test run can exercise the bench without measuring anything. Output is
 //! Markdown, ready for `BENCHMARKS.md`; with `--plots DIR` every part but
-//! `footprint`, `batch`, `views`, `release`, `fence`, `rolling` and `budget` also draws an SVG plot into `DIR`
+//! `footprint`, `handover`, `batch`, `views`, `release`, `fence`, `rolling` and `budget` also draws an SVG plot into `DIR`
 //! (see `plot.rs`) and links it under its table. It uses the local
 //! PostgreSQL and MariaDB (see the test harness for the URLs) and the
 //! `leaderd` binary built beside it.

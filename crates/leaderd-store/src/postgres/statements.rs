@@ -234,6 +234,19 @@ pub(super) struct Statements {
 }
 
 impl Statements {
+    /// The statements of a lease's life, with their types: renewals, the
+    /// takeover and the release. A handover is the first takeover or
+    /// release on many a connection; prepared there, each cost it a parse
+    /// and a plan twice (see `PgStore::query`).
+    pub(super) fn hot(&self) -> [(&'static str, &'static [Type]); 4] {
+        [
+            (self.renew, RENEW_TYPES),
+            (self.renew_many, RENEW_MANY_TYPES),
+            (self.acquire_many, ACQUIRE_MANY_TYPES),
+            (self.release_many, RELEASE_MANY_TYPES),
+        ]
+    }
+
     /// The statements for `table` (schema-qualified, quoted).
     pub(super) fn naming(table: &str) -> &'static Statements {
         static MADE: std::sync::Mutex<Vec<(String, &'static Statements)>> =

@@ -158,14 +158,26 @@ impl PgStore {
         }
         // Not prepared yet: this call runs unnamed, and the statement is
         // prepared beside it, pipelined on the connection: still one round
-        // trip.
+        // trip. So are the lease's other statements not prepared yet: the
+        // first release or takeover on a connection, a handover's, would
+        // otherwise wait for its statement's parse and plan twice.
         let now_typed = typed();
-        let (rows, stmt) = tokio::join!(
-            self.client.query_typed(sql, &now_typed),
-            self.client.prepare_typed(sql, types)
+        let mut wanted: Vec<(&'static str, &[Type])> = vec![(sql, types)];
+        wanted.extend(
+            self.stmts
+                .hot()
+                .into_iter()
+                .filter(|(s, _)| *s != sql && !named.iter().any(|(n, _)| n == s)),
         );
-        if let Ok(stmt) = stmt {
-            named.push((sql, stmt));
+        let client = &self.client;
+        let (rows, stmts) = tokio::join!(
+            client.query_typed(sql, &now_typed),
+            futures_util::future::join_all(wanted.iter().map(|(s, t)| client.prepare_typed(s, t)))
+        );
+        for ((s, _), stmt) in wanted.iter().zip(stmts) {
+            if let Ok(stmt) = stmt {
+                named.push((s, stmt));
+            }
         }
         Ok(rows?)
     }
