@@ -161,6 +161,12 @@ mod postgres {
         };
         let (_daemons, _dir, old, new) = migrate_grant_and_elect(&migrator, grants, &daemon);
         block_on(async move {
+            // A connection's warm-up (a takeover's path, undone) needs no
+            // more than the daemon's rights either.
+            let mut c = leaderd_tests::store::connect(&daemon).await;
+            c.warm_up()
+                .await
+                .expect("the warm-up, as the daemon's role");
             let app = session(&app).await;
             app.batch_execute("BEGIN").await.unwrap();
             let r = app

@@ -826,6 +826,89 @@ async fn postgres_named_statements_only_when_direct() {
     acquire(&mut c, &req("e", "a", "ia"), Duration::from_secs(3)).await;
 }
 
+/// A connection's warm-up runs (its insert took a value of the row ids'
+/// sequence) and leaves nothing: no row, gate or term of its own, no
+/// transaction open, no lock held; and the first takeover after it works
+/// as any other.
+#[tokio::test]
+async fn postgres_warm_up_runs_the_takeover_path_and_leaves_nothing() {
+    let db = TempDb::postgres();
+    let mut c = migrated(&db.url).await;
+    let admin = leaderd_tests::pg_session(&db.url).await;
+    // The values the sequence has handed out (none yet: `is_called` false).
+    let seq = "SELECT CASE WHEN is_called THEN last_value ELSE 0 END \
+               FROM public.service_leader_lock_id_seq";
+    let before: i64 = admin.query_one(seq, &[]).await.unwrap().get(0);
+    c.warm_up().await.unwrap();
+    let after: i64 = admin.query_one(seq, &[]).await.unwrap().get(0);
+    assert!(after > before, "no row was made: {before} → {after}");
+    for table in [
+        "service_leader_lock",
+        "service_leader_fence_gate",
+        "service_leader_history",
+    ] {
+        let left: i64 = admin
+            .query_one(
+                &format!("SELECT count(*) FROM public.{table} WHERE name LIKE 'leaderd-warm-up%'"),
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(left, 0, "{table}");
+    }
+    // Every other client session of this database: the warm-up's, idle.
+    let busy: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_catalog.pg_stat_activity a \
+             WHERE a.datname = pg_catalog.current_database() AND a.pid <> pg_catalog.pg_backend_pid() \
+               AND a.backend_type = 'client backend' \
+               AND (a.state <> 'idle' OR a.backend_xid IS NOT NULL \
+                    OR EXISTS (SELECT 1 FROM pg_catalog.pg_locks l \
+                                WHERE l.pid = a.pid AND l.locktype <> 'virtualxid'))",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(busy, 0);
+    let a = req("e", "a", "ia");
+    let token = acquire(&mut c, &a, Duration::from_secs(3)).await;
+    assert!(c.release("e", "ia").await.unwrap());
+    let mut b = connect(&db.url).await;
+    b.warm_up().await.unwrap();
+    assert!(acquire(&mut b, &req("e", "b", "ib"), Duration::from_secs(3)).await > token);
+}
+
+/// Another session's lock on the table holds the warm-up up for its bound
+/// (100 ms), not longer: it then fails, answered, and the connection works.
+#[tokio::test]
+async fn postgres_warm_up_waits_for_no_lock_beyond_its_bound() {
+    let db = TempDb::postgres();
+    migrated(&db.url).await;
+    let mut c = connect(&db.url).await;
+    let locker = leaderd_tests::pg_session(&db.url).await;
+    locker
+        .batch_execute("BEGIN; LOCK TABLE public.service_leader_lock IN SHARE MODE")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let e = tokio::time::timeout(Duration::from_secs(10), c.warm_up())
+        .await
+        .expect("the warm-up waited on the lock")
+        .expect_err("the warm-up wrote under another's SHARE lock");
+    // 100 ms and a round trip; a busy machine's margin on top.
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(e.answered(), "{e}");
+    assert!(e.to_string().contains("lock timeout"), "{e}");
+    locker.batch_execute("ROLLBACK").await.unwrap();
+    acquire(&mut c, &req("e", "a", "ia"), Duration::from_secs(3)).await;
+}
+
 fn postgres_tls() -> TempDb {
     let cert = leaderd_tests::certs::postgres_server_cert_shared();
     TempDb::postgres_with(&format!("sslmode=verify-ca&sslrootcert={}", cert.display()))

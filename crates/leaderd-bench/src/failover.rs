@@ -234,6 +234,10 @@ pub enum Went {
     Release,
     /// The seed: no release, so a stop is a kill.
     SeedStop,
+    /// The handover part's reference: a ZooKeeper candidate's SIGTERM.
+    ZooKeeperTerm,
+    /// A ZooKeeper candidate giving its lead up, as `leaderd release`.
+    ZooKeeperRelease,
 }
 
 /// One row of the failover table, with every time measured.

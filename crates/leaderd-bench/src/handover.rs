@@ -7,7 +7,8 @@
 //! leadership`) → its release answered (`released the lease`) → the new
 //! leader's take answered (`acquired leadership`: the wake-up and the
 //! take's commit) → its `/leader` answering 200 (the bench polls every
-//! 0.5 ms).
+//! 0.5 ms). Beside each run, the same with three ZooKeeper candidates (see
+//! `zookeeper`), the reference its p90 is held to.
 
 use std::time::{Duration, Instant, SystemTime};
 
@@ -16,9 +17,10 @@ use leaderd_tests::{wait_single_leader, Daemon, Scratch, TempDb};
 use rustix::process::Signal;
 use serde_json::Value;
 
-use crate::failover::{poll, pseudo_random, start, RELEASE_HOLD};
+use crate::failover::{poll, pseudo_random, start, Case, Went, RELEASE_HOLD};
 use crate::size::Size;
 use crate::stats::{ms, Summary};
+use crate::zookeeper;
 
 /// One handover: the total, and its parts in order.
 #[derive(Debug, Clone, Copy)]
@@ -110,41 +112,157 @@ fn run_once(url: &str, sigterm: bool, rounds: usize) -> Result<Vec<Parts>> {
     Ok(out)
 }
 
+/// `rounds` handovers among three ZooKeeper candidates (see `zookeeper`),
+/// by SIGTERM or by giving the lead up (SIGUSR1), from the signal until
+/// another candidate's flag file exists.
+fn zookeeper_once(
+    server: &zookeeper::Server,
+    sigterm: bool,
+    rounds: usize,
+    run: usize,
+) -> Result<Vec<Duration>> {
+    let dir = Scratch::new();
+    let path = format!(
+        "/leaderd-bench/{}-{run}",
+        if sigterm { "term" } else { "release" }
+    );
+    let mut cs = ["a", "b", "c"]
+        .iter()
+        .map(|id| zookeeper::Candidate::start(server, &dir, &path, id))
+        .collect::<Result<Vec<_>>>()?;
+    let mut out = Vec::new();
+    for round in 0..rounds {
+        let leader =
+            leaderd_tests::wait_for(Duration::from_secs(10), "one ZooKeeper leader", || {
+                let leading: Vec<usize> = (0..3).filter(|&i| cs[i].leads()).collect();
+                (leading.len() == 1).then(|| leading[0])
+            });
+        std::thread::sleep(
+            RELEASE_HOLD + Duration::from_micros(pseudo_random(round as u64) % 1_000_000),
+        );
+        let t0 = Instant::now();
+        cs[leader].signal(if sigterm { Signal::TERM } else { Signal::USR1 });
+        let (_, took) = poll(t0, "no ZooKeeper handover", || {
+            (0..3).find(|&i| i != leader && cs[i].leads())
+        });
+        out.push(took);
+        if sigterm {
+            cs[leader].wait_exit();
+            let id = format!("{}{round}", &cs[leader].id[..1]);
+            cs[leader] = zookeeper::Candidate::start(server, &dir, &path, &id)?;
+        }
+    }
+    Ok(out)
+}
+
 fn median(xs: Vec<Duration>) -> Duration {
     Summary::of(xs).p50
 }
 
-/// Prints the part's tables.
-pub fn run(size: Size) -> Result<()> {
+/// One row of the handover table: each run's p50 / p90 / max, and the
+/// median of the runs' p50 and p90.
+struct Row {
+    cells: Vec<String>,
+    p50s: Vec<Duration>,
+    p90s: Vec<Duration>,
+    all: Vec<Duration>,
+}
+
+impl Row {
+    fn new() -> Row {
+        Row {
+            cells: Vec::new(),
+            p50s: Vec::new(),
+            p90s: Vec::new(),
+            all: Vec::new(),
+        }
+    }
+
+    fn add(&mut self, times: Vec<Duration>) {
+        let s = Summary::of(times.clone());
+        self.cells
+            .push(format!("{} / {} / {}", ms(s.p50), ms(s.p90), ms(s.max)));
+        self.p50s.push(s.p50);
+        self.p90s.push(s.p90);
+        self.all.extend(times);
+    }
+
+    fn print(&self, what: &str) {
+        println!(
+            "| {what} | {} | {} | {} |",
+            self.cells.join("; "),
+            ms(median(self.p50s.clone())),
+            ms(median(self.p90s.clone()))
+        );
+    }
+}
+
+/// Prints the part's tables; returns every handover, for the plot.
+pub fn run(size: Size) -> Result<Vec<Case>> {
     let (runs, rounds) = size.pick((3, 20), (1, 2));
     let db = TempDb::postgres();
+    let zk_dir = Scratch::new();
+    let missing = zookeeper::missing();
+    let server = match &missing {
+        None => Some(zookeeper::Server::start(&zk_dir)?),
+        Some(_) => None,
+    };
     println!("## Graceful handover, at its limit\n");
     println!(
         "Three daemons on PostgreSQL (default timing); per kind {runs} runs of {rounds} \
          handovers, from the signal (or release request) until another daemon answers 200 \
-         on `/leader`. Each run's p50 / p90 / max, then the median of the runs' p50 and p90. \
-         Target: p50 ≤ 5 ms.\n"
+         on `/leader`. Beside each run, the same with three ZooKeeper 3.8 candidates \
+         (kazoo's lock recipe, a standalone server on this host), until another \
+         candidate's flag file exists; SIGUSR1 gives its lead up and asks again after \
+         500 ms, as the release does. Each run's p50 / p90 / max, then the median of the \
+         runs' p50 and p90. Target: p50 ≤ 5 ms, p90 no worse than ZooKeeper's.\n"
     );
+    if let Some(why) = &missing {
+        println!("ZooKeeper not run: {why}.\n");
+    }
     println!("| kind | runs: p50 / p90 / max ms | median p50 | median p90 |");
     println!("|---|---|---:|---:|");
     let mut parts_by_kind = Vec::new();
+    let mut cases = Vec::new();
     for (kind, sigterm) in [("SIGTERM", true), ("leaderd release", false)] {
-        let mut cells = Vec::new();
-        let (mut p50s, mut p90s, mut all) = (Vec::new(), Vec::new(), Vec::new());
-        for _ in 0..runs {
+        let (mut ours, mut theirs) = (Row::new(), Row::new());
+        let mut all = Vec::new();
+        // Interleaved, so that both meet the machine as it is.
+        for run in 0..runs {
             let parts = run_once(&db.url, sigterm, rounds)?;
-            let s = Summary::of(parts.iter().map(|p| p.total).collect());
-            cells.push(format!("{} / {} / {}", ms(s.p50), ms(s.p90), ms(s.max)));
-            p50s.push(s.p50);
-            p90s.push(s.p90);
+            ours.add(parts.iter().map(|p| p.total).collect());
             all.extend(parts);
+            if let Some(server) = &server {
+                theirs.add(zookeeper_once(server, sigterm, rounds, run)?);
+            }
         }
-        println!(
-            "| {kind} | {} | {} | {} |",
-            cells.join("; "),
-            ms(median(p50s)),
-            ms(median(p90s))
-        );
+        ours.print(kind);
+        let (went, zk_went, zk_kind) = if sigterm {
+            (Went::Term, Went::ZooKeeperTerm, "ZooKeeper, SIGTERM")
+        } else {
+            (
+                Went::Release,
+                Went::ZooKeeperRelease,
+                "ZooKeeper, lead given up",
+            )
+        };
+        cases.push(Case {
+            what: if sigterm {
+                "leaderd, SIGTERM"
+            } else {
+                "leaderd release"
+            },
+            went,
+            times: ours.all.clone(),
+        });
+        if server.is_some() {
+            theirs.print(zk_kind);
+            cases.push(Case {
+                what: zk_kind,
+                went: zk_went,
+                times: theirs.all.clone(),
+            });
+        }
         parts_by_kind.push((kind, all));
     }
     println!(
@@ -167,5 +285,5 @@ pub fn run(size: Size) -> Result<()> {
         );
     }
     println!();
-    Ok(())
+    Ok(cases)
 }

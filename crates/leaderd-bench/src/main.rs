@@ -8,7 +8,7 @@
 //! With no part named, all run but `rolling` (hours: name it). `--smoke` shrinks every part to seconds so
 //! the test run can exercise the bench without measuring anything. Output is
 //! Markdown, ready for `BENCHMARKS.md`; with `--plots DIR` every part but
-//! `footprint`, `handover`, `batch`, `views`, `release`, `fence`, `rolling` and `budget` also draws an SVG plot into `DIR`
+//! `footprint`, `batch`, `views`, `release`, `fence`, `rolling` and `budget` also draws an SVG plot into `DIR`
 //! (see `plot.rs`) and links it under its table. It uses the local
 //! PostgreSQL and MariaDB (see the test harness for the URLs) and the
 //! `leaderd` binary built beside it.
@@ -31,6 +31,7 @@ mod seed;
 mod serve;
 mod size;
 mod stats;
+mod zookeeper;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -168,7 +169,14 @@ fn main() -> Result<()> {
                     &|p| plot::memory(p, &rows),
                 )?;
             }
-            "handover" => handover::run(size)?,
+            "handover" => {
+                let cases = handover::run(size)?;
+                plot(
+                    plot::HANDOVER,
+                    "Every graceful handover time, leaderd (SIGTERM, release) beside ZooKeeper",
+                    &|p| plot::handover(p, &cases),
+                )?;
+            }
             "batch" => {
                 rt.block_on(batch::run(size))?;
             }

@@ -35,6 +35,7 @@ pub const SERVE: &str = "leader-latency.svg";
 pub const ELECTIONS: &str = "elections.svg";
 pub const MEMORY: &str = "memory.svg";
 pub const ROLLING: &str = "rolling.svg";
+pub const HANDOVER: &str = "handover.svg";
 
 const FONT: &str = "sans-serif";
 /// Room for the failover plot's legend, right of the plot.
@@ -337,6 +338,51 @@ pub fn scale(path: &Path, steps: &[ScaleStep]) -> Result<()> {
 /// p99 marks and the lease ttl; log scale, so the milliseconds of a handover
 /// and the second of a crash share one axis.
 pub fn failover(path: &Path, cases: &[Case], ttl: Duration) -> Result<()> {
+    let ttl_ms = millis(ttl);
+    dots(
+        path,
+        "Failover: time until another replica leads (each dot one failover)",
+        cases,
+        &[
+            (Went::Kill, VERMILION, "SIGKILL: the lease runs out"),
+            (Went::Term, BLUE, "SIGTERM: released on shutdown"),
+            (Went::Release, GREEN, "leaderd release"),
+            (Went::SeedStop, GREY, "seed: polling, no release"),
+        ],
+        (
+            ttl_ms,
+            format!("lease ttl {} s (default)", number(ttl_ms / 1000.0)),
+        ),
+    )
+}
+
+/// Graceful handover at its limit, leaderd beside ZooKeeper: every time as
+/// a dot, with p50 and p99 marks and the 5 ms target.
+pub fn handover(path: &Path, cases: &[Case]) -> Result<()> {
+    dots(
+        path,
+        "Graceful handover: time until another replica leads (each dot one handover)",
+        cases,
+        &[
+            (Went::Term, BLUE, "leaderd, SIGTERM"),
+            (Went::Release, GREEN, "leaderd release"),
+            (Went::ZooKeeperTerm, VERMILION, "ZooKeeper, SIGTERM"),
+            (Went::ZooKeeperRelease, GREY, "ZooKeeper, lead given up"),
+        ],
+        (5.0, "target p50 5 ms".to_owned()),
+    )
+}
+
+/// Every case's times as dots, one row per case, coloured by how it went
+/// (`keys`), with p50 and p99 marks and one dashed line (`line`: where,
+/// and its legend); log scale.
+fn dots(
+    path: &Path,
+    title: &str,
+    cases: &[Case],
+    keys_of: &[(Went, RGBColor, &str)],
+    line: (f64, String),
+) -> Result<()> {
     let rows = cases.len().max(1);
     let height = 130 + 38 * rows as u32;
     let root = SVGBackend::new(path, (1000, height)).into_drawing_area();
@@ -345,16 +391,13 @@ pub fn failover(path: &Path, cases: &[Case], ttl: Duration) -> Result<()> {
         cases
             .iter()
             .flat_map(|c| c.times.iter().map(|t| millis(*t)))
-            .chain([millis(ttl)]),
+            .chain([line.0]),
         1.6,
     );
-    let mut chart = styled(
-        &root,
-        "Failover: time until another replica leads (each dot one failover)",
-    )
-    .margin_right(LEGEND_WIDTH)
-    .y_label_area_size(270)
-    .build_cartesian_2d(log_axis(&xs), -0.6..rows as f64 - 0.4)?;
+    let mut chart = styled(&root, title)
+        .margin_right(LEGEND_WIDTH)
+        .y_label_area_size(270)
+        .build_cartesian_2d(log_axis(&xs), -0.6..rows as f64 - 0.4)?;
     chart
         .configure_mesh()
         .max_light_lines(2)
@@ -368,12 +411,7 @@ pub fn failover(path: &Path, cases: &[Case], ttl: Duration) -> Result<()> {
     // Top row first, as in the table.
     let y_of = |i: usize| (rows - 1 - i) as f64;
     let mut keys = Vec::new();
-    for (went, colour, label) in [
-        (Went::Kill, VERMILION, "SIGKILL: the lease runs out"),
-        (Went::Term, BLUE, "SIGTERM: released on shutdown"),
-        (Went::Release, GREEN, "leaderd release"),
-        (Went::SeedStop, GREY, "seed: polling, no release"),
-    ] {
+    for &(went, colour, label) in keys_of {
         if !cases.iter().any(|c| c.went == went) {
             continue;
         }
@@ -407,18 +445,14 @@ pub fn failover(path: &Path, cases: &[Case], ttl: Duration) -> Result<()> {
         chart.draw_series(marks)?;
         keys.push((Key::Mark(width), label.to_owned()));
     }
-    let ttl_ms = millis(ttl);
     let style = GREY.stroke_width(1);
     chart.draw_series(DashedLineSeries::new(
-        [(ttl_ms, -0.6), (ttl_ms, rows as f64 - 0.4)],
+        [(line.0, -0.6), (line.0, rows as f64 - 0.4)],
         6,
         4,
         style,
     ))?;
-    keys.push((
-        Key::Dashed,
-        format!("lease ttl {} s (default)", number(ttl_ms / 1000.0)),
-    ));
+    keys.push((Key::Dashed, line.1));
     // Beside the plot, in the right margin kept for it (drawn by hand:
     // plotters' legend stays inside the plotting area).
     let (right, top) = chart.backend_coord(&(xs.end, rows as f64 - 0.4));
@@ -446,7 +480,8 @@ pub fn failover(path: &Path, cases: &[Case], ttl: Duration) -> Result<()> {
         let (x, y) = chart.backend_coord(&(xs.start, y_of(i)));
         root.draw(&Text::new(c.what.to_owned(), (x - 10, y), label.clone()))?;
     }
-    root.present().context("writing the failover plot")?;
+    root.present()
+        .with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }
 

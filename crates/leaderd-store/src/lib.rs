@@ -64,7 +64,7 @@ pub use shared::error::StoreError;
 pub use shared::history::Term;
 pub use shared::lease::{
     ElectionRow, FenceStatus, LeaseRequest, Migrated, Release, Successor, WakeLock,
-    MAX_ADDRESS_CHARS,
+    MAX_ADDRESS_CHARS, WARM_UP_PREFIX,
 };
 pub use shared::url::{Backend, DatabaseUrl};
 pub use sqlite::check_file_system;
@@ -117,6 +117,19 @@ impl Connection {
         match self {
             Connection::Mysql(c) => c.prepare_batches().await,
             Connection::Postgres(_) | Connection::Sqlite(_) => Ok(()),
+        }
+    }
+
+    /// PostgreSQL: runs a takeover and a release once on a row of the
+    /// connection's own and undoes them, so that the server's session has
+    /// compiled the table's triggers before a handover needs them (see
+    /// `postgres::warm_up`; its row's name starts with [`WARM_UP_PREFIX`]).
+    /// One round trip. Elsewhere nothing to do. An error the server
+    /// answers costs only the gain.
+    pub async fn warm_up(&mut self) -> Result<(), StoreError> {
+        match self {
+            Connection::Postgres(c) => c.warm_up().await,
+            Connection::Mysql(_) | Connection::Sqlite(_) => Ok(()),
         }
     }
 

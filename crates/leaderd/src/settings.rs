@@ -713,6 +713,11 @@ mod tests {
             msg.contains("`election`") && msg.contains("listed twice"),
             "{msg}"
         );
+        // Names of leaderd's own rows.
+        for own in ["leaderd-presence/g/slot-0", "leaderd-warm-up/42"] {
+            let msg = problems(&["--election", own], &env(&[]));
+            assert!(msg.contains("are leaderd's own"), "{own}: {msg}");
+        }
         let msg = problems(&[], &env(&[("LEADERD_ELECTIONS", "a,,b")]));
         assert!(
             msg.contains("LEADERD_ELECTIONS") && msg.contains("1 to 100"),

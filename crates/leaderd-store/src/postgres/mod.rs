@@ -11,7 +11,8 @@
 //!   schema, a direct connection, rights beyond the daemon's needs);
 //! - `listener`: the followers' wake-ups (`LISTEN`/`NOTIFY`);
 //! - `held_off`: takeovers an app's fenced transaction held off;
-//! - `plan`: the migration plan over `migrations/postgres/`.
+//! - `plan`: the migration plan over `migrations/postgres/`;
+//! - `warm_up`: a new connection's session readied for a takeover.
 
 mod connect;
 mod from_row;
@@ -22,6 +23,7 @@ mod plan;
 mod session;
 mod statements;
 mod store;
+mod warm_up;
 
 pub(crate) use connect::CancelHandle;
 pub use held_off::warned_total as takeovers_held_off_total;

@@ -219,6 +219,50 @@ pub(super) const ELECTIONS: &str = "SELECT name, holder, token, \
     CASE WHEN address_instance OPERATOR(pg_catalog.=) instance THEN address END \
     FROM {t} WHERE pg_catalog.starts_with(name COLLATE \"C\", $1) ORDER BY name";
 
+/// The takeover's and the release's path run once and undone (see
+/// `warm_up`): a row of this connection's own (named after its backend, so
+/// two connections never meet on one), made held, released to a successor
+/// and taken over, each firing the table's triggers as a handover does;
+/// then the inner block raises, and catches, its own error, which undoes
+/// all of it. Only the row made is written (by its id: the table's trigger
+/// may skip the insert, and then nothing is), and no other session ever
+/// reads it. Set before the inner block, so that its undoing keeps them:
+/// the transaction's end waits for neither the disk nor a standby (a
+/// synchronous standby that is down would otherwise hold every connect,
+/// for nothing kept), and a lock is given up after 100 ms (another
+/// session's `LOCK TABLE`, say): the statement then fails, which is no
+/// loss. `{t}`: the lock table with its schema.
+pub(super) const WARM_UP: &str = "\
+DO $leaderd_warm_up$
+DECLARE
+  n pg_catalog.text := 'leaderd-warm-up/' OPERATOR(pg_catalog.||) pg_catalog.pg_backend_pid();
+  i pg_catalog.int8;
+BEGIN
+  PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
+  PERFORM pg_catalog.set_config('lock_timeout', '100ms', true);
+  BEGIN
+    INSERT INTO {t} (name, holder, instance, token, acquired_at, renewed_at, expires_at,
+                     address, address_instance)
+    VALUES (n, 'leaderd-warm-up', 'leaderd-warm-up/1', 1, pg_catalog.now(), pg_catalog.now(),
+            pg_catalog.now() OPERATOR(pg_catalog.+) INTERVAL '1 second', '', 'leaderd-warm-up/1')
+    RETURNING id INTO i;
+    IF i IS NOT NULL THEN
+      UPDATE {t} SET holder = NULL, instance = NULL, successor = 'leaderd-warm-up',
+                     address = NULL, address_instance = NULL
+       WHERE id OPERATOR(pg_catalog.=) i;
+      UPDATE {t} SET holder = 'leaderd-warm-up', instance = 'leaderd-warm-up/2',
+                     token = token OPERATOR(pg_catalog.+) 1, successor = NULL,
+                     acquired_at = pg_catalog.now(), address = '',
+                     address_instance = 'leaderd-warm-up/2'
+       WHERE id OPERATOR(pg_catalog.=) i;
+    END IF;
+    RAISE SQLSTATE 'LFW00';
+  EXCEPTION WHEN SQLSTATE 'LFW00' THEN
+    NULL;
+  END;
+END
+$leaderd_warm_up$";
+
 /// The lock-table statements with the table named with its schema
 /// (`{t}` in their text filled in): made once per schema and kept for the
 /// process's life, so that they are `'static` like the other statements.
@@ -231,6 +275,9 @@ pub(super) struct Statements {
     pub(super) release_many: &'static str,
     pub(super) elections: &'static str,
     pub(super) history: &'static str,
+    /// `None` where the table's name holds a `$`, which could end the
+    /// block's dollar quote (the migration refuses such a schema too).
+    pub(super) warm_up: Option<&'static str>,
 }
 
 impl Statements {
@@ -278,6 +325,7 @@ impl Statements {
             release_many: fill(RELEASE_MANY),
             elections: fill(ELECTIONS),
             history: fill(HISTORY),
+            warm_up: (!table.contains('$')).then(|| fill(WARM_UP)),
         }));
         made.push((table.to_owned(), s));
         s
@@ -320,6 +368,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_warm_up_row_is_named_with_the_reserved_prefix() {
+        assert!(WARM_UP.contains(&format!("'{}'", crate::shared::lease::WARM_UP_PREFIX)));
+        assert!(Statements::naming("\"a$b\".service_leader_lock")
+            .warm_up
+            .is_none());
+    }
+
+    #[test]
     fn the_take_limit_is_the_statements() {
         assert!(ACQUIRE_MANY.contains(&format!("LIMIT {TAKE_LIMIT}\n")));
     }
@@ -336,6 +392,7 @@ mod tests {
             s.create_many,
             s.release_many,
             s.elections,
+            s.warm_up.expect("no $ in the name"),
         ] {
             assert!(!sql.contains("{t}"), "{sql}");
             let bare = sql.replace("\"s p\".service_leader_lock", "");

@@ -55,6 +55,11 @@ impl LeaseRequest<'_> {
     }
 }
 
+/// The start of the name of the row a PostgreSQL connection's warm-up
+/// makes (and undoes): no election may be named so (see
+/// `Connection::warm_up`).
+pub const WARM_UP_PREFIX: &str = "leaderd-warm-up/";
+
 /// The most characters an address may hold (the column's width).
 pub const MAX_ADDRESS_CHARS: usize = 255;
 

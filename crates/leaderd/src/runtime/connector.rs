@@ -20,7 +20,10 @@
 //!
 //! The first connection's round trip is measured (one read of the table)
 //! and held against the renew interval: where the timing cannot work at
-//! all, that is said at start, with the figures.
+//! all, that is said at start, with the figures. The first connection is
+//! also warmed up for a takeover (PostgreSQL, see `Connection::warm_up`),
+//! until the database has answered one: a reconnect is not, as the daemon
+//! may lead by then, and its renewals must not wait for it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -48,6 +51,8 @@ pub struct Connector {
     migration: Arc<Mutex<Migration>>,
     /// The round trip still wants measuring (see the module docs).
     measure: Arc<AtomicBool>,
+    /// A connection still wants warming up (see the module docs).
+    warm: Arc<AtomicBool>,
     tasks: JoinSet<Result<Connection, String>>,
     /// When the latest connect started.
     started: Option<BootTime>,
@@ -75,6 +80,7 @@ impl Connector {
             timing,
             migration: Arc::new(Mutex::new(migration)),
             measure: Arc::new(AtomicBool::new(true)),
+            warm: Arc::new(AtomicBool::new(true)),
             tasks: JoinSet::new(),
             started: None,
         }
@@ -94,11 +100,15 @@ impl Connector {
         self.started = Some(boot_now());
         let (source, migration) = (self.source.clone(), self.migration.clone());
         let (measure, timing) = (self.measure.clone(), self.timing);
+        let warm = self.warm.clone();
         self.tasks.spawn(async move {
             let open = async {
                 let mut conn = open(source, migration).await?;
                 if measure.swap(false, Ordering::Relaxed) {
                     check_round_trip(&mut conn, timing).await;
+                }
+                if warm.load(Ordering::Relaxed) {
+                    warm_up(&mut conn, &warm).await?;
                 }
                 Ok(conn)
             };
@@ -132,6 +142,27 @@ impl Connector {
             None => std::future::pending().await,
         }
     }
+}
+
+/// Warms `conn` up; once the database has answered, no later connection
+/// is. A failure it answered is said (the first takeover on this replica
+/// may then take a few milliseconds longer) and changes nothing else; one
+/// it did not answer fails the connect.
+async fn warm_up(conn: &mut Connection, warm: &AtomicBool) -> Result<(), String> {
+    match conn.warm_up().await {
+        Ok(()) => warm.store(false, Ordering::Relaxed),
+        Err(e) if e.answered() => {
+            if warm.swap(false, Ordering::Relaxed) {
+                info!(
+                    error = %e,
+                    "could not warm the connection up for a takeover; a handover to this \
+                     replica may take a few milliseconds longer"
+                );
+            }
+        }
+        Err(e) => return Err(e.to_string()),
+    }
+    Ok(())
 }
 
 /// A connect task that panicked or was cancelled, as an attempt's error.

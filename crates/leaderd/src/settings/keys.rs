@@ -10,6 +10,7 @@ use std::time::Duration;
 use leaderd_core::spread::PRESENCE_PREFIX;
 use leaderd_core::MAX_NAME_CHARS;
 use leaderd_store::DatabaseUrl;
+use leaderd_store::WARM_UP_PREFIX;
 
 use super::sources::{problem, Env, Layers, Sourced};
 use super::{AppHealth, NAME_SEP};
@@ -208,8 +209,13 @@ pub(super) fn elections_key(layers: &Layers, problems: &mut Vec<String>) -> Opti
             from: s.from.clone(),
         };
         match check_name("election", &one, problems) {
-            Some(n) if n.starts_with(PRESENCE_PREFIX) => {
-                let why = format!("names starting with {PRESENCE_PREFIX:?} are leaderd's own");
+            Some(n) if n.starts_with(PRESENCE_PREFIX) || n.starts_with(WARM_UP_PREFIX) => {
+                let prefix = if n.starts_with(PRESENCE_PREFIX) {
+                    PRESENCE_PREFIX
+                } else {
+                    WARM_UP_PREFIX
+                };
+                let why = format!("names starting with {prefix:?} are leaderd's own");
                 problem(problems, "election", &one, name, why);
                 ok = false;
             }
