@@ -28,6 +28,14 @@ const CANDIDATE: &str = include_str!("../zookeeper/candidate.py");
 
 /// Why the reference cannot run here, if it cannot.
 pub fn missing() -> Option<String> {
+    let java = Command::new("java")
+        .arg("-version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    if !java.is_ok_and(|s| s.success()) {
+        return Some("no java (apt-get install zookeeper brings one)".into());
+    }
     if !Path::new(JAR).exists() {
         return Some(format!("no {JAR} (apt-get install zookeeper)"));
     }
