@@ -102,8 +102,13 @@ pub enum Event {
     Acquired { token: i64 },
     /// This replica's lease was renewed; its local deadline moved.
     Renewed { token: i64 },
-    /// This replica stopped being leader.
-    Lost { token: i64, reason: LossReason },
+    /// This replica stopped being leader; `deadline` was the local
+    /// deadline of the lease that ended (for the logs).
+    Lost {
+        token: i64,
+        reason: LossReason,
+        deadline: BootTime,
+    },
     /// The row carries this replica's `id` with another instance: two
     /// processes were started with the same `id`.
     DuplicateId { instance: Option<String> },
@@ -191,6 +196,10 @@ pub struct Engine {
     /// Instances this replica used before (see [`Engine::release`]): a row
     /// that carries one of them is ours, not a duplicate id's.
     past_instances: Vec<String>,
+    /// The lease is renewed by the daemon's renewal waves, not by this
+    /// election's own attempts (see [`Engine::on_wave_renewal`]); only
+    /// meaningful while leading.
+    in_waves: bool,
 }
 
 /// How many past instances are remembered; older ones have long expired.
@@ -259,6 +268,7 @@ impl Engine {
             yielding: false,
             draining_until: None,
             past_instances: Vec::new(),
+            in_waves: false,
         }
     }
 
@@ -402,6 +412,8 @@ impl Engine {
             None => self.next_attempt,
         };
         match self.role {
+            // Renewed by the waves: only the deadline is this loop's.
+            Role::Leader { deadline, .. } if self.in_waves => deadline,
             Role::Leader { deadline, .. } => attempt.min(deadline),
             _ if self.look_until.is_some() => attempt.min(self.next_look),
             _ => attempt,
@@ -511,9 +523,11 @@ impl Engine {
         self.next_look = now + TAKE_WATCH;
     }
 
-    /// Whether an attempt is due at `now`.
+    /// Whether an attempt is due at `now` (a lease the waves renew is
+    /// never due here: see [`Engine::on_wave_renewal`]).
     pub fn attempt_due(&self, now: BootTime) -> bool {
         self.role != Role::ShutDown
+            && !self.renewed_in_waves()
             && self.competing
             && now >= self.next_attempt
             && self.hold_until.is_none_or(|h| now >= h)
@@ -577,6 +591,7 @@ impl Engine {
             event: Event::Lost {
                 token,
                 reason: LossReason::Released,
+                deadline,
             },
             released_instance,
         })
@@ -614,13 +629,36 @@ impl Engine {
         self.release(now, Duration::ZERO, fresh_instance)
     }
 
-    /// Renew now rather than at the next renew time, if leading at `now`: a
-    /// renewal may come early (it never shortens the lease), so that the
-    /// renewals of several elections go in one statement.
-    pub fn renew_now(&mut self, now: BootTime) {
-        if self.is_leader(now) {
-            self.next_attempt = self.next_attempt.min(now);
-        }
+    /// Feeds the answer to a renewal that the daemon sent for this lease
+    /// among its others (a renewal wave: one statement a renew interval for
+    /// all the leases a daemon holds, so that a leader of thousands of
+    /// elections is not woken for each). As [`Engine::on_attempt`]; while
+    /// the lease lasts after a grant, the waves renew it, and this
+    /// election's own attempts wait (see [`Engine::attempt_due`]) until a
+    /// wave fails it ([`Engine::on_wave_failure`]) or the lease ends.
+    pub fn on_wave_renewal(
+        &mut self,
+        sent_at: BootTime,
+        received_at: BootTime,
+        answer: Attempt,
+    ) -> Vec<Event> {
+        let events = self.on_attempt(sent_at, received_at, answer);
+        self.in_waves = matches!(self.role, Role::Leader { .. });
+        events
+    }
+
+    /// A wave's renewal of this lease failed at `now` (or found no
+    /// connection): as [`Engine::on_failure`], and this election's own
+    /// attempts renew it again, at once.
+    pub fn on_wave_failure(&mut self, now: BootTime) -> Option<Event> {
+        self.in_waves = false;
+        self.on_failure(now)
+    }
+
+    /// Whether the lease held is renewed by the waves, not by this
+    /// election's own attempts.
+    pub fn renewed_in_waves(&self) -> bool {
+        self.in_waves && matches!(self.role, Role::Leader { .. })
     }
 
     /// Whether to leave free rows to others for a heartbeat (see `spread`).
@@ -713,7 +751,11 @@ impl Engine {
                 } else {
                     LossReason::Deadline
                 };
-                Some(Event::Lost { token, reason })
+                Some(Event::Lost {
+                    token,
+                    reason,
+                    deadline,
+                })
             }
             _ => None,
         }
@@ -766,6 +808,9 @@ impl Engine {
         if self.role == Role::ShutDown {
             return Vec::new();
         }
+        // This election's own answer: its own attempts renew from here,
+        // until a wave takes the lease up again.
+        self.in_waves = false;
         let mut events = Vec::new();
         // A deadline that passed while the statement was in flight ends the
         // old lease first, whatever the answer says.
@@ -792,12 +837,16 @@ impl Engine {
                     Role::Leader { token: old, .. } if old == token => {
                         events.push(Event::Renewed { token });
                     }
-                    Role::Leader { token: old, .. } => {
+                    Role::Leader {
+                        token: old,
+                        deadline: old_deadline,
+                    } => {
                         // The database gave us a new token: our old lease had
                         // lapsed there. Report the change of term.
                         events.push(Event::Lost {
                             token: old,
                             reason: LossReason::Lapsed,
+                            deadline: old_deadline,
                         });
                         events.push(Event::Acquired { token });
                     }
@@ -805,14 +854,18 @@ impl Engine {
                 }
             }
             Attempt::Refused(seen) => {
-                if let Role::Leader { token, .. } = self.role {
+                if let Role::Leader { token, deadline } = self.role {
                     self.role = Role::Follower;
                     let reason = if seen.holder.is_some() {
                         LossReason::Taken
                     } else {
                         LossReason::Released
                     };
-                    events.push(Event::Lost { token, reason });
+                    events.push(Event::Lost {
+                        token,
+                        reason,
+                        deadline,
+                    });
                 }
                 let ours = |i: &String| *i == self.instance || self.past_instances.contains(i);
                 let duplicate = seen.holder.as_deref() == Some(self.id.as_str())
@@ -870,11 +923,12 @@ impl Engine {
                 };
             }
             Attempt::Created => {
-                if let Role::Leader { token, .. } = self.role {
+                if let Role::Leader { token, deadline } = self.role {
                     self.role = Role::Follower;
                     events.push(Event::Lost {
                         token,
                         reason: LossReason::Released,
+                        deadline,
                     });
                 }
                 self.other = None;
@@ -912,6 +966,7 @@ impl Engine {
             Role::Leader { token, deadline } if now < deadline => Some(Event::Lost {
                 token,
                 reason: LossReason::Shutdown,
+                deadline,
             }),
             _ => None,
         };
@@ -1351,22 +1406,77 @@ mod tests {
     }
 
     #[test]
-    fn renew_now_brings_a_leaders_renewal_forward_and_nothing_else() {
+    fn a_lease_renewed_in_waves_is_not_renewed_by_the_election_itself() {
         let mut e = engine();
-        e.on_attempt(at(0), at(5), refused("pod-b", 4, 900));
-        e.renew_now(at(100));
-        assert!(!e.attempt_due(at(100)), "a follower keeps its schedule");
+        let lease = e.timing().local_lease();
+        e.on_attempt(at(0), at(5), Attempt::Granted { token: 7 });
+        // Its own renewal is due at the renew interval, as before...
+        assert!(e.attempt_due(at(400)));
+        assert_eq!(e.next_wakeup(), at(400));
+        // ...until a wave renews it: then only its deadline wakes it.
+        let events = e.on_wave_renewal(at(300), at(310), Attempt::Granted { token: 7 });
+        assert_eq!(events, vec![Event::Renewed { token: 7 }]);
+        assert!(e.renewed_in_waves());
+        assert_eq!(e.lease(at(310)), Some((7, at(300) + lease)));
+        assert!(!e.attempt_due(at(300) + lease - ms(1)));
+        assert_eq!(e.next_wakeup(), at(300) + lease);
+        // No wave came: it steps down at that deadline all the same.
+        assert!(matches!(
+            e.poll(at(300) + lease),
+            Some(Event::Lost { token: 7, reason: LossReason::Deadline, deadline }) if deadline == at(300) + lease
+        ));
+        assert!(!e.renewed_in_waves());
+        assert!(e.attempt_due(at(300) + lease));
+    }
+
+    #[test]
+    fn a_failed_wave_hands_the_renewals_back_to_the_election_at_once() {
         let mut e = engine();
         e.on_attempt(at(0), at(5), Attempt::Granted { token: 7 });
-        assert!(!e.attempt_due(at(100)));
-        e.renew_now(at(100));
-        assert!(e.attempt_due(at(100)));
-        // Renewed early, the deadline counts from the early send.
-        e.on_attempt(at(100), at(105), Attempt::Granted { token: 7 });
-        assert_eq!(
-            e.lease(at(105)),
-            Some((7, at(100) + e.timing().local_lease()))
-        );
+        e.on_wave_renewal(at(400), at(405), Attempt::Granted { token: 7 });
+        assert!(!e.attempt_due(at(800)));
+        assert_eq!(e.on_wave_failure(at(800)), None, "the lease still stands");
+        assert!(e.is_leader(at(800)));
+        assert!(!e.renewed_in_waves());
+        assert!(e.attempt_due(at(800)), "retried at once");
+        // Its own renewal's answer leaves it with the election until a wave
+        // renews it again.
+        e.on_attempt(at(800), at(805), Attempt::Granted { token: 7 });
+        assert!(!e.renewed_in_waves());
+        assert!(e.attempt_due(at(1200)));
+    }
+
+    #[test]
+    fn a_wave_that_finds_the_lease_taken_ends_it_and_the_waves() {
+        let mut e = engine();
+        e.on_attempt(at(0), at(5), Attempt::Granted { token: 7 });
+        let events = e.on_wave_renewal(at(400), at(405), refused("pod-b", 8, 1000));
+        assert!(matches!(
+            events.as_slice(),
+            [Event::Lost {
+                token: 7,
+                reason: LossReason::Taken,
+                ..
+            }]
+        ));
+        assert!(!e.renewed_in_waves());
+        // A follower again: its own attempts, on the holder's schedule.
+        assert!(!e.attempt_due(at(406)));
+        assert!(e.attempt_due(at(1406)));
+    }
+
+    #[test]
+    fn a_lease_taken_again_by_the_election_is_not_left_to_the_waves() {
+        let mut e = engine();
+        e.on_attempt(at(0), at(5), Attempt::Granted { token: 7 });
+        e.on_wave_renewal(at(400), at(405), Attempt::Granted { token: 7 });
+        let lease = e.timing().local_lease();
+        e.poll(at(400) + lease);
+        // Taken again by its own attempt: it renews it itself until a wave
+        // does.
+        e.on_attempt(at(2000), at(2005), Attempt::Granted { token: 9 });
+        assert!(!e.renewed_in_waves());
+        assert!(e.attempt_due(at(2400)));
     }
 
     #[test]
@@ -1413,7 +1523,8 @@ mod tests {
             e.poll(at(1150)),
             Some(Event::Lost {
                 token: 7,
-                reason: LossReason::Deadline
+                reason: LossReason::Deadline,
+                deadline: at(1150),
             })
         );
         assert!(!e.is_leader(at(1150)));
@@ -1494,7 +1605,8 @@ mod tests {
             ev,
             vec![Event::Lost {
                 token: 7,
-                reason: LossReason::Taken
+                reason: LossReason::Taken,
+                deadline: at(1150),
             }]
         );
         assert!(!e.is_leader(at(405)));
@@ -1510,7 +1622,8 @@ mod tests {
             e.poll(at(1150)),
             Some(Event::Lost {
                 token: 7,
-                reason: LossReason::Deadline
+                reason: LossReason::Deadline,
+                deadline: at(1150),
             })
         );
         assert_eq!(e.poll(at(1200)), None);
@@ -1538,7 +1651,8 @@ mod tests {
             ev,
             vec![Event::Lost {
                 token: 7,
-                reason: LossReason::Deadline
+                reason: LossReason::Deadline,
+                deadline: at(1150),
             }]
         );
         assert!(!e.is_leader(at(1600)));
@@ -1563,7 +1677,8 @@ mod tests {
             e.on_failure(at(1150)),
             Some(Event::Lost {
                 token: 7,
-                reason: LossReason::RenewFailed
+                reason: LossReason::RenewFailed,
+                deadline: at(1150),
             })
         );
     }
@@ -1596,7 +1711,8 @@ mod tests {
             vec![
                 Event::Lost {
                     token: 7,
-                    reason: LossReason::Lapsed
+                    reason: LossReason::Lapsed,
+                    deadline: at(1150),
                 },
                 Event::Acquired { token: 9 }
             ]
@@ -1672,7 +1788,8 @@ mod tests {
             ev,
             vec![Event::Lost {
                 token: 7,
-                reason: LossReason::Released
+                reason: LossReason::Released,
+                deadline: at(1150),
             }]
         );
         assert_eq!(e.next_wakeup(), at(1405));
@@ -1699,7 +1816,8 @@ mod tests {
             Some(StepDown {
                 event: Event::Lost {
                     token: 7,
-                    reason: LossReason::Released
+                    reason: LossReason::Released,
+                    deadline: at(1150),
                 },
                 released_instance: "inst-a".into()
             })
@@ -1762,7 +1880,8 @@ mod tests {
             step_down.event,
             Event::Lost {
                 token: 7,
-                reason: LossReason::Released
+                reason: LossReason::Released,
+                deadline: at(1150),
             }
         );
         assert_eq!(step_down.released_instance, "inst-a");
@@ -1829,7 +1948,8 @@ mod tests {
             e.shutdown(at(10)),
             Some(Event::Lost {
                 token: 7,
-                reason: LossReason::Shutdown
+                reason: LossReason::Shutdown,
+                deadline: at(1150),
             })
         );
         assert!(!e.is_leader(at(11)));

@@ -122,16 +122,6 @@ impl Timing {
         self.heartbeat.min(self.ttl / 3)
     }
 
-    /// How long a batch that carries a renewal waits for the daemon's other
-    /// leaders to join it, so that a leader's renewals go in one statement
-    /// per renew interval: the tasks of a few thousand elections
-    /// need 5–20 ms to join (measured). A twentieth of the interval, 2 to
-    /// 25 ms: the lease is counted from before the wait, and a short
-    /// interval cannot spare more.
-    pub fn gather_renewals(&self) -> Duration {
-        (self.renew_every() / 20).clamp(Duration::from_millis(2), Duration::from_millis(25))
-    }
-
     /// Taken off the lease locally: at least 50 ms and 2 % of `ttl`, to cover
     /// the database clock running slightly fast against the host's.
     pub fn safety_margin(&self) -> Duration {
@@ -197,16 +187,6 @@ mod tests {
         assert_eq!(t.renew_every(), MS(400));
         assert_eq!(t.safety_margin(), MS(50));
         assert_eq!(t.local_lease(), MS(1150));
-    }
-
-    #[test]
-    fn renewals_are_gathered_for_a_twentieth_of_the_interval_within_bounds() {
-        let t = |hb, ttl| Timing::new(MS(hb), MS(ttl)).unwrap().gather_renewals();
-        assert_eq!(t(1000, 1200), MS(20));
-        // Renewing every 33 ms: 1.65 ms is raised to the least, 2 ms.
-        assert_eq!(t(33, 100), MS(2));
-        // Every 5 s: 250 ms is cut to 25 ms.
-        assert_eq!(t(5000, 30_000), MS(25));
     }
 
     #[test]

@@ -10,10 +10,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use leaderd_core::{BootTime, Engine, Timing, View};
+use leaderd_core::{BootTime, Engine, Event, Timing, View};
+use tracing::debug;
 use tokio::sync::{oneshot, watch, Notify};
 
-use crate::clock::boot_now;
+use crate::clock::{boot_now, micros};
 use crate::outputs::metrics::{DaemonMetrics, Metrics};
 use crate::runtime::inbox::Inbox;
 use crate::runtime::roster::Roster;
@@ -72,13 +73,16 @@ pub struct Shared {
     child_running: AtomicBool,
     /// Woken when `child_running` is cleared.
     child_stopped: Notify,
-    /// Wakes the loop for a request queued, a renewal asked for or a
-    /// release announced. One `Notify` for all three: each one the loop
-    /// waits on costs a registration and its removal at every turn.
+    /// Wakes the loop for a request queued, events a renewal wave left it
+    /// or a release announced. One `Notify` for all three: each one the
+    /// loop waits on costs a registration and its removal at every turn.
     pub(crate) wake: Notify,
-    /// A renewal asked for (see `link`: renewals go together) still stands
-    /// (an attempt since answers it).
-    pub(crate) renew_asked: AtomicBool,
+    /// Events of the renewal waves (see `link`) for the loop to report,
+    /// in the engine's order: appended and taken under the engine's lock.
+    waves_left: Mutex<Vec<Event>>,
+    /// A renewal is reported by the loop even when nothing else changed:
+    /// the flag file carries the deadline.
+    loop_reports_renewals: bool,
     /// A release of this election was announced (see `wakeups`).
     pub(crate) release_noticed: AtomicBool,
 }
@@ -134,22 +138,76 @@ impl Shared {
             child_running: AtomicBool::new(false),
             child_stopped: Notify::new(),
             wake: Notify::new(),
-            renew_asked: AtomicBool::new(false),
+            waves_left: Mutex::new(Vec::new()),
+            loop_reports_renewals: settings.flag_file.is_some(),
             release_noticed: AtomicBool::new(false),
         }
     }
 
-    /// Asks the loop to renew now if it leads, so that its renewal goes in
-    /// the batch being sent (see `link`).
-    pub fn renew_soon(&self) {
-        self.renew_asked.store(true, Ordering::Relaxed);
+    /// What the loop reports at `now`: the events the renewal waves left
+    /// it, then a step-down at the deadline, in the order they happened.
+    pub(crate) fn events(&self, now: BootTime) -> Vec<Event> {
+        let mut engine = self.engine();
+        let mut events = std::mem::take(&mut *self.left());
+        events.extend(engine.poll(now));
+        events
+    }
+
+    /// Feeds a renewal wave's answer for this election's lease, renewed
+    /// for `instance` (see `link`): a lone renewal is logged here, anything
+    /// else is left for the loop to report, and the loop woken.
+    pub(crate) fn on_wave_answer(
+        &self,
+        instance: &str,
+        sent_at: BootTime,
+        answer: Result<leaderd_core::Attempt, String>,
+    ) {
+        let received_at = boot_now();
+        let took = received_at.saturating_since(sent_at).as_secs_f64();
+        self.daemon_metrics.heartbeat_duration.observe(took);
+        self.daemon_metrics.renewal_duration.observe(took);
+        let mut engine = self.engine();
+        // Stepped down on purpose since (a new instance): its release
+        // follows this renewal on the connection; the answer is the old
+        // instance's.
+        if engine.instance() != instance {
+            return;
+        }
+        let events: Vec<Event> = match answer {
+            Ok(answer) => engine.on_wave_renewal(sent_at, received_at, answer),
+            Err(reason) => {
+                self.daemon_metrics.heartbeat_errors.inc();
+                debug!(election = %self.election, error = %reason, "renewal wave failed; the election renews itself");
+                engine.on_wave_failure(received_at).into_iter().collect()
+            }
+        };
+        if let ([Event::Renewed { token }], false) = (events.as_slice(), self.loop_reports_renewals)
+        {
+            self.log_renewed(*token, engine.lease(received_at).map(|(_, d)| d));
+            return;
+        }
+        self.left().extend(events);
+        // A failure leaves the renewal to the loop, whatever the events.
+        drop(engine);
         self.wake.notify_one();
     }
 
-    /// Whether a renewal asked for by [`Shared::renew_soon`] is still
-    /// wanted; taking it answers it.
-    pub(crate) fn take_renew_asked(&self) -> bool {
-        self.renew_asked.swap(false, Ordering::Relaxed)
+    /// The renewal's log line (debug): its deadline lets a checker rebuild
+    /// each replica's leadership from the logs. Under the loop's target,
+    /// as the other transitions, whoever renewed: a filter on it keeps
+    /// them all.
+    pub(crate) fn log_renewed(&self, token: i64, deadline: Option<BootTime>) {
+        debug!(
+            target: "leaderd::runtime::election::report",
+            election = %self.election,
+            token,
+            deadline_us = deadline.map(micros),
+            "renewed"
+        );
+    }
+
+    fn left(&self) -> MutexGuard<'_, Vec<Event>> {
+        self.waves_left.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Tells the loop that a release of its election was announced: its

@@ -17,8 +17,6 @@ impl Loop {
     /// One acquire-or-renew, from reading the clock to feeding the answer
     /// to the engine; `true` when shutdown came meanwhile (the loop ends).
     pub(super) async fn attempt(&mut self, shutdown: &CancellationToken) -> bool {
-        // This attempt answers any early renewal asked for.
-        self.shared.take_renew_asked();
         // Read the clock before taking the connection: the lease is
         // measured from here.
         let sent_at = boot_now();
@@ -166,31 +164,8 @@ impl Db {
         sent_at: BootTime,
         until: BootTime,
     ) -> Result<leaderd_core::Attempt, String> {
-        // The token we hold as of the send time, the instant the timeout was
-        // computed for.
-        let (held_token, instance, draining, address) = {
-            let engine = shared.engine();
-            let held = engine.lease(sent_at).map(|(token, _)| token);
-            let address = engine.address().cloned();
-            (
-                held,
-                engine.instance().to_owned(),
-                engine.draining(sent_at),
-                address,
-            )
-        };
-        let req = Request {
-            election: shared.election.clone(),
-            holder: shared.id.clone(),
-            instance,
-            ttl: shared.timing.ttl(),
-            held_token,
-            // A draining replica is nobody's successor: a row released to
-            // it (named from a look just before it drained) waits out its
-            // window for the others.
-            daemon: (!draining).then(|| shared.roster.daemon().clone()),
-            address,
-        };
+        // As of the send time, the instant the timeout was computed for.
+        let req = Request::new(shared, &shared.engine(), sent_at);
         self.reached = Reached::Database;
         self.link.attempt(req, until).await.map_err(|failure| {
             self.reached = failure.reached;

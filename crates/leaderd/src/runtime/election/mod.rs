@@ -22,7 +22,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use leaderd_core::{BootTime, Event};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::error;
@@ -118,7 +117,6 @@ pub fn start(shared: Arc<Shared>, settings: &Settings, link: Link) -> Election {
         },
         report: Report {
             flag,
-            deadline: None,
             duplicate_seen: None,
         },
         shared,
@@ -237,8 +235,6 @@ struct Db {
 /// The reporting side: logs, metrics and the flag file for each event.
 struct Report {
     flag: Option<FlagWriter>,
-    /// The local deadline in force, for the transition logs.
-    deadline: Option<BootTime>,
     /// The other process last seen holding the lease under our id.
     duplicate_seen: Option<Option<String>>,
 }
@@ -248,7 +244,7 @@ impl Loop {
         loop {
             let now = boot_now();
             self.shared.progress(now);
-            let events: Vec<Event> = self.shared.engine().poll(now).into_iter().collect();
+            let events = self.shared.events(now);
             self.report.handle(&self.shared, events);
             // A holder no longer named (by time) is announced now, as
             // `/leader` shows it (the loop wakes then; see `wakeup`).

@@ -8,7 +8,7 @@ use super::Report;
 use std::time::Duration;
 
 use leaderd_core::Event;
-use tracing::{debug, error, info};
+use tracing::{error, info};
 
 impl Report {
     /// Stops claiming leadership, for good: 503 from now on, flag file gone.
@@ -35,29 +35,27 @@ impl Report {
             let now = boot_now();
             match event {
                 Event::Acquired { token } => {
-                    self.deadline = shared.engine().lease(now).map(|(_, d)| d);
+                    let deadline = shared.engine().lease(now).map(|(_, d)| d);
                     self.write_flag(shared);
                     info!(
                         election,
                         id,
                         token,
                         at_us = micros(now),
-                        deadline_us = self.deadline.map(micros),
+                        deadline_us = deadline.map(micros),
                         "acquired leadership"
                     );
                     shared.metrics.acquired.inc();
                 }
                 Event::Renewed { token } => {
-                    self.deadline = shared.engine().lease(now).map(|(_, d)| d);
                     self.write_flag(shared);
-                    debug!(
-                        election,
-                        token,
-                        deadline_us = self.deadline.map(micros),
-                        "renewed"
-                    );
+                    shared.log_renewed(token, shared.engine().lease(now).map(|(_, d)| d));
                 }
-                Event::Lost { token, reason } => {
+                Event::Lost {
+                    token,
+                    reason,
+                    deadline,
+                } => {
                     self.remove_flag();
                     info!(
                         election,
@@ -65,7 +63,7 @@ impl Report {
                         token,
                         reason = reason.as_str(),
                         at_us = micros(now),
-                        deadline_us = self.deadline.take().map(micros),
+                        deadline_us = micros(deadline),
                         "lost leadership"
                     );
                     shared.metrics.lost.inc();

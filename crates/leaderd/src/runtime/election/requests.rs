@@ -18,9 +18,6 @@ impl Loop {
         if self.shared.release_noticed.swap(false, Ordering::Relaxed) {
             self.shared.engine().on_release_notice(now);
         }
-        if self.shared.take_renew_asked() {
-            self.shared.engine().renew_now(now);
-        }
     }
 
     /// A connect this loop waited for finished: the next turn attempts on

@@ -5,11 +5,10 @@
 //! sends whatever is pending together, as a group commit does: every attempt
 //! in one call ([`Connection::acquire_or_renew_many`], on PostgreSQL one
 //! statement for all renewals), the releases in another, while the next
-//! batch gathers behind it. When a batch carries a renewal, every other
-//! election this daemon leads is asked to renew now ([`Shared::renew_soon`])
-//! and waited for (a twentieth of the interval at most, see
-//! `Timing::gather_renewals`): that brings their schedules into step, so a
-//! leader of E elections sends one renewal statement per renew interval.
+//! batch gathers behind it. Once a renew interval the task renews every
+//! lease the daemon holds itself, in the next batch (see `wave`), so a
+//! leader of E elections sends one renewal statement per renew interval
+//! and its elections' loops are not woken for it.
 //!
 //! On MySQL the leader's wake-up locks are held on this connection too (see
 //! `wakeups::keep_presence`), taken and freed after the batch's releases,
@@ -34,7 +33,7 @@
 //! whether this replica competes or not.
 //!
 //! This file holds the handle ([`Link`]) and the task's life (connects and
-//! drops); the task's batches are in `gather` (the renewals' wait),
+//! drops); the task's batches are in `wave` (the renewals it sends itself),
 //! `send` (a batch's statements), `wake_locks` (MySQL's locks) and
 //! `settle` (what an outcome does to the connection).
 
@@ -52,10 +51,10 @@ use crate::runtime::reach::Reach;
 use crate::runtime::roster::Heir;
 use crate::runtime::shared::Shared;
 
-mod gather;
 mod send;
 mod settle;
 mod wake_locks;
+mod wave;
 
 use settle::fail;
 
@@ -81,6 +80,23 @@ pub struct Request {
 }
 
 impl Request {
+    /// `shared`'s attempt at `at`, from its engine (locked by the caller):
+    /// the token held then, if any, renews it.
+    pub fn new(shared: &Shared, engine: &leaderd_core::Engine, at: BootTime) -> Request {
+        Request {
+            election: shared.election.clone(),
+            holder: shared.id.clone(),
+            instance: engine.instance().to_owned(),
+            ttl: shared.timing.ttl(),
+            held_token: engine.lease(at).map(|(token, _)| token),
+            // A draining replica is nobody's successor: a row released to
+            // it (named from a look just before it drained) waits out its
+            // window for the others.
+            daemon: (!engine.draining(at)).then(|| shared.roster.daemon().clone()),
+            address: engine.address().cloned(),
+        }
+    }
+
     fn borrowed(&self) -> LeaseRequest<'_> {
         LeaseRequest {
             election: &self.election,
@@ -156,20 +172,6 @@ enum Job {
     },
 }
 
-impl Job {
-    /// A release, or the freeing of a wake-up lock taken on the connection
-    /// of `generation` (what wakes MySQL's followers; one taken on an
-    /// earlier connection went with it): a handover waits on it, so no
-    /// batch lingers for it.
-    fn hands_over(&self, generation: u64) -> bool {
-        match self {
-            Job::Release { .. } => true,
-            Job::WakeLock { free, .. } => *free == Some(generation),
-            Job::Attempt { .. } | Job::Read { .. } => false,
-        }
-    }
-}
-
 /// Whether the lock is held now, and on which connection.
 type WakeLockReply = oneshot::Sender<Result<(WakeLock, u64), String>>;
 
@@ -214,13 +216,13 @@ impl Link {
                 .enumerate()
                 .map(|(i, s)| (s.election.clone(), i))
                 .collect(),
-            aligned_at: None,
-            realign_after: elections
+            wave_at: boot_now(),
+            renew_every: elections
                 .first()
-                .map_or(Duration::ZERO, |s| s.timing.renew_every() / 2),
-            gather_for: elections
+                .map_or(Duration::ZERO, |s| s.timing.renew_every()),
+            local_lease: elections
                 .first()
-                .map_or(Duration::ZERO, |s| s.timing.gather_renewals()),
+                .map_or(Duration::ZERO, |s| s.timing.local_lease()),
             elections,
             reach,
             asked_at: None,
@@ -380,13 +382,12 @@ struct Task {
     elections: Vec<Arc<Shared>>,
     /// Each election's index in `elections`.
     slots: HashMap<String, usize>,
-    /// When the leaders were last asked to renew together (see `align`),
-    /// and how long that holds: half a renew interval.
-    aligned_at: Option<BootTime>,
-    realign_after: Duration,
-    /// How long a batch waits for the leaders asked to join it
-    /// ([`leaderd_core::Timing::gather_renewals`]).
-    gather_for: Duration,
+    /// When the next renewal wave is due (see `wave`), and how often.
+    wave_at: BootTime,
+    renew_every: Duration,
+    /// A wave's renewals are cut at the lease they would grant, as a
+    /// loop's are ([`leaderd_core::Engine::attempt_timeout`]).
+    local_lease: Duration,
     reach: Arc<Reach>,
     /// When the task last asked the database itself (see [`Task::ask`]).
     asked_at: Option<BootTime>,
@@ -395,9 +396,13 @@ struct Task {
 impl Task {
     async fn run(mut self) {
         loop {
-            if self.conn.is_some() && !self.pending.is_empty() {
+            let wave_due = self.wave_due(boot_now());
+            if self.conn.is_some() && (wave_due || !self.pending.is_empty()) {
                 self.send_batch().await;
                 continue;
+            }
+            if wave_due {
+                self.wave_unconnected(boot_now());
             }
             self.answer_unconnected();
             let waiting = self.wanted || !self.pending.is_empty();
@@ -411,6 +416,7 @@ impl Task {
                 .map(|at| at.saturating_since(now))
                 .unwrap_or(Duration::from_millis(100));
             let ask_in = self.reach.ask_at(now, self.asked_at).saturating_since(now);
+            let wave_in = self.wave_at.saturating_since(now);
             tokio::select! {
                 job = self.rx.recv() => match job {
                     Some(job) => self.pending.push_back(job),
@@ -423,6 +429,8 @@ impl Task {
                 // applies.
                 () = tokio::time::sleep(ask_in), if !self.elections.is_empty()
                     && (self.conn.is_some() || !self.wanted) => self.ask(),
+                // Sent at the loop's top.
+                () = tokio::time::sleep(wave_in), if !self.elections.is_empty() => {}
             }
         }
     }
@@ -509,38 +517,5 @@ impl Task {
                 let _ = tokio::time::timeout(within.max(CANCEL_BUDGET), canceller.cancel()).await;
             });
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn free(generation: u64) -> Job {
-        Job::WakeLock {
-            election: "jobs".into(),
-            free: Some(generation),
-            reply: oneshot::channel().0,
-        }
-    }
-
-    #[test]
-    fn only_a_release_or_a_live_lock_free_ends_the_gathering() {
-        let release = Job::Release {
-            election: "jobs".into(),
-            instance: "i".into(),
-            heir: None,
-            reply: oneshot::channel().0,
-        };
-        assert!(release.hands_over(3));
-        assert!(free(3).hands_over(3));
-        // Taken on a connection since dropped: freeing it wakes nobody.
-        assert!(!free(2).hands_over(3));
-        let take = Job::WakeLock {
-            election: "jobs".into(),
-            free: None,
-            reply: oneshot::channel().0,
-        };
-        assert!(!take.hands_over(3));
     }
 }

@@ -1,5 +1,5 @@
-//! Sending: a batch's attempts in one call, then its releases and reads,
-//! each under its bound.
+//! Sending: a batch's attempts (and a renewal wave, when one is due) in
+//! one call, then its releases and reads, each under its bound.
 
 use leaderd_core::BootTime;
 use leaderd_store::{ElectionRow, LeaseRequest, Release, Successor};
@@ -10,20 +10,47 @@ use crate::clock::boot_now;
 use super::settle::fail;
 use crate::runtime::roster::Heir;
 
+use super::wave::Renewal;
 use super::{AttemptReply, Failure, Job, Reached, ReleaseReply, Request, Task, RELEASE_CAP};
 
+/// Where an attempt's answer goes: to the loop that sent it, or to the
+/// engine of a lease the wave renewed.
+pub(super) enum Answer {
+    Loop(AttemptReply),
+    Wave(Renewal),
+}
+
+impl Answer {
+    fn send(
+        self,
+        elections: &[std::sync::Arc<crate::runtime::shared::Shared>],
+        result: Result<leaderd_core::Attempt, String>,
+    ) {
+        match self {
+            Answer::Loop(reply) => {
+                let _ = reply.send(result.map_err(|reason| Failure {
+                    reason,
+                    reached: Reached::Database,
+                }));
+            }
+            Answer::Wave(renewal) => renewal.answer(elections, result),
+        }
+    }
+}
+
 impl Task {
-    /// Gathers what is pending (and the renewals it asks for) and sends it.
+    /// Gathers what is pending (and the renewal wave, when due) and sends
+    /// it.
     pub(super) async fn send_batch(&mut self) {
         tokio::task::yield_now().await;
         while let Ok(job) = self.rx.try_recv() {
             self.pending.push_back(job);
         }
-        self.align().await;
         let jobs: Vec<Job> = self.pending.drain(..).collect();
         let mut attempts = Vec::new();
         let mut rest = Vec::new();
         let now = boot_now();
+        let mut queued = vec![false; self.elections.len()];
         for job in jobs {
             match job {
                 // An attempt its loop gave up on is not sent.
@@ -33,8 +60,26 @@ impl Task {
                 Job::Attempt { until, .. } if until <= now => {
                     fail(job, "timed out before it was sent", Reached::Queue);
                 }
-                Job::Attempt { req, until, reply } => attempts.push((req, until, reply)),
+                Job::Attempt { req, until, reply } => {
+                    // Elections are found by index: with thousands of
+                    // them, comparing names pairwise cost a core.
+                    if let Some(&slot) = self.slots.get(&req.election) {
+                        queued[slot] = true;
+                    }
+                    attempts.push((req, until, Answer::Loop(reply)));
+                }
                 other => rest.push(other),
+            }
+        }
+        // The wave's clock is read last, just before the batch goes: the
+        // leases count from here. An election whose loop sent an attempt
+        // of its own is renewed by that one (one row per election in a
+        // statement).
+        let sent_at = boot_now();
+        if self.wave_due(sent_at) {
+            let until = sent_at + self.local_lease;
+            for (req, renewal) in self.wave(sent_at, &queued) {
+                attempts.push((req, until, Answer::Wave(renewal)));
             }
         }
         // The attempts before the releases: a release that stalls (a row
@@ -87,7 +132,7 @@ impl Task {
         }
     }
 
-    pub(super) async fn send_attempts(&mut self, attempts: Vec<(Request, BootTime, AttemptReply)>) {
+    pub(super) async fn send_attempts(&mut self, attempts: Vec<(Request, BootTime, Answer)>) {
         // Cut at the latest deadline among them, not the earliest: a
         // renewal has the whole local lease (a statement cut early loses
         // its place in the server's queue, see `Engine::attempt_timeout`),
@@ -104,20 +149,14 @@ impl Task {
         let answer = tokio::time::timeout(limit, conn.acquire_or_renew_many(&reqs)).await;
         match self.settle(answer, limit, "attempt") {
             Ok(results) => {
-                for ((_, _, reply), result) in attempts.into_iter().zip(results) {
-                    let _ = reply.send(result.map_err(|e| Failure {
-                        reason: e.to_string(),
-                        reached: Reached::Database,
-                    }));
+                for ((_, _, answer), result) in attempts.into_iter().zip(results) {
+                    answer.send(&self.elections, result.map_err(|e| e.to_string()));
                 }
             }
             Err(reason) => {
                 debug!(error = %reason, batch = attempts.len(), "batch failed; dropping the connection");
-                for (_, _, reply) in attempts {
-                    let _ = reply.send(Err(Failure {
-                        reason: reason.clone(),
-                        reached: Reached::Database,
-                    }));
+                for (_, _, answer) in attempts {
+                    answer.send(&self.elections, Err(reason.clone()));
                 }
             }
         }
