@@ -629,22 +629,48 @@ impl Engine {
         self.release(now, Duration::ZERO, fresh_instance)
     }
 
-    /// Feeds the answer to a renewal that the daemon sent for this lease
-    /// among its others (a renewal wave: one statement a renew interval for
-    /// all the leases a daemon holds, so that a leader of thousands of
-    /// elections is not woken for each). As [`Engine::on_attempt`]; while
-    /// the lease lasts after a grant, the waves renew it, and this
-    /// election's own attempts wait (see [`Engine::attempt_due`]) until a
-    /// wave fails it ([`Engine::on_wave_failure`]) or the lease ends.
+    /// Feeds the answer to a renewal of the lease of token `held` that the
+    /// daemon sent among its others (a renewal wave: one statement a renew
+    /// interval for all the leases a daemon holds, so that a leader of
+    /// thousands of elections is not woken for each). While the lease
+    /// lasts after a grant, the waves renew it, and this election's own
+    /// attempts wait (see [`Engine::attempt_due`]) until a wave fails it
+    /// ([`Engine::on_wave_failure`]) or the lease ends.
+    ///
+    /// A grant renews only the lease it was sent for, live at
+    /// `received_at`: the wave runs beside the election's loop, which may
+    /// have stepped down at the deadline meanwhile and then been told not
+    /// to lead (an unhealthy app, a release that found nothing to release).
+    /// Any other grant (that lease ended, or a new token: it had lapsed in
+    /// the database) only makes this election's own attempt due at once,
+    /// which heeds all of that and reports the new term itself. A refusal
+    /// ends the lease as [`Engine::on_attempt`] does.
     pub fn on_wave_renewal(
         &mut self,
         sent_at: BootTime,
         received_at: BootTime,
+        held: i64,
         answer: Attempt,
     ) -> Vec<Event> {
-        let events = self.on_attempt(sent_at, received_at, answer);
-        self.in_waves = matches!(self.role, Role::Leader { .. });
-        events
+        if self.role == Role::ShutDown {
+            return Vec::new();
+        }
+        let live = self
+            .lease(received_at)
+            .is_some_and(|(token, _)| token == held);
+        match answer {
+            Attempt::Granted { token } if live && token == held => {
+                let events = self.on_attempt(sent_at, received_at, answer);
+                self.in_waves = true;
+                events
+            }
+            Attempt::Granted { .. } => {
+                self.in_waves = false;
+                self.next_attempt = self.next_attempt.min(received_at);
+                Vec::new()
+            }
+            refused => self.on_attempt(sent_at, received_at, refused),
+        }
     }
 
     /// A wave's renewal of this lease failed at `now` (or found no
@@ -1414,7 +1440,7 @@ mod tests {
         assert!(e.attempt_due(at(400)));
         assert_eq!(e.next_wakeup(), at(400));
         // ...until a wave renews it: then only its deadline wakes it.
-        let events = e.on_wave_renewal(at(300), at(310), Attempt::Granted { token: 7 });
+        let events = e.on_wave_renewal(at(300), at(310), 7, Attempt::Granted { token: 7 });
         assert_eq!(events, vec![Event::Renewed { token: 7 }]);
         assert!(e.renewed_in_waves());
         assert_eq!(e.lease(at(310)), Some((7, at(300) + lease)));
@@ -1433,7 +1459,7 @@ mod tests {
     fn a_failed_wave_hands_the_renewals_back_to_the_election_at_once() {
         let mut e = engine();
         e.on_attempt(at(0), at(5), Attempt::Granted { token: 7 });
-        e.on_wave_renewal(at(400), at(405), Attempt::Granted { token: 7 });
+        e.on_wave_renewal(at(400), at(405), 7, Attempt::Granted { token: 7 });
         assert!(!e.attempt_due(at(800)));
         assert_eq!(e.on_wave_failure(at(800)), None, "the lease still stands");
         assert!(e.is_leader(at(800)));
@@ -1450,7 +1476,7 @@ mod tests {
     fn a_wave_that_finds_the_lease_taken_ends_it_and_the_waves() {
         let mut e = engine();
         e.on_attempt(at(0), at(5), Attempt::Granted { token: 7 });
-        let events = e.on_wave_renewal(at(400), at(405), refused("pod-b", 8, 1000));
+        let events = e.on_wave_renewal(at(400), at(405), 7, refused("pod-b", 8, 1000));
         assert!(matches!(
             events.as_slice(),
             [Event::Lost {
@@ -1466,10 +1492,73 @@ mod tests {
     }
 
     #[test]
+    fn a_late_wave_grant_never_makes_a_leader_of_an_election_that_stepped_down() {
+        // The wave's renewal, sent at 400, is answered after the deadline
+        // (1150) that the loop stepped down at; meanwhile the app went
+        // unhealthy, which found nothing to release.
+        let mut e = engine();
+        e.on_attempt(at(0), at(5), Attempt::Granted { token: 7 });
+        assert!(matches!(e.poll(at(1150)), Some(Event::Lost { .. })));
+        assert_eq!(e.set_competing(at(1200), false, "inst-a2"), None);
+        let events = e.on_wave_renewal(at(400), at(1300), 7, Attempt::Granted { token: 7 });
+        assert_eq!(events, vec![]);
+        assert!(!e.is_leader(at(1300)));
+        assert!(!e.attempt_due(at(1300)), "not competing");
+        // Competing, the grant only makes its own attempt due at once.
+        let mut e = engine();
+        e.on_attempt(at(0), at(5), Attempt::Granted { token: 7 });
+        e.poll(at(1150));
+        assert_eq!(
+            e.on_wave_renewal(at(400), at(1300), 7, Attempt::Granted { token: 7 }),
+            vec![]
+        );
+        assert!(!e.is_leader(at(1300)));
+        assert!(e.attempt_due(at(1300)));
+    }
+
+    #[test]
+    fn a_wave_grant_of_a_new_term_is_left_to_the_election_to_report() {
+        let mut e = engine();
+        e.on_attempt(at(0), at(5), Attempt::Granted { token: 7 });
+        e.on_wave_renewal(at(400), at(405), 7, Attempt::Granted { token: 7 });
+        // The lease had lapsed in the database: a new token.
+        assert_eq!(
+            e.on_wave_renewal(at(800), at(805), 7, Attempt::Granted { token: 9 }),
+            vec![]
+        );
+        assert!(!e.renewed_in_waves());
+        assert!(e.attempt_due(at(805)));
+        // Its own attempt reports the change of term.
+        assert_eq!(
+            e.on_attempt(at(806), at(810), Attempt::Granted { token: 9 }),
+            vec![
+                Event::Lost {
+                    token: 7,
+                    reason: LossReason::Lapsed,
+                    deadline: at(400) + e.timing().local_lease(),
+                },
+                Event::Acquired { token: 9 }
+            ]
+        );
+    }
+
+    #[test]
+    fn a_wave_answer_after_shutdown_changes_nothing() {
+        let mut e = engine();
+        e.on_attempt(at(0), at(5), Attempt::Granted { token: 7 });
+        e.shutdown(at(300));
+        assert_eq!(
+            e.on_wave_renewal(at(200), at(305), 7, Attempt::Granted { token: 7 }),
+            vec![]
+        );
+        assert!(!e.is_leader(at(305)));
+    }
+
+    #[test]
     fn a_lease_taken_again_by_the_election_is_not_left_to_the_waves() {
         let mut e = engine();
         e.on_attempt(at(0), at(5), Attempt::Granted { token: 7 });
-        e.on_wave_renewal(at(400), at(405), Attempt::Granted { token: 7 });
+        e.on_wave_renewal(at(400), at(405), 7, Attempt::Granted { token: 7 });
         let lease = e.timing().local_lease();
         e.poll(at(400) + lease);
         // Taken again by its own attempt: it renews it itself until a wave

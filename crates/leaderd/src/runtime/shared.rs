@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use leaderd_core::{BootTime, Engine, Event, Timing, View};
-use tracing::debug;
 use tokio::sync::{oneshot, watch, Notify};
+use tracing::debug;
 
 use crate::clock::{boot_now, micros};
 use crate::outputs::metrics::{DaemonMetrics, Metrics};
@@ -153,19 +153,18 @@ impl Shared {
         events
     }
 
-    /// Feeds a renewal wave's answer for this election's lease, renewed
-    /// for `instance` (see `link`): a lone renewal is logged here, anything
-    /// else is left for the loop to report, and the loop woken.
+    /// Feeds a renewal wave's answer for this election's lease of token
+    /// `held`, renewed for `instance` (see `link`): a lone renewal is
+    /// logged here; anything else, a failure included, is left for the
+    /// loop, which is woken.
     pub(crate) fn on_wave_answer(
         &self,
         instance: &str,
+        held: i64,
         sent_at: BootTime,
         answer: Result<leaderd_core::Attempt, String>,
     ) {
         let received_at = boot_now();
-        let took = received_at.saturating_since(sent_at).as_secs_f64();
-        self.daemon_metrics.heartbeat_duration.observe(took);
-        self.daemon_metrics.renewal_duration.observe(took);
         let mut engine = self.engine();
         // Stepped down on purpose since (a new instance): its release
         // follows this renewal on the connection; the answer is the old
@@ -174,12 +173,8 @@ impl Shared {
             return;
         }
         let events: Vec<Event> = match answer {
-            Ok(answer) => engine.on_wave_renewal(sent_at, received_at, answer),
-            Err(reason) => {
-                self.daemon_metrics.heartbeat_errors.inc();
-                debug!(election = %self.election, error = %reason, "renewal wave failed; the election renews itself");
-                engine.on_wave_failure(received_at).into_iter().collect()
-            }
+            Ok(answer) => engine.on_wave_renewal(sent_at, received_at, held, answer),
+            Err(_) => engine.on_wave_failure(received_at).into_iter().collect(),
         };
         if let ([Event::Renewed { token }], false) = (events.as_slice(), self.loop_reports_renewals)
         {
@@ -187,7 +182,6 @@ impl Shared {
             return;
         }
         self.left().extend(events);
-        // A failure leaves the renewal to the loop, whatever the events.
         drop(engine);
         self.wake.notify_one();
     }

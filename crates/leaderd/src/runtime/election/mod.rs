@@ -192,12 +192,15 @@ impl PresenceLink {
     }
 }
 
-/// Closes the loop's inbox when the loop ends (or unwinds).
+/// Closes the loop's inbox when the loop ends (or unwinds), and stops the
+/// engine claiming leadership: a loop that unwound must not be kept leading
+/// by the link's renewals.
 struct ClosedOnDrop(Arc<Shared>);
 
 impl Drop for ClosedOnDrop {
     fn drop(&mut self) {
         self.0.control.close();
+        self.0.engine().shutdown(boot_now());
     }
 }
 

@@ -3,7 +3,7 @@
 
 use leaderd_core::BootTime;
 use leaderd_store::{ElectionRow, LeaseRequest, Release, Successor};
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::clock::boot_now;
 
@@ -155,6 +155,16 @@ impl Task {
             }
             Err(reason) => {
                 debug!(error = %reason, batch = attempts.len(), "batch failed; dropping the connection");
+                let renewals = attempts
+                    .iter()
+                    .filter(|(_, _, a)| matches!(a, Answer::Wave(_)))
+                    .count();
+                // Once for the wave, not once per lease: each election
+                // retries its own renewal at once, and logs it if that
+                // fails too.
+                if renewals > 0 {
+                    warn!(error = %reason, leases = renewals, "renewing the leases this replica holds failed; each election retries on its own");
+                }
                 for (_, _, answer) in attempts {
                     answer.send(&self.elections, Err(reason.clone()));
                 }

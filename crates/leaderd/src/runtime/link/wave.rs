@@ -7,27 +7,37 @@
 //! changes something (a loss, a failure, a flag file to rewrite). A lease
 //! just taken is renewed by its own loop until the next wave takes it up.
 
-use leaderd_core::BootTime;
+use std::sync::Arc;
 
+use leaderd_core::{Attempt, BootTime};
+
+use crate::clock::boot_now;
 use crate::runtime::shared::Shared;
 
 use super::{Request, Task};
 
-/// A lease renewed in a wave: whose, as which instance, and since when.
+/// A lease renewed in a wave: whose, as which instance and token, and
+/// since when.
 pub(super) struct Renewal {
     slot: usize,
     instance: String,
+    held: i64,
     sent_at: BootTime,
 }
 
 impl Renewal {
-    /// Feeds the answer to the election's engine.
-    pub(super) fn answer(
-        self,
-        elections: &[std::sync::Arc<Shared>],
-        answer: Result<leaderd_core::Attempt, String>,
-    ) {
-        elections[self.slot].on_wave_answer(&self.instance, self.sent_at, answer);
+    /// Feeds the answer to the election's engine, and times it as a loop
+    /// times its own renewals.
+    pub(super) fn answer(self, elections: &[Arc<Shared>], answer: Result<Attempt, String>) {
+        let shared = &elections[self.slot];
+        let took = boot_now().saturating_since(self.sent_at).as_secs_f64();
+        let metrics = &shared.daemon_metrics;
+        metrics.heartbeat_duration.observe(took);
+        metrics.renewal_duration.observe(took);
+        if answer.is_err() {
+            metrics.heartbeat_errors.inc();
+        }
+        shared.on_wave_answer(&self.instance, self.held, self.sent_at, answer);
     }
 }
 
@@ -44,13 +54,15 @@ impl Task {
         self.wave_at = sent_at + self.renew_every;
         let mut wave = Vec::new();
         for (slot, shared) in self.elections.iter().enumerate() {
-            if queued[slot] {
+            // A loop that has not gone round for that long is stuck: its
+            // lease runs out at its deadline, as it would have before.
+            if queued[slot] || !shared.healthy() {
                 continue;
             }
             let engine = shared.engine();
-            if engine.lease(sent_at).is_none() {
+            let Some((held, _)) = engine.lease(sent_at) else {
                 continue;
-            }
+            };
             let req = Request::new(shared, &engine, sent_at);
             let instance = req.instance.clone();
             wave.push((
@@ -58,6 +70,7 @@ impl Task {
                 Renewal {
                     slot,
                     instance,
+                    held,
                     sent_at,
                 },
             ));
@@ -66,18 +79,20 @@ impl Task {
     }
 
     /// A wave due with no connection: each lease it renews goes back to
-    /// its loop, whose attempt asks for a connection and retries on it.
+    /// its loop, whose attempt asks for a connection and retries on it
+    /// (and is counted and timed there: this one reached nothing).
     pub(super) fn wave_unconnected(&mut self, now: BootTime) {
         self.wave_at = now + self.renew_every;
         for shared in &self.elections {
-            let instance = {
+            let (instance, held) = {
                 let engine = shared.engine();
-                if !engine.renewed_in_waves() || engine.lease(now).is_none() {
+                let Some((held, _)) = engine.lease(now).filter(|_| engine.renewed_in_waves())
+                else {
                     continue;
-                }
-                engine.instance().to_owned()
+                };
+                (engine.instance().to_owned(), held)
             };
-            shared.on_wave_answer(&instance, now, Err("no connection".into()));
+            shared.on_wave_answer(&instance, held, now, Err("no connection".into()));
         }
     }
 }
