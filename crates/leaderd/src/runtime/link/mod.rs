@@ -217,9 +217,12 @@ impl Link {
                 .map(|(i, s)| (s.election.clone(), i))
                 .collect(),
             wave_at: boot_now(),
-            renew_every: elections
-                .first()
-                .map_or(Duration::ZERO, |s| s.timing.renew_every()),
+            wave_every: elections.first().map_or(Duration::ZERO, |s| {
+                s.timing
+                    .wave_every(leaderd_core::Timing::wave_groups(elections.len()))
+            }),
+            wave_groups: leaderd_core::Timing::wave_groups(elections.len()),
+            wave_turn: 0,
             local_lease: elections
                 .first()
                 .map_or(Duration::ZERO, |s| s.timing.local_lease()),
@@ -382,9 +385,13 @@ struct Task {
     elections: Vec<Arc<Shared>>,
     /// Each election's index in `elections`.
     slots: HashMap<String, usize>,
-    /// When the next renewal wave is due (see `wave`), and how often.
+    /// When the next renewal wave is due (see `wave`), how often one
+    /// goes, into how many groups the elections are split (one renewed a
+    /// wave), and how many waves went.
     wave_at: BootTime,
-    renew_every: Duration,
+    wave_every: Duration,
+    wave_groups: usize,
+    wave_turn: usize,
     /// A wave's renewals are cut at the lease they would grant, as a
     /// loop's are ([`leaderd_core::Engine::attempt_timeout`]).
     local_lease: Duration,

@@ -6,10 +6,15 @@
 //! wake-up of their loops: a loop wakes for its deadline, or when an answer
 //! changes something (a loss, a failure, a flag file to rewrite). A lease
 //! just taken is renewed by its own loop until the next wave takes it up.
+//! The elections are split into groups ([`Timing::wave_groups`]), renewed
+//! one group a wave, a group each [`Timing::wave_every`], so that no
+//! statement carries more than a share of the leases.
 
 use std::sync::Arc;
 
 use leaderd_core::{Attempt, BootTime};
+#[cfg(doc)]
+use leaderd_core::Timing;
 
 use crate::clock::boot_now;
 use crate::runtime::shared::Shared;
@@ -51,12 +56,15 @@ impl Task {
     /// before the batch is sent), but those whose loop already sent one in
     /// this batch (`queued`, by slot).
     pub(super) fn wave(&mut self, sent_at: BootTime, queued: &[bool]) -> Vec<(Request, Renewal)> {
-        self.wave_at = sent_at + self.renew_every;
+        self.wave_at = sent_at + self.wave_every;
+        let groups = self.wave_groups;
+        let group = self.wave_turn % groups;
+        self.wave_turn = self.wave_turn.wrapping_add(1);
         let mut wave = Vec::new();
         for (slot, shared) in self.elections.iter().enumerate() {
             // A loop that has not gone round for that long is stuck: its
             // lease runs out at its deadline, as it would have before.
-            if queued[slot] || !shared.healthy() {
+            if slot % groups != group || queued[slot] || !shared.healthy() {
                 continue;
             }
             let engine = shared.engine();
@@ -82,7 +90,7 @@ impl Task {
     /// its loop, whose attempt asks for a connection and retries on it
     /// (and is counted and timed there: this one reached nothing).
     pub(super) fn wave_unconnected(&mut self, now: BootTime) {
-        self.wave_at = now + self.renew_every;
+        self.wave_at = now + self.wave_every;
         for shared in &self.elections {
             let (instance, held) = {
                 let engine = shared.engine();

@@ -1,0 +1,1 @@
+DROP INDEX IF EXISTS service_leader_lock_name_c;
