@@ -12,9 +12,9 @@
 
 use std::sync::Arc;
 
-use leaderd_core::{Attempt, BootTime};
 #[cfg(doc)]
 use leaderd_core::Timing;
+use leaderd_core::{Attempt, BootTime};
 
 use crate::clock::boot_now;
 use crate::runtime::shared::Shared;
