@@ -1291,111 +1291,6 @@ mod postgres_only {
         assert_eq!(scalar(&db.url, FILLFACTOR), "fillfactor=70");
     }
 
-    const NAME_INDEX: &str = "(to_regclass('service_leader_lock_name_c') IS NOT NULL)::text";
-
-    #[tokio::test]
-    async fn listings_by_prefix_find_their_rows_by_an_index_on_new_and_old_installs() {
-        let db = TempDb::postgres();
-        let mut c = migrated(&db.url).await;
-        assert_eq!(scalar(&db.url, NAME_INDEX), "true");
-        // Whatever the characters: the listing's range is in byte order.
-        let names = [
-            "job-1",
-            "job-10",
-            "job-2",
-            "jobs",
-            "job-\u{10ffff}",
-            "job\u{7f}",
-            "jo",
-            "leaderd-presence/slot-0",
-            "ä-1",
-            "\u{10ffff}x",
-        ];
-        for name in names {
-            acquire(&mut c, &req(name, "a", "ia"), Duration::from_secs(3)).await;
-        }
-        for prefix in [
-            "job-",
-            "job",
-            "",
-            "ä",
-            "\u{10ffff}",
-            "leaderd-presence/",
-            "job-1",
-            "zzz",
-        ] {
-            let mut want: Vec<&str> = names
-                .iter()
-                .copied()
-                .filter(|n| n.starts_with(prefix))
-                .collect();
-            let mut got: Vec<String> = c
-                .elections(prefix)
-                .await
-                .unwrap()
-                .into_iter()
-                .map(|r| r.name)
-                .collect();
-            want.sort_unstable();
-            got.sort_unstable();
-            assert_eq!(got, want, "{prefix:?}");
-        }
-        // Among thousands of elections, the listing reads the index (its
-        // counter in the statistics, which a session reports within a
-        // second or two of going idle).
-        pg_exec(
-            &db.url,
-            &[
-                "INSERT INTO service_leader_lock (name, token, expires_at) \
-                 SELECT 'bulk-' || i, 1, now() FROM generate_series(1, 5000) i",
-                "ANALYZE service_leader_lock",
-            ],
-        );
-        let index_scans = "(SELECT idx_scan FROM pg_stat_user_indexes \
-             WHERE indexrelname = 'service_leader_lock_name_c')";
-        let before: i64 = scalar(&db.url, index_scans).parse().unwrap();
-        for _ in 0..10 {
-            assert_eq!(c.elections("leaderd-presence/").await.unwrap().len(), 1);
-        }
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while scalar(&db.url, index_scans).parse::<i64>().unwrap() < before + 10 {
-            assert!(
-                Instant::now() < deadline,
-                "the listing did not use the index: {before} scans before, {} now",
-                scalar(&db.url, index_scans)
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        // Made by an earlier version: made at the next migrate, but not
-        // while someone holds a lock the index needs (no wait beyond a
-        // moment; tried again later).
-        pg_exec(&db.url, &["DROP INDEX service_leader_lock_name_c"]);
-        {
-            use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
-            let mut holder = AsyncPgConnection::establish(&db.url).await.unwrap();
-            holder
-                .batch_execute(
-                    "BEGIN; LOCK TABLE service_leader_lock IN SHARE UPDATE EXCLUSIVE MODE",
-                )
-                .await
-                .unwrap();
-            let migrating = connect(&db.url).await.migrate();
-            let answer = tokio::time::timeout(Duration::from_secs(5), migrating)
-                .await
-                .expect("migrate waited on the table's lock");
-            assert_eq!(answer.unwrap(), Migrated::UpToDate);
-            assert_eq!(scalar(&db.url, NAME_INDEX), "false");
-        }
-        assert_eq!(
-            connect(&db.url).await.migrate().await.unwrap(),
-            Migrated::UpToDate
-        );
-        assert_eq!(scalar(&db.url, NAME_INDEX), "true");
-        // Without it, listings are what they were.
-        pg_exec(&db.url, &["DROP INDEX service_leader_lock_name_c"]);
-        assert_eq!(c.elections("job-").await.unwrap().len(), 4);
-    }
-
     #[tokio::test]
     async fn release_notifies_listeners() {
         let db = TempDb::postgres();
@@ -1479,7 +1374,6 @@ mod postgres_only {
             &db.url,
             &[
                 "ALTER TABLE service_leader_lock RESET (fillfactor)",
-                "DROP INDEX service_leader_lock_name_c",
                 "DROP FUNCTION leaderd_fence(VARCHAR, BIGINT, INTERVAL)",
             ],
         );
@@ -1488,13 +1382,6 @@ mod postgres_only {
             Migrated::UpToDate
         );
         assert_eq!(scalar(&db.url, FILLFACTOR), "");
-        assert_eq!(scalar(&db.url, NAME_INDEX), "false");
-        assert!(connect(&as_role)
-            .await
-            .elections("")
-            .await
-            .unwrap()
-            .is_empty());
         assert_eq!(
             scalar(
                 &db.url,

@@ -161,6 +161,67 @@ impl Timing {
     }
 }
 
+/// When each group of a daemon's leases is renewed (see
+/// [`Timing::wave_groups`]): one group a turn, a turn every
+/// [`Timing::wave_every`], on a fixed schedule. A turn that comes late (the
+/// connection was busy) delays its group by that much alone, and every
+/// group whose turn has come goes at once, so no group waits more than a
+/// renew interval plus that delay. Timed from each send instead, the delays
+/// of all the groups' turns added up before a group came round again.
+#[derive(Debug, Clone)]
+pub struct WaveSchedule {
+    next: BootTime,
+    turn: usize,
+    every: Duration,
+    groups: usize,
+}
+
+impl WaveSchedule {
+    /// `groups` groups, a turn every `every`, the first at `first`.
+    pub fn new(first: BootTime, every: Duration, groups: usize) -> Self {
+        Self {
+            next: first,
+            turn: 0,
+            every,
+            groups: groups.max(1),
+        }
+    }
+
+    /// When the next turn comes.
+    pub fn next(&self) -> BootTime {
+        self.next
+    }
+
+    /// The groups whose turn has come by `now` (by group), taken. Behind by
+    /// a whole round, every group's turn has come, and the schedule starts
+    /// again from `now`.
+    pub fn take_due(&mut self, now: BootTime) -> Vec<bool> {
+        let mut due = vec![false; self.groups];
+        let mut taken = 0;
+        while taken < self.groups && self.next <= now {
+            due[self.turn % self.groups] = true;
+            self.turn = self.turn.wrapping_add(1);
+            self.next = self.next + self.every;
+            taken += 1;
+        }
+        if self.next <= now {
+            self.next = now + self.every;
+        }
+        due
+    }
+
+    /// Nothing could be sent at `now` (no connection): the next turn a
+    /// step from now, the turns as they were.
+    pub fn put_off(&mut self, now: BootTime) {
+        self.next = now + self.every;
+    }
+
+    /// Into how many groups the leases are split.
+    pub fn groups(&self) -> usize {
+        self.groups
+    }
+}
+
 /// The elections whose leases one renewal statement carries at most: with
 /// three replicas sharing them, a third of these each (measured: a
 /// statement of 3,333 renewals took 30–35 ms on average on a 2-core
@@ -227,6 +288,32 @@ mod tests {
         // where it does not divide).
         assert!(t.wave_every(15) * 15 <= MS(400));
         assert!(t.wave_every(15) * 15 > MS(400) - Duration::from_micros(1));
+    }
+
+    #[test]
+    fn each_group_comes_round_once_a_renew_interval_whatever_the_delays() {
+        let at = |ms: u64| BootTime::from_since_boot(MS(ms));
+        let mut w = WaveSchedule::new(at(0), MS(80), 5);
+        assert_eq!(w.take_due(at(0)), [true, false, false, false, false]);
+        assert_eq!(w.next(), at(80));
+        // Not yet.
+        assert_eq!(w.take_due(at(79)), [false; 5]);
+        // A turn 30 ms late moves nothing after it.
+        assert_eq!(w.take_due(at(110)), [false, true, false, false, false]);
+        assert_eq!(w.next(), at(160));
+        // Two turns overdue (a slow batch): both groups go together.
+        assert_eq!(w.take_due(at(250)), [false, false, true, true, false]);
+        assert_eq!(w.next(), at(320));
+        assert_eq!(w.take_due(at(320)), [false, false, false, false, true]);
+        // Group 0 again, 400 ms after its first turn.
+        assert_eq!(w.take_due(at(400)), [true, false, false, false, false]);
+        // Held up for more than a round: every group now, then from there.
+        assert_eq!(w.take_due(at(2_000)), [true; 5]);
+        assert_eq!(w.next(), at(2_080));
+        // No connection: put off a step, the turns unchanged.
+        w.put_off(at(2_100));
+        assert_eq!(w.next(), at(2_180));
+        assert_eq!(w.take_due(at(2_180)), [false, true, false, false, false]);
     }
 
     #[test]

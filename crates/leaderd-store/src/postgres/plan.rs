@@ -15,7 +15,7 @@ pub(super) const STEPS: &[&str] = &[
         "../../../../migrations/postgres/2026-11-22-000000_create_service_leader_lock/up.sql"
     ),
     include_str!("../../../../migrations/postgres/2026-11-24-000000_token_floor/up.sql"),
-    POSTGRES_TUNE,
+    POSTGRES_FILLFACTOR,
 ];
 
 /// [`FENCE`]'s check, as a literal: the plan asks it together with
@@ -92,14 +92,11 @@ pub(super) const HISTORY: BestEffort = BestEffort::history(
     Some("leaderd_history"),
 );
 
-/// The last PostgreSQL steps, also run on their own when the schema is
-/// already current: they tune a table earlier versions made (room for
-/// renewals on each page, an index for listings by prefix), and never fail
-/// nor wait (see the files).
-pub(super) const POSTGRES_TUNE: &str = concat!(
-    include_str!("../../../../migrations/postgres/2026-11-25-000000_fillfactor/up.sql"),
-    include_str!("../../../../migrations/postgres/2026-12-06-000000_name_prefix_index/up.sql")
-);
+/// The last PostgreSQL step, also run on its own when the schema is
+/// already current: it tunes a table earlier versions made, and never fails
+/// nor waits (see the file).
+pub(super) const POSTGRES_FILLFACTOR: &str =
+    include_str!("../../../../migrations/postgres/2026-11-25-000000_fillfactor/up.sql");
 
 /// Whether a column of the lock table is there, as a literal per backend,
 /// so that the plans ask it in their one check.
@@ -254,7 +251,7 @@ pub(super) const MIGRATION: migrate::Plan = migrate::Plan {
     unlock: "COMMIT",
     steps: STEPS,
     columns: &[POSTGRES_SUCCESSOR, POSTGRES_ADDRESS],
-    tune: Some(POSTGRES_TUNE),
+    tune: Some(POSTGRES_FILLFACTOR),
     // Touched only when it is a plain table of this user's (or a
     // superuser's): the cleanup runs with this user's rights, and a trigger
     // or policy another role put on it would run with them.

@@ -209,11 +209,7 @@ pub(super) const RELEASE_MANY_TYPES: &[Type] = &[
     Type::INT8_ARRAY,
 ];
 
-/// The rows whose name starts with the first bind (every row for `''`);
-/// the second is [`prefix_end`] of it. The range in byte order lets the
-/// index over the names in the "C" collation (`service_leader_lock_name_c`)
-/// find them without reading the others; without that index the same rows
-/// come from a scan of the table.
+/// The rows whose name starts with the bind (every row for `''`).
 pub(super) const ELECTIONS: &str = "SELECT name, holder, token, \
     (EXTRACT(EPOCH FROM expires_at OPERATOR(pg_catalog.-) pg_catalog.now()) \
      OPERATOR(pg_catalog.*) 1000000)::bigint, instance, \
@@ -221,30 +217,7 @@ pub(super) const ELECTIONS: &str = "SELECT name, holder, token, \
       (EXTRACT(EPOCH FROM pg_catalog.now() OPERATOR(pg_catalog.-) acquired_at) \
        OPERATOR(pg_catalog.*) 1000000)::bigint END, \
     CASE WHEN address_instance OPERATOR(pg_catalog.=) instance THEN address END \
-    FROM {t} WHERE name COLLATE pg_catalog.\"C\" OPERATOR(pg_catalog.>=) $1 \
-      AND name COLLATE pg_catalog.\"C\" OPERATOR(pg_catalog.<) $2 \
-      AND pg_catalog.starts_with(name COLLATE pg_catalog.\"C\", $1) ORDER BY name";
-
-/// The least string above every string that starts with `prefix`, in byte
-/// order (the "C" collation; UTF-8's byte order is its characters' order):
-/// `prefix` with its last character raised by one, after dropping trailing
-/// characters that cannot be. For `""` (or only such characters), 101 of
-/// the highest character: above every name the column holds (100 at most).
-pub(super) fn prefix_end(prefix: &str) -> String {
-    let mut chars: Vec<char> = prefix.chars().collect();
-    while let Some(last) = chars.pop() {
-        // The surrogates are no characters: the one after U+D7FF is U+E000.
-        let next = match u32::from(last) + 1 {
-            0xD800 => Some('\u{E000}'),
-            n => char::from_u32(n),
-        };
-        if let Some(next) = next {
-            chars.push(next);
-            return chars.into_iter().collect();
-        }
-    }
-    std::iter::repeat_n(char::MAX, 101).collect()
-}
+    FROM {t} WHERE pg_catalog.starts_with(name COLLATE \"C\", $1) ORDER BY name";
 
 /// The takeover's and the release's path run once and undone (see
 /// `warm_up`): a row of this connection's own (named after its backend, so
@@ -393,30 +366,6 @@ SELECT h.name, h.token, h.holder, h.instance, h.address, h.began_how,
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_prefix_ends_where_byte_order_leaves_it() {
-        assert_eq!(prefix_end("leaderd-presence/"), "leaderd-presence0");
-        assert_eq!(prefix_end("job-0001"), "job-0002");
-        // Byte order is the characters' order in UTF-8, across widths.
-        assert_eq!(prefix_end("a\u{7f}"), "a\u{80}");
-        assert_eq!(prefix_end("a\u{d7ff}"), "a\u{e000}");
-        assert_eq!(prefix_end("ab\u{10ffff}"), "ac");
-        let highest: String = std::iter::repeat_n(char::MAX, 101).collect();
-        assert_eq!(prefix_end(""), highest);
-        assert_eq!(prefix_end("\u{10ffff}"), highest);
-        // Every name that starts with the prefix is below its end, and the
-        // end is above the prefix, in byte order.
-        for (prefix, name) in [
-            ("job-", "job-\u{10ffff}\u{10ffff}"),
-            ("a\u{7f}", "a\u{7f}\u{10ffff}"),
-            ("", &*"\u{10ffff}".repeat(100)),
-        ] {
-            let end = prefix_end(prefix);
-            assert!(name.as_bytes() < end.as_bytes(), "{prefix:?} {name:?}");
-            assert!(prefix.as_bytes() < end.as_bytes());
-        }
-    }
 
     #[test]
     fn the_warm_up_row_is_named_with_the_reserved_prefix() {

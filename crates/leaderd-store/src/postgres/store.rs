@@ -219,13 +219,8 @@ impl PgStore {
 
     pub(crate) async fn elections(&mut self, prefix: &str) -> Result<Vec<ElectionRow>, StoreError> {
         self.trusted()?;
-        let end = super::statements::prefix_end(prefix);
         let rows = self
-            .query(
-                self.stmts.elections,
-                &[Type::VARCHAR, Type::VARCHAR],
-                &[&prefix, &end],
-            )
+            .query(self.stmts.elections, &[Type::VARCHAR], &[&prefix])
             .await?;
         rows.iter()
             .map(|r| Ok(ElectionRow::from(RowParts::from_row(r)?)))

@@ -216,13 +216,13 @@ impl Link {
                 .enumerate()
                 .map(|(i, s)| (s.election.clone(), i))
                 .collect(),
-            wave_at: boot_now(),
-            wave_every: elections.first().map_or(Duration::ZERO, |s| {
-                s.timing
-                    .wave_every(leaderd_core::Timing::wave_groups(elections.len()))
-            }),
-            wave_groups: leaderd_core::Timing::wave_groups(elections.len()),
-            wave_turn: 0,
+            waves: {
+                let groups = leaderd_core::Timing::wave_groups(elections.len());
+                let every = elections
+                    .first()
+                    .map_or(Duration::ZERO, |s| s.timing.wave_every(groups));
+                leaderd_core::WaveSchedule::new(boot_now(), every, groups)
+            },
             local_lease: elections
                 .first()
                 .map_or(Duration::ZERO, |s| s.timing.local_lease()),
@@ -385,13 +385,8 @@ struct Task {
     elections: Vec<Arc<Shared>>,
     /// Each election's index in `elections`.
     slots: HashMap<String, usize>,
-    /// When the next renewal wave is due (see `wave`), how often one
-    /// goes, into how many groups the elections are split (one renewed a
-    /// wave), and how many waves went.
-    wave_at: BootTime,
-    wave_every: Duration,
-    wave_groups: usize,
-    wave_turn: usize,
+    /// When each group of the elections' leases is renewed (see `wave`).
+    waves: leaderd_core::WaveSchedule,
     /// A wave's renewals are cut at the lease they would grant, as a
     /// loop's are ([`leaderd_core::Engine::attempt_timeout`]).
     local_lease: Duration,
@@ -423,7 +418,7 @@ impl Task {
                 .map(|at| at.saturating_since(now))
                 .unwrap_or(Duration::from_millis(100));
             let ask_in = self.reach.ask_at(now, self.asked_at).saturating_since(now);
-            let wave_in = self.wave_at.saturating_since(now);
+            let wave_in = self.waves.next().saturating_since(now);
             tokio::select! {
                 job = self.rx.recv() => match job {
                     Some(job) => self.pending.push_back(job),

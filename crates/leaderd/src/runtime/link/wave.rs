@@ -7,14 +7,14 @@
 //! changes something (a loss, a failure, a flag file to rewrite). A lease
 //! just taken is renewed by its own loop until the next wave takes it up.
 //! The elections are split into groups ([`Timing::wave_groups`]), renewed
-//! one group a wave, a group each [`Timing::wave_every`], so that no
+//! one group a turn, on the schedule of a [`WaveSchedule`], so that no
 //! statement carries more than a share of the leases.
 
 use std::sync::Arc;
 
-#[cfg(doc)]
-use leaderd_core::Timing;
 use leaderd_core::{Attempt, BootTime};
+#[cfg(doc)]
+use leaderd_core::{Timing, WaveSchedule};
 
 use crate::clock::boot_now;
 use crate::runtime::shared::Shared;
@@ -49,22 +49,20 @@ impl Renewal {
 impl Task {
     /// Whether a wave is due at `now`.
     pub(super) fn wave_due(&self, now: BootTime) -> bool {
-        !self.elections.is_empty() && now >= self.wave_at
+        !self.elections.is_empty() && now >= self.waves.next()
     }
 
     /// The wave due: a renewal of every lease held at `sent_at` (read just
-    /// before the batch is sent), but those whose loop already sent one in
-    /// this batch (`queued`, by slot).
+    /// before the batch is sent) in the groups whose turn has come, but
+    /// those whose loop already sent one in this batch (`queued`, by slot).
     pub(super) fn wave(&mut self, sent_at: BootTime, queued: &[bool]) -> Vec<(Request, Renewal)> {
-        self.wave_at = sent_at + self.wave_every;
-        let groups = self.wave_groups;
-        let group = self.wave_turn % groups;
-        self.wave_turn = self.wave_turn.wrapping_add(1);
+        let groups = self.waves.groups();
+        let due = self.waves.take_due(sent_at);
         let mut wave = Vec::new();
         for (slot, shared) in self.elections.iter().enumerate() {
             // A loop that has not gone round for that long is stuck: its
             // lease runs out at its deadline, as it would have before.
-            if slot % groups != group || queued[slot] || !shared.healthy() {
+            if !due[slot % groups] || queued[slot] || !shared.healthy() {
                 continue;
             }
             let engine = shared.engine();
@@ -90,7 +88,7 @@ impl Task {
     /// its loop, whose attempt asks for a connection and retries on it
     /// (and is counted and timed there: this one reached nothing).
     pub(super) fn wave_unconnected(&mut self, now: BootTime) {
-        self.wave_at = now + self.wave_every;
+        self.waves.put_off(now);
         for shared in &self.elections {
             let (instance, held) = {
                 let engine = shared.engine();

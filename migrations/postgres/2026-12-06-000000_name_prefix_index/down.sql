@@ -1,1 +1,0 @@
-DROP INDEX IF EXISTS service_leader_lock_name_c;
