@@ -6,9 +6,9 @@
 //! in one call ([`Connection::acquire_or_renew_many`], on PostgreSQL one
 //! statement for all renewals), the releases in another, while the next
 //! batch gathers behind it. Once a renew interval the task renews every
-//! lease the daemon holds itself, in the next batch (see `wave`), so a
-//! leader of E elections sends one renewal statement per renew interval
-//! and its elections' loops are not woken for it.
+//! lease the daemon holds itself, a group of elections at a time (see
+//! `wave`), so a leader sends one renewal statement per renew interval for
+//! each group, and its elections' loops are not woken for it.
 //!
 //! On MySQL the leader's wake-up locks are held on this connection too (see
 //! `wakeups::keep_presence`), taken and freed after the batch's releases,

@@ -2,8 +2,8 @@
 //! daemon holds, in the batch it sends next (on PostgreSQL one statement),
 //! the boot clock read just before it goes, and feeds each answer to its
 //! election's engine itself ([`Shared::on_wave_answer`]). A leader of
-//! thousands of elections then costs one statement a renew interval and no
-//! wake-up of their loops: a loop wakes for its deadline, or when an answer
+//! thousands of elections then costs one statement a renew interval per
+//! group (below) and no wake-up of their loops: a loop wakes for its deadline, or when an answer
 //! changes something (a loss, a failure, a flag file to rewrite). A lease
 //! just taken is renewed by its own loop until the next wave takes it up.
 //! The elections are split into groups ([`Timing::wave_groups`]), renewed
