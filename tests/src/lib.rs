@@ -391,7 +391,12 @@ impl Drop for TempDb {
     }
 }
 
-/// Ends every MySQL/MariaDB session using database `name`.
+/// Ends every idle MySQL/MariaDB session using database `name` (one left
+/// in a transaction holds its locks while it sleeps). Idle ones only: while
+/// a statement runs, the process list may name another database as its
+/// own (MariaDB shows the database whose triggers a statement is loading,
+/// as a look at `information_schema` does), and another test's session
+/// would be killed mid-statement.
 fn kill_sessions_in(admin: &str, name: &str) {
     let (admin, name) = (admin.to_owned(), name.to_owned());
     block_on(async move {
@@ -402,7 +407,7 @@ fn kill_sessions_in(admin: &str, name: &str) {
         let ids: Vec<u64> = c
             .exec(
                 "SELECT id FROM information_schema.processlist \
-                 WHERE db = ? AND id <> CONNECTION_ID()",
+                 WHERE db = ? AND command = 'Sleep' AND id <> CONNECTION_ID()",
                 (name,),
             )
             .await
