@@ -577,6 +577,15 @@ pub fn cpu_ticks(pid: i32) -> Option<u64> {
     stat_ticks(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
 
+/// The first process whose command is `name` (as `/proc/PID/comm` says).
+pub fn pid_of(name: &str) -> Option<i32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
+        (comm.trim() == name).then_some(pid)
+    })
+}
+
 /// [`cpu_ticks`] of one thread `tid` of process `pid` (e.g. the server
 /// thread that serves one session).
 pub fn thread_cpu_ticks(pid: i32, tid: i32) -> Option<u64> {

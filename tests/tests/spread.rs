@@ -436,14 +436,6 @@ fn three_thousand_elections_on_sqlite_are_taken_over_at_once() {
 }
 
 /// The id of the running process whose command name is `name`.
-fn pid_of(name: &str) -> Option<i32> {
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
-        let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
-        (comm.trim() == name).then_some(pid)
-    })
-}
-
 /// A daemon with two elections on MariaDB, idle (leading both), in a lock
 /// table that also holds 20,000 other apps' elections: its look at the
 /// leaders' wake-up locks reads no row of the table (only its own
@@ -477,8 +469,8 @@ fn an_idle_daemon_costs_mysql_nothing_beside_twenty_thousand_other_rows() {
         db.scalar("SELECT COUNT(*) FROM service_leader_lock WHERE name LIKE 'other-app-%'"),
         "20000"
     );
-    let server = pid_of("mariadbd")
-        .or_else(|| pid_of("mysqld"))
+    let server = leaderd_tests::pid_of("mariadbd")
+        .or_else(|| leaderd_tests::pid_of("mysqld"))
         .expect("the server's pid");
     // What the daemon's own sessions cost the server: the CPU of the server
     // threads that serve them (one thread per connection; PROCESSLIST names

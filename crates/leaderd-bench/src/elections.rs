@@ -1,16 +1,19 @@
-//! Several elections per daemon: three daemons on one PostgreSQL, each
-//! running the same N elections (spread across them), for N = 1, 10, 100,
-//! 1,000 and on to 30,000 (past where the attempts' p99 passes 50 ms). Measured once
-//! the elections are spread, over a window: statements the database commits
-//! per second, the CPU its backends serving the daemons use, the p99 of the
-//! daemons' attempts and of their renewals alone (from their `/metrics`
-//! histograms), and each daemon's RSS (one daemon's memory per election
-//! alone: `memory`).
+//! Several elections per daemon: three daemons on one PostgreSQL (or, with
+//! `LEADERD_BENCH_BACKEND=mysql`, the local MariaDB), each running the same
+//! N elections (spread across them), for N = 1, 10, 100, 1,000 and on to
+//! 30,000 (past where the attempts' p99 passes 50 ms). Measured once the
+//! elections are spread, over a window: statements the database commits
+//! per second, the CPU the server spends on the daemons' sessions, the p99
+//! of the daemons' attempts and of their renewals alone (from their
+//! `/metrics` histograms), and each daemon's RSS (one daemon's memory per
+//! election alone: `memory`).
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use leaderd_tests::{cpu_ticks, http_get, status_kib, Daemon, Scratch, TempDb};
+use leaderd_tests::{
+    cpu_ticks, http_get, pid_of, status_kib, thread_cpu_ticks, Daemon, Scratch, TempDb,
+};
 
 use crate::size::Size;
 
@@ -137,27 +140,92 @@ fn p99_between(before: &[(f64, f64)], after: &[(f64, f64)]) -> (f64, f64) {
     (f64::NAN, within_50ms)
 }
 
-/// The server processes serving the daemons' connections.
-fn backends(db: &TempDb) -> Vec<i32> {
-    db.scalar(
-        "SELECT coalesce(string_agg(pid::text, ','), '') FROM pg_stat_activity \
-         WHERE datname = current_database() AND application_name = 'leaderd'",
-    )
-    .split(',')
-    .filter_map(|p| p.parse().ok())
-    .collect()
+/// Which server the part runs on (`LEADERD_BENCH_BACKEND`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Server {
+    Postgres,
+    Mariadb,
 }
 
-fn commits(db: &TempDb) -> u64 {
-    db.scalar("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
-        .parse()
-        .unwrap_or(0)
+impl Server {
+    fn from_env() -> Result<Self> {
+        match std::env::var("LEADERD_BENCH_BACKEND").as_deref() {
+            Err(_) | Ok("postgres") => Ok(Self::Postgres),
+            Ok("mysql") => Ok(Self::Mariadb),
+            Ok(other) => anyhow::bail!("LEADERD_BENCH_BACKEND: postgres or mysql, not {other:?}"),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Postgres => "PostgreSQL",
+            Self::Mariadb => "MariaDB",
+        }
+    }
+
+    fn database(self) -> TempDb {
+        match self {
+            Self::Postgres => TempDb::postgres(),
+            Self::Mariadb => TempDb::mysql(),
+        }
+    }
+
+    /// The CPU ticks of what serves the daemons' sessions, as a closure
+    /// over the sessions open now: PostgreSQL's backend processes, or
+    /// MariaDB's threads (one per connection; the server's own purging and
+    /// flushing are not the daemons').
+    fn sessions_cpu(self, db: &TempDb) -> Box<dyn Fn() -> u64> {
+        match self {
+            Self::Postgres => {
+                let pids: Vec<i32> = list(&db.scalar(
+                    "SELECT coalesce(string_agg(pid::text, ','), '') FROM pg_stat_activity \
+                     WHERE datname = current_database() AND application_name = 'leaderd'",
+                ));
+                Box::new(move || pids.iter().filter_map(|&p| cpu_ticks(p)).sum())
+            }
+            Self::Mariadb => {
+                let tids: Vec<i32> = list(&db.scalar(
+                    "SELECT COALESCE(GROUP_CONCAT(TID), '') FROM information_schema.PROCESSLIST \
+                     WHERE DB = DATABASE() AND ID <> CONNECTION_ID()",
+                ));
+                let server = pid_of("mariadbd").or_else(|| pid_of("mysqld"));
+                Box::new(move || {
+                    server.map_or(0, |server| {
+                        tids.iter()
+                            .filter_map(|&t| thread_cpu_ticks(server, t))
+                            .sum()
+                    })
+                })
+            }
+        }
+    }
+
+    /// Statements so far: PostgreSQL's transactions committed in this
+    /// database; MariaDB's statements received by the whole server (its
+    /// `Questions`: nothing else runs beside the bench).
+    fn statements(self, db: &TempDb) -> u64 {
+        let sql = match self {
+            Self::Postgres => {
+                "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+            }
+            Self::Mariadb => {
+                "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS \
+                 WHERE VARIABLE_NAME = 'QUESTIONS'"
+            }
+        };
+        db.scalar(sql).parse().unwrap_or(0)
+    }
+}
+
+/// Numbers separated by commas.
+fn list(text: &str) -> Vec<i32> {
+    text.split(',').filter_map(|p| p.parse().ok()).collect()
 }
 
 /// The step for `n` elections, or `None` when they did not spread within a
 /// minute (the daemons cannot keep up).
-fn measure(n: usize, window: Duration) -> Result<Option<Step>> {
-    let db = TempDb::postgres();
+fn measure(server: Server, n: usize, window: Duration) -> Result<Option<Step>> {
+    let db = server.database();
     let dir = Scratch::new();
     let daemons: Vec<Daemon> = ["a", "b", "c"]
         .iter()
@@ -176,24 +244,24 @@ fn measure(n: usize, window: Duration) -> Result<Option<Step>> {
         std::thread::sleep(Duration::from_millis(200));
     }
     let ticks_per_s = rustix::param::clock_ticks_per_second() as f64;
-    let pids = backends(&db);
+    let sessions = server.sessions_cpu(&db);
     let cpu = |pids: &[i32]| pids.iter().filter_map(|&p| cpu_ticks(p)).sum::<u64>();
     let own = {
-        let a = commits(&db);
-        commits(&db) - a
+        let a = server.statements(&db);
+        server.statements(&db) - a
     };
     let (db0, d0, c0, h0) = (
-        cpu(&pids),
+        sessions(),
         cpu(&daemons.iter().map(Daemon::pid).collect::<Vec<_>>()),
-        commits(&db),
+        server.statements(&db),
         (histogram(&daemons, ATTEMPTS), histogram(&daemons, RENEWALS)),
     );
     let t0 = Instant::now();
     std::thread::sleep(window);
     let (db1, d1, c1, h1) = (
-        cpu(&pids),
+        sessions(),
         cpu(&daemons.iter().map(Daemon::pid).collect::<Vec<_>>()),
-        commits(&db),
+        server.statements(&db),
         (histogram(&daemons, ATTEMPTS), histogram(&daemons, RENEWALS)),
     );
     let secs = t0.elapsed().as_secs_f64();
@@ -230,11 +298,12 @@ pub fn run(size: Size) -> Result<Vec<Step>> {
             vec![1, 4],
         ),
     };
+    let server = Server::from_env()?;
     let window = size.pick(Duration::from_secs(20), Duration::from_secs(2));
     let mut steps = Vec::new();
     let mut unsettled = None;
     for n in ns {
-        match measure(n, window)? {
+        match measure(server, n, window)? {
             Some(step) => {
                 eprintln!("elections {n}: {step:?}");
                 steps.push(step);
@@ -245,17 +314,29 @@ pub fn run(size: Size) -> Result<Vec<Step>> {
             }
         }
     }
-    println!("## Several elections per daemon\n");
+    let (heading, statements, sessions) = match server {
+        Server::Postgres => (
+            String::new(),
+            "transactions the database committed per second (each renewal batch, follower \
+             attempt and spread read is one)",
+            "the backends serving the daemons",
+        ),
+        Server::Mariadb => (
+            format!(" ({})", server.name()),
+            "statements the server received per second (its `Questions`)",
+            "the server threads serving the daemons' sessions",
+        ),
+    };
+    println!("## Several elections per daemon{heading}\n");
     println!(
-        "Three daemons on one PostgreSQL, each running the same N elections (default timing, \
+        "Three daemons on one {}, each running the same N elections (default timing, \
          spread on: each leads about N/3), measured over {} s once spread. Statements: \
-         transactions the database committed per second (each renewal batch, follower \
-         attempt and spread read is one). DB CPU: the backends serving the daemons, % of one \
-         core. p99: the daemons' attempts (renewals and followers' attempts, from the \
+         {statements}. DB CPU: {sessions}, % of one core. p99: the daemons' attempts (renewals and followers' attempts, from the \
          statement's send to its answer reaching the election's loop), from their \
          histograms, interpolated within the bucket as Prometheus's histogram_quantile \
          does; beside it the share answered within 50 ms, and the p99 of the leaders' \
          renewals alone (leaderd_renewal_duration_seconds). RSS: the largest of the three.\n",
+        server.name(),
         window.as_secs()
     );
     println!("| elections per daemon | statements/s | DB CPU % | attempt p99 ms | within 50 ms % | renewal p99 ms | daemon RSS MiB | daemon CPU % |");

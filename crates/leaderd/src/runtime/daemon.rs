@@ -21,6 +21,10 @@ use crate::settings::{ElectionMetrics, Settings};
 #[derive(Debug)]
 pub struct Daemon {
     elections: Vec<Arc<Shared>>,
+    /// The elections' places, ordered by name: a lookup by name (a release
+    /// announced, an HTTP request) is a binary search, not a walk over
+    /// thousands of names, and costs 4 bytes an election.
+    by_name: Vec<u32>,
     /// The other live replicas, for naming successors.
     roster: Arc<Roster>,
     /// Its elections' timings and its own counters (see `metrics`).
@@ -48,12 +52,21 @@ impl Daemon {
     pub fn new(each: &[Settings]) -> Self {
         let roster = Arc::new(Roster::new(&each[0]));
         let metrics = Arc::new(DaemonMetrics::default());
-        let elections = each
+        let elections: Vec<Arc<Shared>> = each
             .iter()
             .map(|one| Arc::new(Shared::new(one, roster.clone(), metrics.clone())))
             .collect();
+        let mut by_name: Vec<u32> = (0..elections.len())
+            .map(|i| u32::try_from(i).expect("fewer than 2^32 elections"))
+            .collect();
+        by_name.sort_unstable_by(|&a, &b| {
+            elections[a as usize]
+                .election
+                .cmp(&elections[b as usize].election)
+        });
         Self {
             elections,
+            by_name,
             roster,
             metrics,
             draining_until: Mutex::new(None),
@@ -115,14 +128,21 @@ impl Daemon {
         &self.elections[0]
     }
 
+    /// The place of the election called `name` in [`Daemon::all`].
+    pub fn position(&self, name: &str) -> Option<usize> {
+        self.by_name
+            .binary_search_by(|&i| self.elections[i as usize].election.as_str().cmp(name))
+            .ok()
+            .map(|at| self.by_name[at] as usize)
+    }
+
     /// The election called `name`, or the first when `None`.
     pub fn find(&self, name: Option<&str>) -> Result<&Arc<Shared>, UnknownElection> {
         let Some(name) = name else {
             return Ok(self.first());
         };
-        self.elections
-            .iter()
-            .find(|s| s.election == name)
+        self.position(name)
+            .map(|i| &self.elections[i])
             .ok_or_else(|| UnknownElection {
                 name: name.to_owned(),
                 known: self
@@ -181,5 +201,39 @@ impl Daemon {
             election_metrics: self.election_metrics,
         };
         crate::outputs::metrics::render(&daemon, &scraped)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn daemon_of(elections: &[&str]) -> Daemon {
+        let mut argv = vec!["leaderd", "--id", "pod-a"];
+        for e in elections {
+            argv.extend(["--election", e]);
+        }
+        let cli = <crate::cli::Cli as clap::Parser>::try_parse_from(argv).unwrap();
+        let settings =
+            crate::settings::Settings::load(&cli.config(), &crate::settings::ProcessEnv).unwrap();
+        Daemon::new(&settings.each_election())
+    }
+
+    /// Found by name whatever the configured order; the configured order
+    /// is kept for everything listed.
+    #[test]
+    fn each_election_is_found_by_name() {
+        let names = ["zeta", "alpha", "mid", "alpha-2", "b"];
+        let daemon = daemon_of(&names);
+        for (i, name) in names.iter().enumerate() {
+            assert_eq!(daemon.position(name), Some(i), "{name}");
+            assert_eq!(daemon.find(Some(name)).unwrap().election, *name);
+        }
+        assert_eq!(daemon.find(None).unwrap().election, "zeta");
+        for unknown in ["", "alph", "alpha-", "zz", "a"] {
+            assert_eq!(daemon.position(unknown), None, "{unknown}");
+        }
+        let err = daemon.find(Some("nope")).unwrap_err().to_string();
+        assert!(err.contains("zeta, alpha, mid, alpha-2, b"), "{err}");
     }
 }

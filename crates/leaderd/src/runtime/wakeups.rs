@@ -49,11 +49,6 @@ pub async fn wait_for_releases(
         }
     };
     let elections: Vec<String> = daemon.all().iter().map(|s| s.election.clone()).collect();
-    let slots: std::collections::HashMap<String, usize> = elections
-        .iter()
-        .enumerate()
-        .map(|(i, name)| (name.clone(), i))
-        .collect();
     let nonce = uuid::Uuid::new_v4().to_string();
     let mut backoff = Duration::from_millis(100);
     let mut checked = false;
@@ -89,9 +84,9 @@ pub async fn wait_for_releases(
             // is worth looking for. Found by index: with thousands of
             // elections, a search by name per election per look cost a core.
             let wanted = |name: &str| {
-                slots
-                    .get(name)
-                    .is_some_and(|&i| !daemon.all()[i].is_leader(boot_now()))
+                daemon
+                    .position(name)
+                    .is_some_and(|i| !daemon.all()[i].is_leader(boot_now()))
             };
             loop {
                 let released = waiter.next(&wanted).await.map_err(|e| e.to_string())?;
