@@ -34,7 +34,8 @@
 //!
 //! This file holds the handle ([`Link`]) and the task's life (connects and
 //! drops); the task's batches are in `wave` (the renewals it sends itself),
-//! `send` (a batch's statements), `wake_locks` (MySQL's locks) and
+//! `portion` (how much of the queue a batch takes), `send` (a batch's
+//! statements), `wake_locks` (MySQL's locks) and
 //! `settle` (what an outcome does to the connection).
 
 use std::collections::{HashMap, VecDeque};
@@ -51,6 +52,7 @@ use crate::runtime::reach::Reach;
 use crate::runtime::roster::Heir;
 use crate::runtime::shared::Shared;
 
+mod portion;
 mod send;
 mod settle;
 mod wake_locks;

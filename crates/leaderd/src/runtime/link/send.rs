@@ -7,6 +7,7 @@ use tracing::{debug, warn};
 
 use crate::clock::boot_now;
 
+use super::portion;
 use super::settle::fail;
 use crate::runtime::roster::Heir;
 
@@ -46,7 +47,7 @@ impl Task {
         while let Ok(job) = self.rx.try_recv() {
             self.pending.push_back(job);
         }
-        let jobs: Vec<Job> = self.pending.drain(..).collect();
+        let jobs = portion::take(&mut self.pending);
         let mut attempts = Vec::new();
         let mut rest = Vec::new();
         let now = boot_now();
@@ -95,7 +96,10 @@ impl Task {
         // The attempts may have cost the connection: what is left waits for
         // the next one (as a release or read without one always does).
         if self.conn.is_none() {
-            self.pending.extend(rest);
+            // Ahead of what this batch left queued, as they were.
+            for job in rest.into_iter().rev() {
+                self.pending.push_front(job);
+            }
             return;
         }
         let mut releases = Vec::new();
