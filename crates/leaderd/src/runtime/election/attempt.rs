@@ -22,7 +22,11 @@ impl Loop {
         let sent_at = boot_now();
         // A deadline that passed since the loop's top is announced now, not
         // once this attempt (then a follower's, on its looser timer) ends.
-        if let Some(event) = self.shared.engine().poll(sent_at) {
+        // Bound first: a guard in the `if let` would be held through its
+        // body, and `sync_presence` takes the engine's lock again (on
+        // MySQL this deadlocked the worker thread, and the link behind it).
+        let passed = self.shared.engine().poll(sent_at);
+        if let Some(event) = passed {
             self.report.handle(&self.shared, vec![event]);
             self.sync_presence();
         }
