@@ -44,8 +44,8 @@ pub async fn wait_for_releases(
     shutdown: CancellationToken,
 ) {
     let notify = |name: &str| {
-        if let Ok(shared) = daemon.find(Some(name)) {
-            shared.notice_release();
+        if let Some(i) = daemon.position(name) {
+            daemon.all()[i].notice_release();
         }
     };
     let elections: Vec<String> = daemon.all().iter().map(|s| s.election.clone()).collect();

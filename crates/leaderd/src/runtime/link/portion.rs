@@ -1,19 +1,27 @@
-//! How much of the queue one batch takes: every job, but at most
-//! [`ATTEMPTS_PER_BATCH`] of the loops' attempts and
-//! [`RELEASES_PER_BATCH`] releases; the rest stay queued, in order, for
-//! the batches after it. A renewal wave waits for the batch ahead of it on
-//! the connection: at a cold start (thousands of followers attempting at
-//! once) or a spread's hand-over (thousands of releases; on MySQL one
-//! statement each), one batch of everything took longer than a lease, and
-//! every lease waiting behind it was lost, over and over.
+//! How much of the queue one batch takes. A renewal wave waits for the
+//! batch ahead of it on the connection: at a cold start (thousands of
+//! followers attempting at once) or a spread's hand-over (thousands of
+//! releases; on MySQL one statement each), one batch of everything took
+//! longer than a lease, and every lease waiting behind it was lost, over
+//! and over. So a batch carries at most [`ATTEMPTS_PER_BATCH`] attempts to
+//! take a row and [`RELEASES_PER_BATCH`] releases; the rest stay queued,
+//! in order, for the batches after it. Never held back: a renewal (a lease
+//! held, whether a loop's or a presence slot's: it has a lease to lose)
+//! and the daemon's own rows (presence, away notes), which others read to
+//! count this replica in. A wake-up lock waits behind any release queued
+//! before it (its row's may be among them: the lock is freed only once the
+//! row is, so that the waiters it wakes find the row free).
 
 use std::collections::VecDeque;
 
-use super::Job;
+use leaderd_core::spread::PRESENCE_PREFIX;
+use leaderd_core::AWAY_PREFIX;
 
-/// The loops' attempts one batch carries at most: as many as a renewal
-/// wave's group (`leaderd_core::WAVE_GROUP`), whose statement cost is known
-/// to fit well within a renewal interval.
+use super::{Job, Request};
+
+/// The attempts to take a row one batch carries at most: as many as a
+/// renewal wave's group (`leaderd_core::WAVE_GROUP`), whose statement cost
+/// is known to fit well within a renewal interval.
 pub(super) const ATTEMPTS_PER_BATCH: usize = leaderd_core::WAVE_GROUP;
 
 /// The releases one batch carries at most: on MySQL each is a statement
@@ -22,20 +30,25 @@ pub(super) const RELEASES_PER_BATCH: usize = 256;
 
 /// Takes the next batch's jobs out of `pending` (see the module's docs).
 pub(super) fn take(pending: &mut VecDeque<Job>) -> Vec<Job> {
-    let (mut attempts, mut releases) = (0, 0);
+    let (mut takes, mut releases) = (0, 0);
+    let mut release_left = false;
     let mut batch = Vec::new();
     let mut left = VecDeque::new();
     for job in pending.drain(..) {
         let room = match &job {
+            Job::Attempt { req, .. } if urgent(req) => true,
             Job::Attempt { .. } => {
-                attempts += 1;
-                attempts <= ATTEMPTS_PER_BATCH
+                takes += 1;
+                takes <= ATTEMPTS_PER_BATCH
             }
             Job::Release { .. } => {
                 releases += 1;
-                releases <= RELEASES_PER_BATCH
+                let fits = !release_left && releases <= RELEASES_PER_BATCH;
+                release_left |= !fits;
+                fits
             }
-            Job::Read { .. } | Job::WakeLock { .. } => true,
+            Job::WakeLock { .. } => !release_left,
+            Job::Read { .. } => true,
         };
         if room {
             batch.push(job);
@@ -47,6 +60,14 @@ pub(super) fn take(pending: &mut VecDeque<Job>) -> Vec<Job> {
     batch
 }
 
+/// An attempt that never waits for a later batch: a renewal, or a row of
+/// the daemon's own.
+fn urgent(req: &Request) -> bool {
+    req.held_token.is_some()
+        || req.election.starts_with(PRESENCE_PREFIX)
+        || req.election.starts_with(AWAY_PREFIX)
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -55,16 +76,19 @@ mod tests {
     use tokio::sync::oneshot;
 
     use super::*;
-    use crate::runtime::link::Request;
 
     fn attempt(i: usize) -> Job {
+        attempt_of(&format!("e{i}"), None)
+    }
+
+    fn attempt_of(election: &str, held_token: Option<i64>) -> Job {
         Job::Attempt {
             req: Request {
-                election: format!("e{i}"),
+                election: election.into(),
                 holder: "a".into(),
                 instance: "ia".into(),
                 ttl: Duration::from_millis(1200),
-                held_token: None,
+                held_token,
                 daemon: None,
                 address: None,
             },
@@ -78,6 +102,14 @@ mod tests {
             election: format!("e{i}"),
             instance: "ia".into(),
             heir: None,
+            reply: oneshot::channel().0,
+        }
+    }
+
+    fn free_lock(i: usize) -> Job {
+        Job::WakeLock {
+            election: format!("e{i}"),
+            free: Some(1),
             reply: oneshot::channel().0,
         }
     }
@@ -135,5 +167,44 @@ mod tests {
         // The next batch takes what was left.
         assert_eq!(take(&mut pending).len(), 2 * extra);
         assert!(pending.is_empty());
+    }
+
+    #[test]
+    fn renewals_and_the_daemons_own_rows_never_wait() {
+        let mut pending: VecDeque<Job> = (0..ATTEMPTS_PER_BATCH + 2).map(attempt).collect();
+        pending.push_back(attempt_of("e-held", Some(7)));
+        pending.push_back(attempt_of(&format!("{PRESENCE_PREFIX}g/0"), None));
+        pending.push_back(attempt_of(&format!("{AWAY_PREFIX}pod-a"), None));
+        let batch: Vec<String> = take(&mut pending).iter().map(name).collect();
+        assert_eq!(batch.len(), ATTEMPTS_PER_BATCH + 3);
+        assert!(batch.contains(&"attempt e-held".to_owned()));
+        assert!(batch.contains(&format!("attempt {PRESENCE_PREFIX}g/0")));
+        assert!(batch.contains(&format!("attempt {AWAY_PREFIX}pod-a")));
+        assert_eq!(pending.len(), 2);
+    }
+
+    /// A wake-up lock is freed only after its row's release: once a release
+    /// waits for a later batch, so do the locks and releases behind it.
+    #[test]
+    fn a_lock_is_never_freed_ahead_of_a_release_queued_before_it() {
+        let mut pending: VecDeque<Job> = (0..RELEASES_PER_BATCH + 1).map(release).collect();
+        pending.push_back(free_lock(RELEASES_PER_BATCH));
+        pending.push_back(read());
+        pending.push_back(free_lock(0));
+        let batch: Vec<String> = take(&mut pending).iter().map(name).collect();
+        assert_eq!(batch.len(), RELEASES_PER_BATCH + 1);
+        assert_eq!(batch.last().unwrap(), "read e");
+        let left: Vec<String> = pending.iter().map(name).collect();
+        let last = RELEASES_PER_BATCH;
+        assert_eq!(
+            left,
+            [
+                format!("release e{last}"),
+                format!("lock e{last}"),
+                "lock e0".to_owned()
+            ]
+        );
+        let next: Vec<String> = take(&mut pending).iter().map(name).collect();
+        assert_eq!(next, left);
     }
 }
