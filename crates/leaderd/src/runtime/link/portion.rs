@@ -1,16 +1,16 @@
 //! How much of the queue one batch takes. A renewal wave waits for the
 //! batch ahead of it on the connection: at a cold start (thousands of
-//! followers attempting at once) or a spread's hand-over (thousands of
-//! releases; on MySQL one statement each), one batch of everything took
-//! longer than a lease, and every lease waiting behind it was lost, over
-//! and over. So a batch carries at most [`ATTEMPTS_PER_BATCH`] attempts to
-//! take a row and [`RELEASES_PER_BATCH`] releases; the rest stay queued,
-//! in order, for the batches after it. Never held back: a renewal (a lease
-//! held, whether a loop's or a presence slot's: it has a lease to lose)
-//! and the daemon's own rows (presence, away notes), which others read to
-//! count this replica in. A wake-up lock waits behind any release queued
-//! before it (its row's may be among them: the lock is freed only once the
-//! row is, so that the waiters it wakes find the row free).
+//! followers attempting at once, thousands of leases just taken renewed by
+//! their own loops) or a spread's hand-over (thousands of releases; on
+//! MySQL one statement each), one batch of everything took longer than a
+//! lease, and every lease waiting behind it was lost, over and over. So a
+//! batch carries at most [`ATTEMPTS_PER_BATCH`] of the loops' attempts,
+//! renewals first, and [`RELEASES_PER_BATCH`] releases; the rest stay
+//! queued, in order, for the batches after it. Never held back: the
+//! daemon's own rows (presence, away notes), which others read to count
+//! this replica in. A wake-up lock waits behind any release queued before
+//! it (its row's may be among them: the lock is freed only once the row
+//! is, so that the waiters it wakes find the row free).
 
 use std::collections::VecDeque;
 
@@ -19,8 +19,8 @@ use leaderd_core::AWAY_PREFIX;
 
 use super::{Job, Request};
 
-/// The attempts to take a row one batch carries at most: as many as a
-/// renewal wave's group (`leaderd_core::WAVE_GROUP`), whose statement cost
+/// The loops' attempts one batch carries at most: as many as a renewal
+/// wave's group (`leaderd_core::WAVE_GROUP`), whose statement cost
 /// is known to fit well within a renewal interval.
 pub(super) const ATTEMPTS_PER_BATCH: usize = leaderd_core::WAVE_GROUP;
 
@@ -30,20 +30,27 @@ pub(super) const RELEASES_PER_BATCH: usize = 256;
 
 /// Takes the next batch's jobs out of `pending` (see the module's docs).
 pub(super) fn take(pending: &mut VecDeque<Job>) -> Vec<Job> {
-    let (mut takes, mut releases) = (0, 0);
+    // Renewals go first, then attempts to take a row, the two within one
+    // cap: at a cold start a daemon renews thousands of leases just taken
+    // from their own loops (until a wave takes them up), and all of them
+    // at once outlasted their leases as surely as the takes did.
+    let renewals = pending
+        .iter()
+        .filter(|job| matches!(job, Job::Attempt { req, .. } if renews(req) && !own_row(req)))
+        .count();
+    let mut takes_room = ATTEMPTS_PER_BATCH.saturating_sub(renewals);
+    let mut renewals_room = ATTEMPTS_PER_BATCH;
+    let mut releases_room = RELEASES_PER_BATCH;
     let mut release_left = false;
     let mut batch = Vec::new();
     let mut left = VecDeque::new();
     for job in pending.drain(..) {
         let room = match &job {
-            Job::Attempt { req, .. } if urgent(req) => true,
-            Job::Attempt { .. } => {
-                takes += 1;
-                takes <= ATTEMPTS_PER_BATCH
-            }
+            Job::Attempt { req, .. } if own_row(req) => true,
+            Job::Attempt { req, .. } if renews(req) => within(&mut renewals_room),
+            Job::Attempt { .. } => within(&mut takes_room),
             Job::Release { .. } => {
-                releases += 1;
-                let fits = !release_left && releases <= RELEASES_PER_BATCH;
+                let fits = !release_left && within(&mut releases_room);
                 release_left |= !fits;
                 fits
             }
@@ -60,12 +67,22 @@ pub(super) fn take(pending: &mut VecDeque<Job>) -> Vec<Job> {
     batch
 }
 
-/// An attempt that never waits for a later batch: a renewal, or a row of
-/// the daemon's own.
-fn urgent(req: &Request) -> bool {
+/// Whether one more fits in `room`, counting it.
+fn within(room: &mut usize) -> bool {
+    let fits = *room > 0;
+    *room = room.saturating_sub(1);
+    fits
+}
+
+/// An attempt that renews a lease held.
+fn renews(req: &Request) -> bool {
     req.held_token.is_some()
-        || req.election.starts_with(PRESENCE_PREFIX)
-        || req.election.starts_with(AWAY_PREFIX)
+}
+
+/// A row of the daemon's own (its presence, its away note): others read
+/// it to count this replica in, and it is one or two rows.
+fn own_row(req: &Request) -> bool {
+    req.election.starts_with(PRESENCE_PREFIX) || req.election.starts_with(AWAY_PREFIX)
 }
 
 #[cfg(test)]
@@ -170,17 +187,25 @@ mod tests {
     }
 
     #[test]
-    fn renewals_and_the_daemons_own_rows_never_wait() {
-        let mut pending: VecDeque<Job> = (0..ATTEMPTS_PER_BATCH + 2).map(attempt).collect();
+    fn renewals_go_first_and_the_daemons_own_rows_never_wait() {
+        let mut pending: VecDeque<Job> = (0..ATTEMPTS_PER_BATCH).map(attempt).collect();
         pending.push_back(attempt_of("e-held", Some(7)));
-        pending.push_back(attempt_of(&format!("{PRESENCE_PREFIX}g/0"), None));
+        pending.push_back(attempt_of(&format!("{PRESENCE_PREFIX}g/0"), Some(3)));
         pending.push_back(attempt_of(&format!("{AWAY_PREFIX}pod-a"), None));
         let batch: Vec<String> = take(&mut pending).iter().map(name).collect();
-        assert_eq!(batch.len(), ATTEMPTS_PER_BATCH + 3);
+        assert_eq!(batch.len(), ATTEMPTS_PER_BATCH + 2);
         assert!(batch.contains(&"attempt e-held".to_owned()));
         assert!(batch.contains(&format!("attempt {PRESENCE_PREFIX}g/0")));
         assert!(batch.contains(&format!("attempt {AWAY_PREFIX}pod-a")));
-        assert_eq!(pending.len(), 2);
+        // The last take waits for the next batch.
+        let left: Vec<String> = pending.iter().map(name).collect();
+        assert_eq!(left, [format!("attempt e{}", ATTEMPTS_PER_BATCH - 1)]);
+        // Renewals alone are capped too.
+        let mut pending: VecDeque<Job> = (0..ATTEMPTS_PER_BATCH + 1)
+            .map(|i| attempt_of(&format!("e{i}"), Some(1)))
+            .collect();
+        assert_eq!(take(&mut pending).len(), ATTEMPTS_PER_BATCH);
+        assert_eq!(pending.len(), 1);
     }
 
     /// A wake-up lock is freed only after its row's release: once a release
