@@ -277,16 +277,33 @@ mod tests {
     async fn the_connect_check_reads_no_other_database() {
         use diesel::sql_types::{Nullable, Text};
         use diesel::QueryableByName;
-        use diesel_async::RunQueryDsl;
+        use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
+
+        use crate::mysql::connect::establish;
+        use crate::shared::url::DatabaseUrl;
 
         #[derive(QueryableByName)]
         struct Step {
             #[diesel(sql_type = Nullable<Text>, column_name = "Extra")]
             extra: Option<String>,
         }
-        let (_, mut sql, dropper) = crate::mysql::scratch::migrated().await;
+        // A database of its own on the local MariaDB, migrated.
+        let admin = DatabaseUrl::parse("mysql://root@127.0.0.1:3306/test").unwrap();
+        let mut admin = establish(&admin).await.expect("the local MariaDB");
+        let name = format!("leaderd_unit_{}", uuid::Uuid::new_v4().simple());
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .unwrap();
+        let url = DatabaseUrl::parse(&format!("mysql://root@127.0.0.1:3306/{name}")).unwrap();
+        let mut sql = establish(&url).await.unwrap();
+        migrate::run(&mut sql, &MIGRATION_MARIADB).await.unwrap();
         let steps: Vec<Step> = diesel::sql_query(format!("EXPLAIN {}", MIGRATION_MARIADB.current))
             .load(&mut sql)
+            .await
+            .unwrap();
+        admin
+            .batch_execute(&format!("DROP DATABASE {name}"))
             .await
             .unwrap();
         let scans: Vec<String> = steps
@@ -298,6 +315,5 @@ mod tests {
         for extra in &scans {
             assert!(extra.contains("Scanned 0 databases"), "{extra}");
         }
-        dropper.drop_now().await;
     }
 }
