@@ -351,8 +351,9 @@ impl Shared {
     }
 
     /// Who holds this election at `now`, in one look: `Ok(token)` while
-    /// this replica leads, else the other replica last seen holding a live
-    /// lease, if any (see [`Engine::other_holder`]).
+    /// this replica leads, else the other replica last seen holding a
+    /// lease live now or less than a heartbeat ago, if any (see
+    /// [`Engine::other_holder`]).
     pub fn holder_at<R>(&self, now: BootTime, f: impl FnOnce(Result<i64, Option<&str>>) -> R) -> R {
         let engine = self.engine();
         match engine.lease(now) {

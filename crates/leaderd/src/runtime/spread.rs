@@ -128,8 +128,8 @@ impl Spread {
     /// One pass over the elections: the ones this daemon leads at `now`
     /// (by index, noting since when each has been led under its current
     /// token), and how many each other replica leads as this daemon's loops
-    /// last saw (at most a heartbeat old: a follower attempts every
-    /// heartbeat). Counted here rather than read from the table: a read of
+    /// last saw (a sighting counts until a heartbeat past its lease: a
+    /// follower attempts every heartbeat). Counted here rather than read from the table: a read of
     /// every row each round (thousands, 2.5 times a second) cost the
     /// database and this daemon for what the loops already knew.
     fn look(&mut self, now: BootTime) -> (Vec<usize>, HashMap<String, usize>) {

@@ -30,16 +30,24 @@ pub(super) const RELEASES_PER_BATCH: usize = 256;
 
 /// Takes the next batch's jobs out of `pending` (see the module's docs).
 pub(super) fn take(pending: &mut VecDeque<Job>) -> Vec<Job> {
+    // An attempt its loop gave up on goes nowhere: counted, a backlog of
+    // them would fill the batches.
+    pending.retain(|job| !matches!(job, Job::Attempt { reply, .. } if reply.is_closed()));
     // Renewals go first, then attempts to take a row, the two within one
     // cap: at a cold start a daemon renews thousands of leases just taken
     // from their own loops (until a wave takes them up), and all of them
-    // at once outlasted their leases as surely as the takes did.
-    let renewals = pending
-        .iter()
-        .filter(|job| matches!(job, Job::Attempt { req, .. } if renews(req) && !own_row(req)))
-        .count();
-    let mut takes_room = ATTEMPTS_PER_BATCH.saturating_sub(renewals);
-    let mut renewals_room = ATTEMPTS_PER_BATCH;
+    // at once outlasted their leases as surely as the takes did. Takes
+    // waiting keep half the cap: renewals queued batch after batch (a
+    // survivor renewing the thousands it just took) would starve them, and
+    // leave the rows nobody took leaderless.
+    let (renewals, takes) = pending.iter().fold((0, 0), |(r, t), job| match job {
+        Job::Attempt { req, .. } if own_row(req) => (r, t),
+        Job::Attempt { req, .. } if renews(req) => (r + 1, t),
+        Job::Attempt { .. } => (r, t + 1),
+        _ => (r, t),
+    });
+    let mut renewals_room = ATTEMPTS_PER_BATCH - takes.min(ATTEMPTS_PER_BATCH / 2);
+    let mut takes_room = ATTEMPTS_PER_BATCH - renewals.min(renewals_room);
     let mut releases_room = RELEASES_PER_BATCH;
     let mut release_left = false;
     let mut batch = Vec::new();
@@ -98,6 +106,13 @@ mod tests {
         attempt_of(&format!("e{i}"), None)
     }
 
+    /// A reply whose loop still waits (its receiver kept for good).
+    fn waited_for<T>() -> oneshot::Sender<T> {
+        let (tx, rx) = oneshot::channel();
+        std::mem::forget(rx);
+        tx
+    }
+
     fn attempt_of(election: &str, held_token: Option<i64>) -> Job {
         Job::Attempt {
             req: Request {
@@ -110,7 +125,7 @@ mod tests {
                 address: None,
             },
             until: BootTime::from_since_boot(Duration::from_secs(1)),
-            reply: oneshot::channel().0,
+            reply: waited_for(),
         }
     }
 
@@ -200,7 +215,16 @@ mod tests {
         // The last take waits for the next batch.
         let left: Vec<String> = pending.iter().map(name).collect();
         assert_eq!(left, [format!("attempt e{}", ATTEMPTS_PER_BATCH - 1)]);
-        // Renewals alone are capped too.
+        // Renewals alone are capped too; with takes waiting, they leave
+        // them half.
+        let mut pending: VecDeque<Job> = (0..ATTEMPTS_PER_BATCH * 2)
+            .map(|i| attempt_of(&format!("r{i}"), Some(1)))
+            .chain((0..ATTEMPTS_PER_BATCH * 2).map(attempt))
+            .collect();
+        let batch: Vec<String> = take(&mut pending).iter().map(name).collect();
+        let renewed = batch.iter().filter(|n| n.starts_with("attempt r")).count();
+        assert_eq!(renewed, ATTEMPTS_PER_BATCH / 2);
+        assert_eq!(batch.len(), ATTEMPTS_PER_BATCH);
         let mut pending: VecDeque<Job> = (0..ATTEMPTS_PER_BATCH + 1)
             .map(|i| attempt_of(&format!("e{i}"), Some(1)))
             .collect();
@@ -231,5 +255,24 @@ mod tests {
         );
         let next: Vec<String> = take(&mut pending).iter().map(name).collect();
         assert_eq!(next, left);
+    }
+
+    /// An attempt its loop gave up on is dropped, not counted.
+    #[test]
+    fn attempts_given_up_on_take_no_room() {
+        let mut pending: VecDeque<Job> = (0..ATTEMPTS_PER_BATCH).map(attempt).collect();
+        let (tx, rx) = oneshot::channel();
+        pending.push_back(Job::Attempt {
+            req: match attempt(ATTEMPTS_PER_BATCH) {
+                Job::Attempt { req, .. } => req,
+                _ => unreachable!(),
+            },
+            until: BootTime::from_since_boot(Duration::from_secs(1)),
+            reply: tx,
+        });
+        drop(rx);
+        let batch = take(&mut pending);
+        assert_eq!(batch.len(), ATTEMPTS_PER_BATCH);
+        assert!(pending.is_empty(), "the abandoned attempt was kept");
     }
 }
