@@ -8,6 +8,7 @@
 use std::time::{Duration, Instant};
 
 use leaderd_tests::checker::{check, intervals_of, Interval};
+use leaderd_tests::proxy::{upstream, Fault, FaultProxy};
 use leaderd_tests::surroundings::{CpuHogs, SlowFsync};
 use leaderd_tests::{http_get, serial, wait_counts, wait_for, Daemon, Scratch, TempDb, Value};
 
@@ -255,9 +256,14 @@ fn many(db: &TempDb, dir: &Scratch, id: &str, n: usize, env: &[(&str, &str)]) ->
 }
 
 fn launch_many(db: &TempDb, dir: &Scratch, id: &str, n: usize, env: &[(&str, &str)]) -> Daemon {
+    launch_many_at(&db.url, dir, id, n, env)
+}
+
+/// [`launch_many`] on the database at `url`.
+fn launch_many_at(url: &str, dir: &Scratch, id: &str, n: usize, env: &[(&str, &str)]) -> Daemon {
     let names: Vec<String> = (0..n).map(|i| format!("job-{i:04}")).collect();
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    Daemon::launch(&db.url, id, dir, id, &["--no-spread"])
+    Daemon::launch(url, id, dir, id, &["--no-spread"])
         .without_flag_file()
         .elections(&refs)
         .env("RUST_LOG", "info")
@@ -285,6 +291,47 @@ fn a_thousand_elections_on_postgres_are_each_renewed_once_per_interval() {
     // the leaders again at every batch, as before: 4,458).
     assert!(per_second < 3_500.0, "{per_second:.0} rows renewed/s");
     assert_eq!(a.leading().unwrap().len(), THOUSAND);
+}
+
+/// A database lost for a while by a daemon of 300 elections is logged
+/// once per cause, and its return once per cause, with how many elections
+/// it cost: not a line per election (at 10,000 elections one dropped
+/// connection wrote 20,000 lines, and the log queue dropped the rest).
+#[test]
+fn a_lost_database_is_logged_once_for_all_of_a_daemons_elections() {
+    let _s = serial();
+    let db = TempDb::postgres();
+    let dir = Scratch::new();
+    let proxy = FaultProxy::start(upstream(&db.url));
+    let n = 300;
+    let d = launch_many_at(&proxy.url(&db.url), &dir, "a", n, &[]);
+    wait_for(Duration::from_secs(60), "a to lead all 300", || {
+        (d.leading()?.len() == n).then_some(())
+    });
+    proxy.set(Fault::Cut);
+    wait_for(TTL * 3, "a to lead none", || {
+        d.leading()?.is_empty().then_some(())
+    });
+    proxy.heal();
+    wait_for(Duration::from_secs(30), "a to lead all 300 again", || {
+        (d.leading()?.len() == n).then_some(())
+    });
+    let failed = d.logged("database attempt failed; retrying");
+    let back = d.logged("database reachable again");
+    let costs: Vec<u64> = back
+        .iter()
+        .filter_map(|e| e["elections"].as_u64())
+        .collect();
+    eprintln!(
+        "{} failure lines, {} recovery lines, elections {costs:?}",
+        failed.len(),
+        back.len()
+    );
+    // A cause each: the connection dropped, then refused (at most a
+    // timeout besides).
+    assert!((1..=4).contains(&failed.len()), "{}", d.log_text());
+    assert!((1..=4).contains(&back.len()), "{}", d.log_text());
+    assert!(costs.iter().max() >= Some(&(n as u64 / 2)), "{costs:?}");
 }
 
 /// One daemon with six elections on MariaDB, leading all six, holds two

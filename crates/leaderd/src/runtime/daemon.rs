@@ -13,6 +13,7 @@ use leaderd_core::BootTime;
 
 use crate::clock::boot_now;
 use crate::outputs::metrics::{DaemonMetrics, Daemonwide, Scraped};
+use crate::runtime::outages::Outages;
 use crate::runtime::reach::Reach;
 use crate::runtime::roster::Roster;
 use crate::runtime::shared::Shared;
@@ -52,9 +53,13 @@ impl Daemon {
     pub fn new(each: &[Settings]) -> Self {
         let roster = Arc::new(Roster::new(&each[0]));
         let metrics = Arc::new(DaemonMetrics::default());
+        let outages = Arc::new(Outages::default());
         let elections: Vec<Arc<Shared>> = each
             .iter()
-            .map(|one| Arc::new(Shared::new(one, roster.clone(), metrics.clone())))
+            .map(|one| {
+                let (roster, metrics) = (roster.clone(), metrics.clone());
+                Arc::new(Shared::new(one, roster, metrics, outages.clone()))
+            })
             .collect();
         let mut by_name: Vec<u32> = (0..elections.len())
             .map(|i| u32::try_from(i).expect("fewer than 2^32 elections"))

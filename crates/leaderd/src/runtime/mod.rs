@@ -5,7 +5,8 @@
 //! (`wakeups`), the presence rows (`presence`) and who they show live
 //! (`roster`, which names successors) and on which Galera nodes (`nodes`), the spread across replicas
 //! (`spread`), requests to a loop (`inbox`), the app-health gate
-//! (`app_health`) and whether the database answers (`reach`).
+//! (`app_health`), whether the database answers (`reach`) and the
+//! elections' failures, logged once per cause (`outages`).
 //!
 //! A new capability of the elections goes in a module of its own here,
 //! beside the loop, not into it.
@@ -18,6 +19,7 @@ pub mod election;
 pub mod inbox;
 pub mod link;
 pub mod nodes;
+pub mod outages;
 pub mod presence;
 pub mod reach;
 pub mod roster;

@@ -17,6 +17,7 @@ use tracing::debug;
 use crate::clock::{boot_now, micros};
 use crate::outputs::metrics::{DaemonMetrics, Metrics};
 use crate::runtime::inbox::Inbox;
+use crate::runtime::outages::Outages;
 use crate::runtime::roster::Roster;
 use crate::settings::Settings;
 
@@ -59,6 +60,9 @@ pub struct Shared {
     pub metrics: Metrics,
     /// The daemon's, shared by its elections: the attempts' timings.
     pub daemon_metrics: Arc<DaemonMetrics>,
+    /// The daemon's, shared by its elections: their failures, logged once
+    /// per cause.
+    pub outages: Arc<Outages>,
     /// Requests to the loop (see [`Shared::control`]).
     pub(crate) control: Inbox<Control>,
     /// What `/leader/watch` and `exec` react to; see [`Shared::publish`].
@@ -114,6 +118,7 @@ impl Shared {
         settings: &Settings,
         roster: Arc<Roster>,
         daemon_metrics: Arc<DaemonMetrics>,
+        outages: Arc<Outages>,
     ) -> Self {
         let instance = uuid::Uuid::new_v4().to_string();
         let now = boot_now();
@@ -133,6 +138,7 @@ impl Shared {
             last_progress: Mutex::new(now),
             metrics: Metrics::default(),
             daemon_metrics,
+            outages,
             control: Inbox::default(),
             changes: OnceLock::new(),
             child_running: AtomicBool::new(false),

@@ -11,7 +11,6 @@ use super::{Db, Loop, IN_FLIGHT_BUDGET};
 
 use leaderd_core::{BootTime, Event};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
 
 impl Loop {
     /// One acquire-or-renew, from reading the clock to feeding the answer
@@ -124,7 +123,9 @@ impl Loop {
             Ok(answer) => {
                 self.granted = matches!(answer, leaderd_core::Attempt::Granted { .. });
                 if self.last_error.take().is_some() {
-                    info!(election = %self.shared.election, "database reachable again");
+                    self.shared
+                        .outages
+                        .recovered(&self.shared.election, received_at);
                 }
                 self.shared
                     .engine()
@@ -149,12 +150,11 @@ impl Loop {
         // A deadline this failure ends is announced before the logging.
         let events = self.shared.engine().on_failure(now).into_iter().collect();
         self.shared.publish();
-        if self.last_error.as_deref() != Some(reason.as_str()) {
-            warn!(election = %self.shared.election, error = %reason, "database attempt failed; retrying");
-            self.last_error = Some(reason);
-        } else {
-            debug!(error = %reason, "attempt failed again");
-        }
+        let was = self.last_error.as_deref();
+        self.shared
+            .outages
+            .failed(&self.shared.election, was, &reason, now);
+        self.last_error = Some(reason);
         events
     }
 }
