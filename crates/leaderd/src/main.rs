@@ -252,15 +252,7 @@ async fn run(settings: Settings, commands: Option<Vec<Vec<OsString>>>) -> anyhow
         .zip(&each)
         .map(|(shared, one)| {
             let (shared, shutdown, link) = (shared.clone(), shutdown.clone(), link.clone());
-            let election = runtime::election::start(shared, one, link);
-            tokio::spawn(async move {
-                // Should a loop fail (a panic), nothing may run on as if it
-                // led: cancel the run on the way out.
-                let _stop = shutdown.clone().drop_guard();
-                // A token of its own to wait on: thousands of loops waiting
-                // on one shared its lock at every turn of each.
-                election.run(shutdown.child_token()).await;
-            })
+            tokio::spawn(runtime::election::start(shared, one, link).run(shutdown))
         })
         .collect();
     // Each loop took what it needs of its election's settings.

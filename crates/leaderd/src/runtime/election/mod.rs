@@ -19,6 +19,7 @@
 //! wake-ups, connects), `release` (releasing the row), `report` (logs,
 //! metrics, flag file).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -135,24 +136,36 @@ pub fn start(shared: Arc<Shared>, settings: &Settings, link: Link) -> Election {
 
 impl Election {
     /// Runs the election until `shutdown` fires, then releases the row.
-    pub async fn run(mut self, shutdown: CancellationToken) {
-        let roster = self.lp.shared.roster.clone();
-        let heartbeat = self.lp.shared.timing.heartbeat();
-        // Boxed: once at the start, it need not widen the loop's future.
-        Box::pin(async {
-            tokio::select! {
-                () = presence::joined(&roster, &self.lp.db.link, heartbeat) => roster.set_begun(),
-                () = shutdown.cancelled() => {}
-            }
-        })
-        .await;
-        self.lp.elect(&shutdown).await;
-        // Requests from now on (a `leaderd release` in a preStop hook) are
-        // answered at once ("stopped"), not after the release below.
-        self.lp.shared.control.close();
-        // Boxed, as every rare path: the future of the loop's life stays
-        // the size of its waiting.
-        Box::pin(self.finish()).await;
+    /// Should the loop fail (a panic), `shutdown` is cancelled on the way
+    /// out: nothing may run on as if this election were led.
+    ///
+    /// An `async` block, not an `async fn`: the future of an `async fn`
+    /// keeps its arguments twice (as passed, and as locals), and this one
+    /// is a task of its own in each of thousands of elections.
+    pub fn run(mut self, shutdown: CancellationToken) -> impl Future<Output = ()> + Send {
+        async move {
+            let _stop = shutdown.clone().drop_guard();
+            // A token of its own to wait on: thousands of loops waiting on
+            // one shared its lock at every turn of each.
+            let shutdown = shutdown.child_token();
+            // Boxed: once at the start, it need not widen the loop's future.
+            Box::pin(async {
+                let roster = &self.lp.shared.roster;
+                let heartbeat = self.lp.shared.timing.heartbeat();
+                tokio::select! {
+                    () = presence::joined(roster, &self.lp.db.link, heartbeat) => roster.set_begun(),
+                    () = shutdown.cancelled() => {}
+                }
+            })
+            .await;
+            self.lp.elect(&shutdown).await;
+            // Requests from now on (a `leaderd release` in a preStop hook)
+            // are answered at once ("stopped"), not after the release below.
+            self.lp.shared.control.close();
+            // Boxed, as every rare path: the future of the loop's life
+            // stays the size of its waiting.
+            Box::pin(self.finish()).await;
+        }
     }
 
     /// After the loop: stop claiming leadership, release the row, let the
