@@ -142,6 +142,7 @@ impl Election {
     /// An `async` block, not an `async fn`: the future of an `async fn`
     /// keeps its arguments twice (as passed, and as locals), and this one
     /// is a task of its own in each of thousands of elections.
+    #[allow(clippy::manual_async_fn)]
     pub fn run(mut self, shutdown: CancellationToken) -> impl Future<Output = ()> + Send {
         async move {
             let _stop = shutdown.clone().drop_guard();
