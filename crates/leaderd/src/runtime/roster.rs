@@ -70,6 +70,9 @@ struct View {
     /// Successors named lately, so that elections released together are
     /// shared out before the loops see who took them.
     named: Vec<(Arc<str>, BootTime)>,
+    /// The read of `peers` for which a release said it had nobody to name
+    /// (see [`Roster::alone_unsaid`]).
+    alone_said: Option<BootTime>,
 }
 
 /// Another live replica, as its presence row showed it.
@@ -216,6 +219,23 @@ impl Roster {
         view.read_at
             .filter(|at| now.saturating_since(*at) <= self.timing.ttl())
             .map(|_| view.peers.len())
+    }
+
+    /// Whether a release at `now` has nobody to name because no other
+    /// replica competes (as rows read within a ttl show), and that was not
+    /// said yet for this read of the rows: the elections a shutdown releases
+    /// together share a read, and would otherwise each say it (a thousand
+    /// warnings for one fact).
+    pub fn alone_unsaid(&self, now: BootTime) -> bool {
+        let mut view = self.view();
+        let read = view
+            .read_at
+            .filter(|at| now.saturating_since(*at) <= self.timing.ttl());
+        if read.is_none() || !view.peers.is_empty() || view.alone_said == read {
+            return false;
+        }
+        view.alone_said = read;
+        true
     }
 
     /// How many elections each other replica leads (see [`View::leads`]).
@@ -400,6 +420,27 @@ mod tests {
         r.count_leads(HashMap::from([("b".into(), 3)]));
         assert_eq!(&*r.successor(now, false).unwrap().daemon, "0/c");
         assert_eq!(&*r.successor(now, true).unwrap().daemon, "1/b");
+    }
+
+    #[test]
+    fn having_nobody_to_name_is_said_once_per_read_of_the_rows() {
+        let r = Roster::new(&settings(&["jobs"], 0));
+        let p = r.prefix().to_owned();
+        let at = |ms| BootTime::from_since_boot(Duration::from_millis(ms));
+        assert!(!r.alone_unsaid(at(0)), "nothing read: not known");
+        r.see(&[], at(10));
+        assert!(r.alone_unsaid(at(11)));
+        // The other elections released with it: said already.
+        assert!(!r.alone_unsaid(at(12)) && !r.alone_unsaid(at(13)));
+        // A later read, still alone: said again.
+        r.see(&[], at(500));
+        assert!(r.alone_unsaid(at(501)));
+        // Another replica competes: nothing to say.
+        r.see(&[row(&format!("{p}slot-1"), "b", "0/b", 1000, 5)], at(900));
+        assert!(!r.alone_unsaid(at(901)));
+        // A read older than a ttl says nothing either.
+        r.see(&[], at(1000));
+        assert!(!r.alone_unsaid(at(5000)));
     }
 
     #[test]

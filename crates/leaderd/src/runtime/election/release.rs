@@ -64,7 +64,9 @@ impl Loop {
             let heir = presence::successor(&roster, &self.db.link, leaving).await;
             if let Some(heir) = &heir {
                 info!(election, successor = %heir.id, instance = %heir.daemon, "naming the successor");
-            } else if roster.others_competing(boot_now()) == Some(0) {
+            } else if roster.alone_unsaid(boot_now()) {
+                // Once for the elections released together (see
+                // `Roster::alone_unsaid`).
                 warn!(
                     election,
                     "releasing with no successor to name: no other replica competes, so nobody \
