@@ -246,23 +246,18 @@ impl Connection {
     }
 
     /// Releases several elections (each by its instance) at once; whether
-    /// each was released. One statement on PostgreSQL, one transaction on
-    /// SQLite, one statement each on MySQL.
+    /// each was released. One statement on PostgreSQL and on MySQL (a few
+    /// thousand a statement there), one transaction on SQLite.
     pub async fn release_many(&mut self, items: &[Release<'_>]) -> Result<Vec<bool>, StoreError> {
         // One alone takes the single statement (prepared, and announced).
         if let [one] = items {
             return Ok(vec![self.release_one(one).await?]);
         }
         match self {
-            Connection::Postgres(c) => return c.release_many(items).await,
-            Connection::Sqlite(c) => return c.release_many(items).await,
-            Connection::Mysql(_) => {}
+            Connection::Postgres(c) => c.release_many(items).await,
+            Connection::Sqlite(c) => c.release_many(items).await,
+            Connection::Mysql(c) => c.release_many(items).await,
         }
-        let mut out = Vec::with_capacity(items.len());
-        for item in items {
-            out.push(self.release_one(item).await?);
-        }
-        Ok(out)
     }
 
     /// Releases the lease if `instance` holds it, naming no successor;

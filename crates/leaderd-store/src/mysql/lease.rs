@@ -457,6 +457,45 @@ mod tests {
         dropper.drop_now().await;
     }
 
+    /// A batch release on MariaDB refused as a whole by a row locked
+    /// elsewhere (a lock wait of 0: at once) goes one by one, as releases
+    /// went before there was a batch: the rows before the locked one are
+    /// released, and the error is the batch's answer.
+    #[tokio::test]
+    async fn a_locked_row_sends_a_batch_release_row_by_row() {
+        let (url, mut sql, dropper) = migrated().await;
+        let mut a = MysqlStore::connect(&url).await.unwrap();
+        let ours = three("a", "ia");
+        let refs: Vec<&LeaseRequest<'_>> = ours.iter().collect();
+        let seen = expired_rows(&mut a, &refs).await;
+        let items: Vec<(&LeaseRequest<'_>, i64)> = refs.iter().copied().zip(seen).collect();
+        assert_eq!(a.take_all(&items).await.unwrap(), [true; 3]);
+        let rel = |election| crate::Release {
+            election,
+            instance: "ia",
+            successor: None,
+        };
+        sql.batch_execute("BEGIN; SELECT * FROM service_leader_lock WHERE name = 'e2' FOR UPDATE")
+            .await
+            .unwrap();
+        let started = std::time::Instant::now();
+        let all = [rel("e1"), rel("e2"), rel("e3")];
+        assert!(a.release_many(&all).await.is_err());
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        sql.batch_execute("ROLLBACK").await.unwrap();
+        let held: Vec<Option<String>> = a
+            .observe_all(&refs)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|o| o.unwrap().instance)
+            .collect();
+        let ia = Some("ia".to_owned());
+        assert_eq!(held, [None, ia.clone(), ia]);
+        assert_eq!(a.release_many(&all[1..]).await.unwrap(), [true, true]);
+        dropper.drop_now().await;
+    }
+
     /// A row found on this instance with the next token after a partial
     /// take may have been put there by an earlier statement of this
     /// instance, given up on but still run by the server later, with an
@@ -519,6 +558,8 @@ mod tests {
                 &format!(r#"[["e1","a","ia",{}]]"#, seen[0]),
             ),
             literal(TAKE_ALL.mariadb, "[]"),
+            literal(RELEASE_ALL.mariadb, r#"[["e2","ib",null,0]]"#),
+            literal(RELEASE_ALL.mariadb, "[]"),
         ];
         for statement in held_open {
             sql.batch_execute(&format!("BEGIN; {statement}"))

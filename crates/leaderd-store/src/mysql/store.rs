@@ -119,6 +119,12 @@ impl MysqlStore {
         Stmt::<()>::new(self.sql(&CREATE_ALL), [Bind::Text("[]")])
             .execute(&mut self.conn)
             .await?;
+        Stmt::<()>::new(self.sql(&RELEASE_ALL), [Bind::Text("[]")])
+            .execute(&mut self.conn)
+            .await?;
+        Stmt::<Text>::new(FREE_OF, [Bind::Text("[]")])
+            .load::<String>(&mut self.conn)
+            .await?;
         self.hold_wake_locks(&[]).await?;
         self.free_wake_locks(&[]).await
     }
@@ -165,6 +171,61 @@ impl MysqlStore {
         .execute(&mut self.conn)
         .await?;
         Ok(n > 0)
+    }
+
+    /// Releases `items` (distinct elections), one statement per
+    /// [`RELEASE_MANY_MAX`]; whether each was released.
+    pub(crate) async fn release_many(
+        &mut self,
+        items: &[Release<'_>],
+    ) -> Result<Vec<bool>, StoreError> {
+        let mut out = Vec::with_capacity(items.len());
+        for part in items.chunks(RELEASE_MANY_MAX) {
+            out.extend(self.release_part(part).await?);
+        }
+        Ok(out)
+    }
+
+    async fn release_part(&mut self, part: &[Release<'_>]) -> Result<Vec<bool>, StoreError> {
+        let mut rows: Vec<(&str, &str, Option<&str>, i64)> = part
+            .iter()
+            .map(|r| {
+                let successor = r.successor.map(|s| s.daemon);
+                (r.election, r.instance, successor, r.window_us())
+            })
+            .collect();
+        rows.sort_unstable_by_key(|r| r.0.as_bytes());
+        let rows = serde_json::to_string(&rows).expect("strings serialize");
+        let released = Stmt::<()>::new(self.sql(&RELEASE_ALL), [Bind::Text(&rows)])
+            .execute(&mut self.conn)
+            .await;
+        match released {
+            Ok(n) if n == part.len() => Ok(vec![true; part.len()]),
+            // Some rows were another instance's by then (a lease lost): the
+            // ones released are free now, the others held. (A row free
+            // already counts as released: free either way.)
+            Ok(_) => {
+                let names: Vec<&str> = part.iter().map(|r| r.election).collect();
+                let names = serde_json::to_string(&names).expect("strings serialize");
+                let free: Vec<String> = Stmt::<Text>::new(FREE_OF, [Bind::Text(&names)])
+                    .load(&mut self.conn)
+                    .await?;
+                Ok(part
+                    .iter()
+                    .map(|r| free.iter().any(|f| f == r.election))
+                    .collect())
+            }
+            // A row locked elsewhere refuses the whole statement, which
+            // released nothing: each alone, so that only that one fails.
+            Err(e) if super::lease::lock_busy(&e) => {
+                let mut out = Vec::with_capacity(part.len());
+                for item in part {
+                    out.push(self.release(item).await?);
+                }
+                Ok(out)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     pub(crate) async fn elections(&mut self, prefix: &str) -> Result<Vec<ElectionRow>, StoreError> {
