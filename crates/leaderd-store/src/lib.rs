@@ -246,16 +246,26 @@ impl Connection {
     }
 
     /// Releases several elections (each by its instance) at once; whether
-    /// each was released. One statement on PostgreSQL and on MySQL (a few
-    /// thousand a statement there), one transaction on SQLite.
-    pub async fn release_many(&mut self, items: &[Release<'_>]) -> Result<Vec<bool>, StoreError> {
+    /// each was released, in order. As with
+    /// [`Connection::acquire_or_renew_many`], any failure fails them all
+    /// except a row's own lock held elsewhere ([`StoreError::Busy`]), which
+    /// is that release's alone. One statement on PostgreSQL and on MySQL (a
+    /// few thousand a statement there), one transaction on SQLite.
+    pub async fn release_many(
+        &mut self,
+        items: &[Release<'_>],
+    ) -> Result<Vec<Result<bool, StoreError>>, StoreError> {
         // One alone takes the single statement (prepared, and announced).
         if let [one] = items {
-            return Ok(vec![self.release_one(one).await?]);
+            return match self.release_one(one).await {
+                Err(StoreError::Busy) => Ok(vec![Err(StoreError::Busy)]),
+                released => Ok(vec![Ok(released?)]),
+            };
         }
+        let all = |released: Vec<bool>| released.into_iter().map(Ok).collect();
         match self {
-            Connection::Postgres(c) => c.release_many(items).await,
-            Connection::Sqlite(c) => c.release_many(items).await,
+            Connection::Postgres(c) => c.release_many(items).await.map(all),
+            Connection::Sqlite(c) => c.release_many(items).await.map(all),
             Connection::Mysql(c) => c.release_many(items).await,
         }
     }

@@ -227,10 +227,13 @@ pub(super) const RELEASE_MANY_MAX: usize = 4_096;
 /// Of the names in the bind (a JSON array of names), those no instance
 /// holds: after a [`RELEASE_ALL`] that matched fewer rows than it carried,
 /// the ones it released (the others are another instance's).
-pub(super) const FREE_OF: &str = "SELECT CAST(l.name AS CHAR) \
+pub(super) const FREE_OF: Sql = bounded!(
+    "SELECT",
+    " CAST(l.name AS CHAR) \
     FROM (SELECT * FROM JSON_TABLE(?, '$[*]' COLUMNS (n VARCHAR(100) PATH '$')) AS x) AS j \
     STRAIGHT_JOIN service_leader_lock l FORCE INDEX (service_leader_lock_name) ON l.name = j.n \
-    WHERE l.instance IS NULL";
+    WHERE l.instance IS NULL"
+);
 
 /// The rows whose name starts with the bind (twice; every row for `''`);
 /// `name` is bytes, so the prefix is counted in bytes.

@@ -16,13 +16,20 @@
 //! different problem is never hidden behind the first, and a connect that
 //! fails with one of two errors in turn is said twice, not at every turn.
 //! An election that stops attempting while it fails (held, its app
-//! failing) keeps the outage open until it attempts again.
+//! failing) keeps the outage open until it attempts again; so that a
+//! later outage is not hidden behind it, a cause said more than
+//! [`SAY_AGAIN_AFTER`] ago is said again when another election fails with
+//! it.
 
 use std::sync::Mutex;
 use std::time::Duration;
 
 use leaderd_core::BootTime;
 use tracing::{debug, info, warn};
+
+/// How long a cause said stays said (see the module's docs): at most one
+/// line a minute for each cause, however long an outage lasts.
+const SAY_AGAIN_AFTER: Duration = Duration::from_secs(60);
 
 /// The causes said in one outage are kept, to say each once; beyond
 /// this many (errors that differ in a detail each time) they are said
@@ -42,8 +49,9 @@ struct Outage {
     /// The most that failed at once in this outage.
     most: usize,
     since: Option<BootTime>,
-    /// The causes said in this outage, the first first.
-    causes: Vec<String>,
+    /// The causes said in this outage, the first first, and when each was
+    /// said last.
+    causes: Vec<(String, BootTime)>,
 }
 
 /// What a change of an election's standing means for the daemon's log.
@@ -114,11 +122,15 @@ impl Outages {
             o.failing += 1;
             o.most = o.most.max(o.failing);
         }
-        if o.causes.iter().any(|c| c == reason) {
-            return Said::Nothing;
+        if let Some((_, said)) = o.causes.iter_mut().find(|(c, _)| c == reason) {
+            if now.saturating_since(*said) < SAY_AGAIN_AFTER {
+                return Said::Nothing;
+            }
+            *said = now;
+            return Said::New;
         }
         if o.causes.len() < CAUSES_KEPT {
-            o.causes.push(reason.to_owned());
+            o.causes.push((reason.to_owned(), now));
         }
         Said::New
     }
@@ -138,7 +150,12 @@ impl Outages {
             lasted: o
                 .since
                 .map_or(Duration::ZERO, |since| now.saturating_since(since)),
-            first: o.causes.into_iter().next().unwrap_or_default(),
+            first: o
+                .causes
+                .into_iter()
+                .next()
+                .map(|(c, _)| c)
+                .unwrap_or_default(),
         }
     }
 }
@@ -206,6 +223,20 @@ mod tests {
             assert_eq!(o.recover(at(i)), Said::Nothing);
         }
         assert_eq!(o.recover(at(100)), over(2, 100, "refused"));
+    }
+
+    #[test]
+    fn a_cause_said_a_minute_ago_is_said_again() {
+        let o = Outages::default();
+        assert_eq!(o.fail(false, "gone", at(0)), Said::New);
+        // Held while failing: it never recovers, and the outage stays open.
+        assert_eq!(o.fail(false, "gone", at(30_000)), Said::Nothing);
+        assert_eq!(o.recover(at(31_000)), Said::Nothing);
+        // A later failure with the same cause, over a minute after it was
+        // said: said again, then not for another minute.
+        assert_eq!(o.fail(false, "gone", at(61_000)), Said::New);
+        assert_eq!(o.fail(false, "gone", at(62_000)), Said::Nothing);
+        assert_eq!(o.fail(true, "gone", at(121_000)), Said::New);
     }
 
     #[test]

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::error;
 
 use crate::clock::{boot_now, BootTimer};
@@ -70,6 +70,11 @@ pub struct Election {
     presence: Option<tokio::task::JoinHandle<()>>,
     /// Requests stop being taken when the loop ends, however it ends.
     _closed: ClosedOnDrop,
+    /// Cancels the daemon's run when the election ends, set by
+    /// [`Election::run`]. After `_closed` (fields drop in order): should the
+    /// loop fail, its engine stops claiming leadership before the rest of
+    /// the daemon hears of it.
+    stop: Option<DropGuard>,
 }
 
 /// Sets up `shared`'s loop (flag file, presence) without awaiting: the
@@ -131,6 +136,7 @@ pub fn start(shared: Arc<Shared>, settings: &Settings, link: Link) -> Election {
         lp,
         presence: presence_task,
         _closed: closed,
+        stop: None,
     }
 }
 
@@ -145,7 +151,7 @@ impl Election {
     #[allow(clippy::manual_async_fn)]
     pub fn run(mut self, shutdown: CancellationToken) -> impl Future<Output = ()> + Send {
         async move {
-            let _stop = shutdown.clone().drop_guard();
+            self.stop = Some(shutdown.clone().drop_guard());
             // A token of its own to wait on: thousands of loops waiting on
             // one shared its lock at every turn of each.
             let shutdown = shutdown.child_token();

@@ -24,8 +24,9 @@ use super::{Job, Request};
 /// is known to fit well within a renewal interval.
 pub(super) const ATTEMPTS_PER_BATCH: usize = leaderd_core::WAVE_GROUP;
 
-/// The releases one batch carries at most: on MySQL each is a statement
-/// of its own (about 0.3 ms here), and a batch of them is cut at 800 ms.
+/// The releases one batch carries at most: one statement on every
+/// backend, but on MySQL a row locked elsewhere sends them one by one
+/// (about 0.3 ms each here), and a batch of them is cut at 800 ms.
 pub(super) const RELEASES_PER_BATCH: usize = 256;
 
 /// Takes the next batch's jobs out of `pending` (see the module's docs).

@@ -195,7 +195,11 @@ impl Task {
         let answer = tokio::time::timeout(RELEASE_CAP, conn.release_many(&items)).await;
         let answer = self.settle(answer, RELEASE_CAP, "release");
         for (i, (_, _, _, reply)) in releases.into_iter().enumerate() {
-            let _ = reply.send(answer.as_ref().map(|r| r[i]).map_err(Clone::clone));
+            let one = match &answer {
+                Ok(each) => each[i].as_ref().map(|r| *r).map_err(ToString::to_string),
+                Err(e) => Err(e.clone()),
+            };
+            let _ = reply.send(one);
         }
     }
 
