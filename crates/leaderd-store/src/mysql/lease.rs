@@ -469,7 +469,7 @@ mod tests {
         let seen = expired_rows(&mut a, &refs).await;
         let items: Vec<(&LeaseRequest<'_>, i64)> = refs.iter().copied().zip(seen).collect();
         assert_eq!(a.take_all(&items).await.unwrap(), [true; 3]);
-        let rel = |election| crate::Release {
+        let rel = |election| crate::shared::lease::Release {
             election,
             instance: "ia",
             successor: None,

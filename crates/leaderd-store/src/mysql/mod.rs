@@ -7,6 +7,7 @@
 //!   renewal, creation), the release and the listings, each one `Sql` with
 //!   a MariaDB text and a MySQL 8 text, bounded in its own lock waits;
 //! - `lease`: acquire-or-renew by reading first, alone and in batches;
+//! - `release`: freeing rows, alone and in batches;
 //! - `connect`: opening a connection (TLS, the server's kind);
 //! - `wake`: the named locks a leader holds and followers wait on;
 //! - `galera`: wake-ups across the nodes of a Galera cluster;
@@ -17,6 +18,7 @@ mod connect;
 mod galera;
 mod lease;
 mod plan;
+mod release;
 #[cfg(test)]
 mod scratch;
 mod statements;
