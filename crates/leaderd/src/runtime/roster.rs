@@ -216,9 +216,14 @@ impl Roster {
     /// since.
     pub fn others_competing(&self, now: BootTime) -> Option<usize> {
         let view = self.view();
+        self.fresh(&view, now).map(|_| view.peers.len())
+    }
+
+    /// When the rows `view` holds were read, if within a ttl of `now`: an
+    /// older read does not say who is live.
+    fn fresh(&self, view: &View, now: BootTime) -> Option<BootTime> {
         view.read_at
             .filter(|at| now.saturating_since(*at) <= self.timing.ttl())
-            .map(|_| view.peers.len())
     }
 
     /// Whether a release at `now` has nobody to name because no other
@@ -228,9 +233,7 @@ impl Roster {
     /// warnings for one fact).
     pub fn alone_unsaid(&self, now: BootTime) -> bool {
         let mut view = self.view();
-        let read = view
-            .read_at
-            .filter(|at| now.saturating_since(*at) <= self.timing.ttl());
+        let read = self.fresh(&view, now);
         if read.is_none() || !view.peers.is_empty() || view.alone_said == read {
             return false;
         }
@@ -250,15 +253,8 @@ impl Roster {
         let t = self.timing;
         let mut view = self.view();
         // Not heard from the table for a ttl: who is live is not known.
-        if view
-            .read_at
-            .is_none_or(|at| now.saturating_since(at) > t.ttl())
-        {
-            return None;
-        }
-        let since_read = view
-            .read_at
-            .map_or(Duration::ZERO, |at| now.saturating_since(at));
+        let read_at = self.fresh(&view, now)?;
+        let since_read = now.saturating_since(read_at);
         view.named
             .retain(|(_, at)| now.saturating_since(*at) < t.ttl());
         let candidates: Vec<Candidate<'_>> = view
