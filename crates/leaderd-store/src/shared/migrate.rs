@@ -325,7 +325,11 @@ pub(crate) async fn run<M: Migrator>(conn: &mut M, plan: &Plan) -> Result<Migrat
                 result = Migrated::Applied;
             }
         }
-        conn.batch(plan.unlock).await?;
+        // Tried again as the steps are: on Galera the claim's delete can
+        // lose certification to another node's claim on the same row made
+        // at that moment ("Deadlock found"), and the migration, done, would
+        // fail and leave its claim to hold the others off for its 30 s.
+        batch_retrying(conn, plan.unlock, plan.retry_busy).await?;
     }
     // Not after the steps, which end with it: a round trip saved where
     // each is dear (a first start far from the database).
@@ -346,7 +350,7 @@ pub(crate) async fn run<M: Migrator>(conn: &mut M, plan: &Plan) -> Result<Migrat
                  trying again at the next migration"
             );
         }
-        conn.batch(plan.unlock).await?;
+        batch_retrying(conn, plan.unlock, plan.retry_busy).await?;
     }
     Ok(result)
 }
