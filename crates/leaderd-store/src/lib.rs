@@ -60,6 +60,7 @@ mod waiter;
 pub use leaderd_core::{Attempt, Observed};
 pub use postgres::{takeovers_held_off_total, Listener, Probe};
 pub use shared::clock::{boot_id, boot_now};
+use shared::error::row_answer;
 pub use shared::error::StoreError;
 pub use shared::history::Term;
 pub use shared::lease::{
@@ -257,10 +258,7 @@ impl Connection {
     ) -> Result<Vec<Result<bool, StoreError>>, StoreError> {
         // One alone takes the single statement (prepared, and announced).
         if let [one] = items {
-            return match self.release_one(one).await {
-                Err(StoreError::Busy) => Ok(vec![Err(StoreError::Busy)]),
-                released => Ok(vec![Ok(released?)]),
-            };
+            return Ok(vec![row_answer(self.release_one(one).await)?]);
         }
         let all = |released: Vec<bool>| released.into_iter().map(Ok).collect();
         match self {

@@ -7,7 +7,7 @@ use diesel_async::RunQueryDsl;
 use super::lease::{busy_or, lock_busy};
 use super::statements::{FREE_OF, RELEASE, RELEASE_ALL, RELEASE_MANY_MAX};
 use super::store::MysqlStore;
-use crate::shared::error::StoreError;
+use crate::shared::error::{row_answer, StoreError};
 use crate::shared::lease::Release;
 use crate::shared::sql::{Bind, Stmt};
 
@@ -65,10 +65,7 @@ impl MysqlStore {
             Err(e) if lock_busy(&e) => {
                 let mut out = Vec::with_capacity(part.len());
                 for item in part {
-                    out.push(match self.release(item).await {
-                        Err(StoreError::Busy) => Err(StoreError::Busy),
-                        released => Ok(released?),
-                    });
+                    out.push(row_answer(self.release(item).await)?);
                 }
                 Ok(out)
             }

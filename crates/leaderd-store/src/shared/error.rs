@@ -104,6 +104,18 @@ pub(crate) fn guard_refused(e: &tokio_postgres::Error) -> bool {
     e.as_db_error().is_some_and(|d| d.code().code() == "LF010")
 }
 
+/// One row's outcome within a batch: its own lock held elsewhere
+/// ([`StoreError::Busy`]) is that row's answer; any other error is the
+/// batch's (the outer one: its connection is dropped).
+pub(crate) fn row_answer<T>(
+    outcome: Result<T, StoreError>,
+) -> Result<Result<T, StoreError>, StoreError> {
+    match outcome {
+        Err(StoreError::Busy) => Ok(Err(StoreError::Busy)),
+        outcome => outcome.map(Ok),
+    }
+}
+
 /// Whether a step was refused because a lock it needs was not granted
 /// within the plan's bound: PostgreSQL's `lock_not_available` (55P03),
 /// MySQL's lock wait timeout (1205), or a deadlock (1213), which is also
