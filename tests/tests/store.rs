@@ -469,12 +469,21 @@ pub async fn status_lists_every_election(url: &str) {
     assert_eq!(rows[1].holder, None);
     // A prefix is filtered by the database, literally (no pattern
     // characters), and counted in characters of any width.
-    assert_eq!(
-        a.acquire_or_renew(&req("é/2", "a", "ia")).await.unwrap(),
-        Attempt::Created
-    );
+    // Quotes and backslashes too.
+    for name in ["é/2", "q'x", "b\\x"] {
+        assert_eq!(
+            a.acquire_or_renew(&req(name, "a", "ia")).await.unwrap(),
+            Attempt::Created
+        );
+    }
     for (prefix, want) in [
-        ("t", &["two"][..]),
+        ("q'", &["q'x"][..]),
+        ("q''", &[]),
+        ("b\\", &["b\\x"]),
+        ("b\\\\", &[]),
+        ("'", &[]),
+        ("\\", &[]),
+        ("t", &["two"]),
         ("on", &["one"]),
         ("é", &["é/2"]),
         ("é/", &["é/2"]),
@@ -878,6 +887,19 @@ async fn postgres_warm_up_runs_the_takeover_path_and_leaves_nothing() {
         .unwrap()
         .get(0);
     assert_eq!(busy, 0);
+    // On this direct connection it ran one election's release (after its
+    // takeover), prepared, to have them planned for good.
+    let last: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_catalog.pg_stat_activity a \
+             WHERE a.datname = pg_catalog.current_database() \
+               AND a.query LIKE 'WITH p AS (SELECT $1::varchar AS name, $2::varchar AS inst, $3::varchar AS succ%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(last, 1);
     let a = req("e", "a", "ia");
     let token = acquire(&mut c, &a, Duration::from_secs(3)).await;
     assert!(c.release("e", "ia").await.unwrap());

@@ -1,6 +1,7 @@
 //! Acquire-or-renew on PostgreSQL: a leader's renewals of every election
 //! it holds in one statement; the other elections' attempts (and any
-//! renewal that did not match) in one more, in parts of at most
+//! renewal that did not match) in one more (each with plain binds for one
+//! election, arrays for more), in parts of at most
 //! [`TAKE_LIMIT`] takeovers; missing rows created in a third.
 
 use std::time::Duration;
@@ -126,13 +127,26 @@ impl PgStore {
             let holders: Vec<&str> = sent.iter().map(|&i| reqs[i].holder).collect();
             let daemons: Vec<Option<&str>> = sent.iter().map(|&i| reqs[i].daemon).collect();
             let addresses: Vec<Option<&str>> = sent.iter().map(|&i| reqs[i].address).collect();
-            let rows = self
-                .query(
-                    self.stmts.acquire_many,
-                    ACQUIRE_MANY_TYPES,
-                    &[&names, &insts, &holders, &ttl_us, &daemons, &addresses],
-                )
-                .await?;
+            let rows = match (
+                &names[..],
+                &insts[..],
+                &holders[..],
+                &daemons[..],
+                &addresses[..],
+            ) {
+                ([name], [inst], [holder], [daemon], [address]) => {
+                    let params: [&(dyn ToSql + Sync); 6] =
+                        [name, inst, holder, &ttl_us, daemon, address];
+                    self.query(self.stmts.acquire_one, ACQUIRE_ONE_TYPES, &params)
+                        .await?
+                }
+                _ => {
+                    let params: [&(dyn ToSql + Sync); 6] =
+                        [&names, &insts, &holders, &ttl_us, &daemons, &addresses];
+                    self.query(self.stmts.acquire_many, ACQUIRE_MANY_TYPES, &params)
+                        .await?
+                }
+            };
             // The trigger's notices came before the answer.
             let lease = reqs.first().map_or(Duration::ZERO, |r| r.ttl);
             self.held_off.review(lease, std::time::Instant::now());

@@ -102,6 +102,25 @@ impl PgStore {
         self.cancel.clone()
     }
 
+    /// Waits for whether the connection is direct, if that is being found.
+    pub(super) async fn found_direct(&mut self) -> bool {
+        if let Some(finding) = self.finding.take() {
+            if matches!(finding.await, Ok(true)) {
+                self.named = Some(Vec::new());
+            }
+        }
+        self.named.is_some()
+    }
+
+    /// The statement `sql` prepared on this connection, if it is.
+    pub(super) fn prepared(&self, sql: &str) -> Option<tokio_postgres::Statement> {
+        let named = self.named.as_ref()?;
+        named
+            .iter()
+            .find(|(s, _)| *s == sql)
+            .map(|(_, st)| st.clone())
+    }
+
     /// Takes the answer to whether the connection is direct once it is there.
     fn settle(&mut self) {
         use futures_util::FutureExt;
@@ -196,13 +215,18 @@ impl PgStore {
             .map(|r| r.successor.map(|s| s.daemon))
             .collect();
         let windows: Vec<i64> = items.iter().map(Release::window_us).collect();
-        let rows = self
-            .query(
-                self.stmts.release_many,
-                RELEASE_MANY_TYPES,
-                &[&names, &insts, &succs, &windows],
-            )
-            .await?;
+        let rows = match (&names[..], &insts[..], &succs[..], &windows[..]) {
+            ([name], [inst], [succ], [window]) => {
+                let params: [&(dyn ToSql + Sync); 4] = [name, inst, succ, window];
+                self.query(self.stmts.release_one, RELEASE_ONE_TYPES, &params)
+                    .await?
+            }
+            _ => {
+                let params: [&(dyn ToSql + Sync); 4] = [&names, &insts, &succs, &windows];
+                self.query(self.stmts.release_many, RELEASE_MANY_TYPES, &params)
+                    .await?
+            }
+        };
         let released: Vec<String> = rows
             .iter()
             .map(|r| r.try_get(0))
