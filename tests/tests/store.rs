@@ -887,19 +887,38 @@ async fn postgres_warm_up_runs_the_takeover_path_and_leaves_nothing() {
         .unwrap()
         .get(0);
     assert_eq!(busy, 0);
-    // On this direct connection it ran one election's release (after its
-    // takeover), prepared, to have them planned for good.
-    let last: i64 = admin
+    // On this direct connection it then ran one election's takeover and
+    // release, prepared, in a transaction it ended: last, its `ROLLBACK`.
+    let ended: i64 = admin
         .query_one(
             "SELECT count(*) FROM pg_catalog.pg_stat_activity a \
-             WHERE a.datname = pg_catalog.current_database() \
-               AND a.query LIKE 'WITH p AS (SELECT $1::varchar AS name, $2::varchar AS inst, $3::varchar AS succ%'",
+             WHERE a.datname = pg_catalog.current_database() AND a.query = 'ROLLBACK'",
             &[],
         )
         .await
         .unwrap()
         .get(0);
-    assert_eq!(last, 1);
+    assert_eq!(ended, 1);
+    // A row of the name those use, made by hand (and expired: a takeover
+    // would take it), is left as it was.
+    admin
+        .batch_execute(
+            "INSERT INTO public.service_leader_lock (name, holder, instance, token, expires_at) \
+             VALUES ('leaderd-warm-up/plan', 'x', 'ix', 7, now() - interval '1 hour')",
+        )
+        .await
+        .unwrap();
+    connect(&db.url).await.warm_up().await.unwrap();
+    let row = admin
+        .query_one(
+            "SELECT holder, instance, token FROM public.service_leader_lock \
+             WHERE name = 'leaderd-warm-up/plan'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let row: (String, String, i64) = (row.get(0), row.get(1), row.get(2));
+    assert_eq!(row, ("x".to_owned(), "ix".to_owned(), 7));
     let a = req("e", "a", "ia");
     let token = acquire(&mut c, &a, Duration::from_secs(3)).await;
     assert!(c.release("e", "ia").await.unwrap());

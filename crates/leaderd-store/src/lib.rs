@@ -125,7 +125,9 @@ impl Connection {
     /// connection's own and undoes them, so that the server's session has
     /// compiled the table's triggers before a handover needs them (see
     /// `postgres::warm_up`; its row's name starts with [`WARM_UP_PREFIX`]).
-    /// One round trip. Elsewhere nothing to do. An error the server
+    /// One round trip, two more on a direct connection (to have one
+    /// election's takeover and release planned for good). Elsewhere
+    /// nothing to do. An error the server
     /// answers costs only the gain.
     pub async fn warm_up(&mut self) -> Result<(), StoreError> {
         match self {

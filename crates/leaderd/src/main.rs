@@ -263,6 +263,8 @@ async fn run(settings: Settings, commands: Option<Vec<Vec<OsString>>>) -> anyhow
         settings.timing.heartbeat(),
         shutdown.clone(),
     ));
+    // Kept until the exit (see below).
+    let sessions = link.clone();
     let presence = tokio::spawn(runtime::presence::run(
         daemon.clone(),
         settings.clone(),
@@ -285,6 +287,14 @@ async fn run(settings: Settings, commands: Option<Vec<Vec<OsString>>>) -> anyhow
     };
     let mut failed = None;
     let (loops, _) = tokio::join!(futures_util::future::join_all(loops), presence);
+    let released = loops.iter().any(|r| matches!(r, Ok(true)));
+    // The sessions' end would compete with the successor's takeover.
+    tokio::time::sleep(leaderd_core::successor::exit_linger(
+        settings.timing,
+        released,
+    ))
+    .await;
+    drop(sessions);
     waiter.abort();
     for election in loops {
         if let Err(e) = election {

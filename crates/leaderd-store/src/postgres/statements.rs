@@ -22,8 +22,9 @@ use tokio_postgres::types::Type;
 /// 0.1.0, "Performance"): [`RENEW_MANY`] with
 /// arrays of one renewed 18 % slower in `pgbench -M prepared` at 32 clients
 /// (14,780 against 18,102 tps) and 26–45 % slower in the heartbeat bench
-/// (named, unnamed and through PgBouncer). The other statements serve one
-/// election as arrays of one: there the difference was within noise.
+/// (named, unnamed and through PgBouncer). The takeover and the release
+/// have such twins too (`Statements::acquire_one`, `release_one`), for
+/// their plans.
 pub(super) const RENEW: &str = "WITH c AS (SELECT id FROM {t} \
       WHERE name OPERATOR(pg_catalog.=) $1 AND instance OPERATOR(pg_catalog.=) $2 \
         AND token OPERATOR(pg_catalog.=) $3 AND expires_at OPERATOR(pg_catalog.>) pg_catalog.now() \
@@ -167,7 +168,7 @@ WITH p AS (SELECT * FROM ROWS FROM (pg_catalog.unnest($1::varchar[]), pg_catalog
                                     pg_catalog.unnest($6::varchar[]))
            WITH ORDINALITY AS p(name, inst, holder, daemon, addr, n)),";
 
-/// ... and [`ACQUIRE_ONE`]'s one, from plain binds.
+/// ... and `Statements::acquire_one`'s one, from plain binds.
 const ACQUIRE_ONE_ELEMENT: &str = "\
 WITH p AS (SELECT $1::varchar AS name, $2::varchar AS inst, $3::varchar AS holder,
                   $5::varchar AS daemon, $6::varchar AS addr, 1::bigint AS n),";

@@ -112,6 +112,29 @@ impl PgStore {
         self.named.is_some()
     }
 
+    /// Prepares the statements of a lease's life not prepared yet, on a
+    /// direct connection (see `Statements::hot`), in one round trip.
+    pub(super) async fn prepare_hot(&mut self) {
+        let Some(named) = &mut self.named else {
+            return;
+        };
+        let wanted: Vec<(&'static str, &[Type])> = self
+            .stmts
+            .hot()
+            .into_iter()
+            .filter(|(s, _)| !named.iter().any(|(n, _)| n == s))
+            .collect();
+        let client = &self.client;
+        let stmts =
+            futures_util::future::join_all(wanted.iter().map(|(s, t)| client.prepare_typed(s, t)))
+                .await;
+        for ((s, _), stmt) in wanted.iter().zip(stmts) {
+            if let Ok(stmt) = stmt {
+                named.push((s, stmt));
+            }
+        }
+    }
+
     /// The statement `sql` prepared on this connection, if it is.
     pub(super) fn prepared(&self, sql: &str) -> Option<tokio_postgres::Statement> {
         let named = self.named.as_ref()?;

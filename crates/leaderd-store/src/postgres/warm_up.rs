@@ -11,23 +11,28 @@
 //! nothing kept, nothing another session reads.
 //!
 //! On a direct connection it then has the takeover and the release of one
-//! election planned for good (`plan_for_good`). Through a transaction pooler it readies
-//! whichever server session the pooler picks: no gain, no harm. A failure the server answers (no table
+//! election planned for good (`plan_for_good`, two more round trips).
+//! Through a transaction pooler it readies whichever server session the
+//! pooler picks: no gain, no harm. A failure the server answers (no table
 //! yet, a role without the right, a read-only standby, a lock not granted
 //! within 100 ms) costs only the gain.
 
-use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::types::ToSql;
 
-use super::statements::{ACQUIRE_ONE_TYPES, RELEASE_ONE_TYPES};
 use super::store::PgStore;
 use crate::shared::error::StoreError;
 use crate::shared::lease::WARM_UP_PREFIX;
 
-/// How often [`PgStore::plan_for_good`] runs a statement: the server
+/// How often [`PgStore::plan_for_good`] runs each statement: the server
 /// plans a prepared statement for the values bound at its first five uses,
 /// and for any values at the sixth, a plan it keeps where it looks no
 /// dearer (as for one election's plain binds).
 const PLAN_USES: usize = 6;
+
+/// Around [`PgStore::plan_for_good`]'s uses: a transaction undone at the
+/// end, whose statements give up a row lock after 100 ms.
+const PLAN_BEGIN: &str = "BEGIN; SET LOCAL lock_timeout = '100ms'";
+const PLAN_END: &str = "ROLLBACK";
 
 impl PgStore {
     /// Runs the takeover's and the release's path once, undone; then, on a
@@ -39,44 +44,50 @@ impl PgStore {
             self.client.batch_execute(sql).await?;
         }
         if self.found_direct().await {
-            let name = format!("{WARM_UP_PREFIX}plan");
-            let none: Option<&str> = None;
-            let (acquire, release) = (self.stmts.acquire_one, self.stmts.release_one);
-            let params: [&(dyn ToSql + Sync); 6] = [&name, &name, &name, &0_i64, &none, &none];
-            self.plan_for_good(acquire, ACQUIRE_ONE_TYPES, &params)
-                .await?;
-            let params: [&(dyn ToSql + Sync); 4] = [&name, &name, &none, &0_i64];
-            self.plan_for_good(release, RELEASE_ONE_TYPES, &params)
-                .await?;
+            self.plan_for_good().await?;
         }
         Ok(())
     }
 
-    /// Runs `sql` [`PLAN_USES`] times, in one round trip, for a name no
-    /// row has (names with the warm-up's prefix are refused as elections):
-    /// nothing is read, locked or written. Without it, a replica's first
-    /// five attempts or releases are planned for their values, and a
-    /// handover among them, typically to or from a new replica in a
-    /// rolling update, paid that plan: 0.5–1.3 ms for a takeover (see
-    /// `Statements::acquire_one`).
-    async fn plan_for_good(
-        &mut self,
-        sql: &'static str,
-        types: &[Type],
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<(), StoreError> {
-        // The first use prepares it (see `PgStore::query`).
-        self.query(sql, types, params).await?;
-        let Some(stmt) = self.prepared(sql) else {
+    /// Prepares the statements (one round trip), then runs one election's
+    /// takeover and release [`PLAN_USES`] times each, on a name no
+    /// election may have, in a transaction undone at its end (one more):
+    /// should a row of that name exist (made by hand, or by an older
+    /// version's daemon), nothing done to it is kept and no notification
+    /// is sent, and a lock on it is waited for 100 ms at most. Without
+    /// it, a replica's first five attempts and releases were planned for
+    /// their values, and a handover among them, typically to or from a new
+    /// replica in a rolling update, paid that plan: 0.5–1.3 ms for a
+    /// takeover (see `Statements::acquire_one`).
+    async fn plan_for_good(&mut self) -> Result<(), StoreError> {
+        self.prepare_hot().await;
+        let (Some(acquire), Some(release)) = (
+            self.prepared(self.stmts.acquire_one),
+            self.prepared(self.stmts.release_one),
+        ) else {
             return Ok(());
         };
+        let name = format!("{WARM_UP_PREFIX}plan");
+        let none: Option<&str> = None;
+        let acquire_params: [&(dyn ToSql + Sync); 6] = [&name, &name, &name, &0_i64, &none, &none];
+        let release_params: [&(dyn ToSql + Sync); 4] = [&name, &name, &none, &0_i64];
         let client = &self.client;
-        let uses =
-            futures_util::future::join_all((0..PLAN_USES).map(|_| client.query(&stmt, params)))
-                .await;
-        for used in uses {
+        // Sent together, in order: the end goes whatever the uses answer.
+        let (begun, acquired, released, ended) = tokio::join!(
+            client.batch_execute(PLAN_BEGIN),
+            futures_util::future::join_all(
+                (0..PLAN_USES).map(|_| client.query(&acquire, &acquire_params))
+            ),
+            futures_util::future::join_all(
+                (0..PLAN_USES).map(|_| client.query(&release, &release_params))
+            ),
+            client.batch_execute(PLAN_END),
+        );
+        begun?;
+        for used in acquired.into_iter().chain(released) {
             used?;
         }
+        ended?;
         Ok(())
     }
 }

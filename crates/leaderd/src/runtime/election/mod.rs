@@ -56,8 +56,9 @@ const NOTICE_BUDGET: Duration = Duration::from_millis(100);
 const FLAG_BUDGET: Duration = Duration::from_millis(100);
 
 /// How long shutdown waits for the presence to be let go. With the above,
-/// the HTTP server's 0.3 s, the runtime's 0.1 s and the log flush's 0.1 s,
-/// shutdown stays under 1.8 s.
+/// the sessions' linger (`leaderd_core::successor::LINGER_CAP`), the HTTP
+/// server's 0.3 s, the runtime's 0.1 s and the log flush's 0.1 s,
+/// shutdown stays under 1.9 s.
 const PRESENCE_BUDGET: Duration = Duration::from_millis(100);
 
 /// How long after a command's deadline its reaping may take.
@@ -141,15 +142,16 @@ pub fn start(shared: Arc<Shared>, settings: &Settings, link: Link) -> Election {
 }
 
 impl Election {
-    /// Runs the election until `shutdown` fires, then releases the row.
-    /// Should the loop fail (a panic), `shutdown` is cancelled on the way
-    /// out: nothing may run on as if this election were led.
+    /// Runs the election until `shutdown` fires, then releases the row:
+    /// whether it freed it then. Should the loop fail (a panic), `shutdown`
+    /// is cancelled on the way out: nothing may run on as if this election
+    /// were led.
     ///
     /// An `async` block, not an `async fn`: the future of an `async fn`
     /// keeps its arguments twice (as passed, and as locals), and this one
     /// is a task of its own in each of thousands of elections.
     #[allow(clippy::manual_async_fn)]
-    pub fn run(mut self, shutdown: CancellationToken) -> impl Future<Output = ()> + Send {
+    pub fn run(mut self, shutdown: CancellationToken) -> impl Future<Output = bool> + Send {
         async move {
             self.stop = Some(shutdown.clone().drop_guard());
             // A token of its own to wait on: thousands of loops waiting on
@@ -171,17 +173,17 @@ impl Election {
             self.lp.shared.control.close();
             // Boxed, as every rare path: the future of the loop's life
             // stays the size of its waiting.
-            Box::pin(self.finish()).await;
+            Box::pin(self.finish()).await
         }
     }
 
     /// After the loop: stop claiming leadership, release the row, let the
-    /// presence and the flag file go.
-    async fn finish(mut self) {
+    /// presence and the flag file go. Whether the row was freed.
+    async fn finish(mut self) -> bool {
         let lp = &mut self.lp;
         lp.report.step_down(&lp.shared);
         let instance = lp.shared.engine().instance().to_owned();
-        lp.release_row(&instance, true).await;
+        let released = lp.release_row(&instance, true).await;
         // The named lock (MySQL) goes with the process anyway; letting it
         // go first wakes the others a little sooner. The flag file, if the
         // disk allows, should not outlive the process.
@@ -193,6 +195,7 @@ impl Election {
             }
         };
         let _ = tokio::join!(presence_gone, lp.report.flag_removed(PRESENCE_BUDGET));
+        released
     }
 }
 

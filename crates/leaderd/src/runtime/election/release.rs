@@ -12,11 +12,11 @@ impl Loop {
     /// on the connection the last attempt used when it is still usable,
     /// naming the successor (`leaving`: this replica goes, see
     /// `Roster::successor`); then let the presence go, which wakes the
-    /// others on MySQL.
-    pub(super) async fn release_row(&mut self, instance: &str, leaving: bool) {
+    /// others on MySQL. Whether it freed the row.
+    pub(super) async fn release_row(&mut self, instance: &str, leaving: bool) -> bool {
         if !self.may_hold() {
             self.sync_presence();
-            return;
+            return false;
         }
         // Not the presence: it goes only once the row is free (below).
         self.shared.publish();
@@ -57,7 +57,7 @@ impl Loop {
                 election,
                 "the flag file was not removed in time; not releasing, the lease expires by itself"
             );
-            return;
+            return false;
         }
         let roster = self.shared.roster.clone();
         let released = tokio::time::timeout(RELEASE_BUDGET, async {
@@ -83,6 +83,7 @@ impl Loop {
             self.unanswered = false;
         }
         self.sync_presence();
+        let freed = matches!(released, Ok(Ok(true)));
         match released {
             Ok(Ok(true)) => info!(election, "released the lease"),
             Ok(Ok(false)) => info!(election, "nothing to release: the lease was no longer ours"),
@@ -91,5 +92,6 @@ impl Loop {
             }
             Err(_) => warn!(election, "release timed out; the lease expires by itself"),
         }
+        freed
     }
 }
