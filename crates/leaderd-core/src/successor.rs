@@ -29,13 +29,12 @@ pub const LINGER_CAP: Duration = Duration::from_millis(50);
 /// How long a daemon that is exiting keeps its database sessions open
 /// after its elections' releases: a twentieth of the heartbeat, at most
 /// [`LINGER_CAP`] (50 ms by default), when it released a row
-/// (`released`), else nothing. The
-/// successor's takeover follows a release within a round trip or two, and
-/// the end of the releaser's sessions, a few milliseconds of the database
-/// server's work (and of the host's, with the process's exit, where the
-/// replicas share one), competed with it: the take of a SIGTERM handover
-/// on a 2-core host, median, 2.5–3.9 ms without the wait and 1.35 ms with
-/// it (BENCHMARKS.md).
+/// (`released`), else nothing. The successor's takeover follows a release
+/// within a round trip or two, and the end of the releaser's sessions, a
+/// few milliseconds of the database server's work (and of the host's,
+/// with the process's exit, where the replicas share one), competed with
+/// it: the take of a SIGTERM handover on a 2-core host, median, 2.5–3.9 ms
+/// without the wait and 1.3–1.6 ms with it (BENCHMARKS.md).
 pub fn exit_linger(timing: Timing, released: bool) -> Duration {
     if released {
         (timing.heartbeat() / 20).min(LINGER_CAP)
