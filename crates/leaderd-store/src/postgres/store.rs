@@ -118,21 +118,8 @@ impl PgStore {
         let Some(named) = &mut self.named else {
             return;
         };
-        let wanted: Vec<(&'static str, &[Type])> = self
-            .stmts
-            .hot()
-            .into_iter()
-            .filter(|(s, _)| !named.iter().any(|(n, _)| n == s))
-            .collect();
-        let client = &self.client;
-        let stmts =
-            futures_util::future::join_all(wanted.iter().map(|(s, t)| client.prepare_typed(s, t)))
-                .await;
-        for ((s, _), stmt) in wanted.iter().zip(stmts) {
-            if let Ok(stmt) = stmt {
-                named.push((s, stmt));
-            }
-        }
+        let wanted: Vec<_> = unprepared(self.stmts, named).collect();
+        prepare(&self.client, named, &wanted).await;
     }
 
     /// The statement `sql` prepared on this connection, if it is.
@@ -205,22 +192,16 @@ impl PgStore {
         // otherwise wait for its statement's parse and plan twice.
         let now_typed = typed();
         let mut wanted: Vec<(&'static str, &[Type])> = vec![(sql, types)];
-        wanted.extend(
-            self.stmts
-                .hot()
-                .into_iter()
-                .filter(|(s, _)| *s != sql && !named.iter().any(|(n, _)| n == s)),
-        );
-        let client = &self.client;
-        let (rows, stmts) = tokio::join!(
-            client.query_typed(sql, &now_typed),
-            futures_util::future::join_all(wanted.iter().map(|(s, t)| client.prepare_typed(s, t)))
-        );
-        for ((s, _), stmt) in wanted.iter().zip(stmts) {
-            if let Ok(stmt) = stmt {
-                named.push((s, stmt));
+        for (s, t) in unprepared(self.stmts, named) {
+            if s != sql {
+                wanted.push((s, t));
             }
         }
+        let client = &self.client;
+        let (rows, ()) = tokio::join!(
+            client.query_typed(sql, &now_typed),
+            prepare(client, named, &wanted)
+        );
         Ok(rows?)
     }
 
@@ -306,5 +287,33 @@ impl PgStore {
 
     pub(crate) async fn fence_status(&mut self) -> Result<FenceStatus, StoreError> {
         migrate::fence_status(&mut self.client, &MIGRATION).await
+    }
+}
+
+/// The statements of a lease's life (`Statements::hot`) not in `named`.
+fn unprepared<'a>(
+    stmts: &'static Statements,
+    named: &'a [(&'static str, tokio_postgres::Statement)],
+) -> impl Iterator<Item = (&'static str, &'static [Type])> + 'a {
+    stmts
+        .hot()
+        .into_iter()
+        .filter(|(s, _)| !named.iter().any(|(n, _)| n == s))
+}
+
+/// Prepares `wanted`, pipelined (one round trip), and keeps in `named`
+/// what the server accepted (the rest goes unnamed, as before).
+async fn prepare(
+    client: &Client,
+    named: &mut Vec<(&'static str, tokio_postgres::Statement)>,
+    wanted: &[(&'static str, &[Type])],
+) {
+    let stmts =
+        futures_util::future::join_all(wanted.iter().map(|(s, t)| client.prepare_typed(s, t)))
+            .await;
+    for ((s, _), stmt) in wanted.iter().zip(stmts) {
+        if let Ok(stmt) = stmt {
+            named.push((s, stmt));
+        }
     }
 }
