@@ -1,6 +1,7 @@
 //! Graceful handover at its limit: three daemons on PostgreSQL (default
 //! timing); the leader is SIGTERMed or released (`leaderd release`) 20
-//! times a run, three runs each, timed from the signal (or request) until
+//! times a run, three runs each, timed from the signal (or the release
+//! command's start; its own exit is not waited for) until
 //! another daemon's flag file exists, as the ZooKeeper candidates beside
 //! each run are (see `zookeeper`), the reference its p90 is held to; and
 //! until that daemon answers 200 on `/leader`, asked only once its file
@@ -40,6 +41,18 @@ struct Parts {
     answered: Duration,
 }
 
+/// `leaderd release --listen listen --hold hold`, started.
+fn release_command(listen: &str, hold: &str) -> Result<std::process::Child> {
+    let mut cmd = std::process::Command::new(leaderd_tests::leaderd_bin());
+    leaderd_tests::scrub_env(&mut cmd);
+    Ok(cmd
+        .args(["release", "--listen", listen, "--hold", hold])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?)
+}
+
 /// When the first line of `message` at or after `since` was logged.
 fn logged_at(d: &Daemon, message: &str, since: SystemTime) -> Option<SystemTime> {
     d.logged(message).iter().find_map(|e: &Value| {
@@ -70,19 +83,29 @@ fn run_once(url: &str, sigterm: bool, rounds: usize) -> Result<Vec<Parts>> {
             RELEASE_HOLD + Duration::from_micros(pseudo_random(round as u64) % 1_000_000),
         );
         let others: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+        let listen = format!("127.0.0.1:{}", ds[leader].port);
+        let hold = format!("{}ms", RELEASE_HOLD.as_millis());
         let (signalled, t0) = (SystemTime::now(), Instant::now());
-        if sigterm {
+        // The release command runs while the files are polled, as the
+        // signal's handover goes on after `kill` returns: its own exit is
+        // not part of the handover.
+        let releasing = if sigterm {
             ds[leader].signal(Signal::TERM);
+            None
         } else {
-            let listen = format!("127.0.0.1:{}", ds[leader].port);
-            let hold = format!("{}ms", RELEASE_HOLD.as_millis());
-            let (code, _, err) =
-                leaderd_tests::run_cli(&["release", "--listen", &listen, "--hold", &hold], &[]);
-            anyhow::ensure!(code == 0, "release failed: {err}");
-        }
+            Some(release_command(&listen, &hold)?)
+        };
         let (new, total) = poll(t0, "no handover", || {
             others.iter().copied().find(|&i| ds[i].flag.exists())
         });
+        if let Some(releasing) = releasing {
+            let out = releasing.wait_with_output()?;
+            anyhow::ensure!(
+                out.status.success(),
+                "release failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
         let ((), answered) = poll(t0, "a flag file without `/leader`", || {
             ds[new].is_leader().then_some(())
         });
