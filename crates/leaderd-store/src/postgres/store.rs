@@ -105,11 +105,17 @@ impl PgStore {
     /// Waits for whether the connection is direct, if that is being found.
     pub(super) async fn found_direct(&mut self) -> bool {
         if let Some(finding) = self.finding.take() {
-            if matches!(finding.await, Ok(true)) {
-                self.named = Some(Vec::new());
-            }
+            self.found(finding.await);
         }
         self.named.is_some()
+    }
+
+    /// Names statements from now on if the check found the connection
+    /// direct (a failed check: unnamed, as through a pooler).
+    fn found(&mut self, direct: Result<bool, tokio::task::JoinError>) {
+        if matches!(direct, Ok(true)) {
+            self.named = Some(Vec::new());
+        }
     }
 
     /// Prepares the statements of a lease's life not prepared yet, on a
@@ -134,13 +140,9 @@ impl PgStore {
     /// Takes the answer to whether the connection is direct once it is there.
     fn settle(&mut self) {
         use futures_util::FutureExt;
-        if let Some(finding) = &mut self.finding {
-            if finding.is_finished() {
-                let direct = finding.now_or_never().and_then(Result::ok) == Some(true);
-                self.finding = None;
-                if direct {
-                    self.named = Some(Vec::new());
-                }
+        if let Some(finding) = self.finding.take_if(|f| f.is_finished()) {
+            if let Some(direct) = finding.now_or_never() {
+                self.found(direct);
             }
         }
     }
