@@ -1504,6 +1504,42 @@ mod mysql_only {
 mod sqlite_only {
     use super::*;
 
+    /// On SQLite a release wakes every follower of every election (the wake
+    /// file names only the last one), so a presence row's release must not:
+    /// a follower woken by it a moment before the lease's release took the
+    /// lease 50 ms late, at its next wake-up's turn.
+    #[tokio::test]
+    async fn a_presence_rows_release_wakes_nobody() {
+        let db = TempDb::sqlite();
+        let wake = format!("{}.leaderd-wake", db.url.trim_start_matches("sqlite://"));
+        let woken = || std::fs::read_to_string(&wake).ok();
+        let mut c = migrated(&db.url).await;
+        let presence = "leaderd-presence/0123456789abcdef/slot-0";
+        let away = "leaderd-presence/away/0123456789abcdef/a";
+        let long = Duration::from_secs(3);
+        for row in [presence, away] {
+            acquire(&mut c, &req(row, "a", "ia"), long).await;
+            assert!(c.release(row, "ia").await.unwrap());
+            assert_eq!(woken(), None, "releasing {row} woke the followers");
+        }
+        acquire(&mut c, &req("e", "a", "ia"), long).await;
+        assert!(c.release("e", "ia").await.unwrap());
+        assert_eq!(woken().as_deref(), Some("e"));
+        // Together (a shutdown): woken for the election, not the presence.
+        for row in [presence, "f"] {
+            acquire(&mut c, &req(row, "a", "ia"), long).await;
+        }
+        let released = c
+            .release_many(&[rel(presence, "ia"), rel("f", "ia")])
+            .await
+            .unwrap();
+        assert!(
+            released.iter().all(|r| matches!(r, Ok(true))),
+            "{released:?}"
+        );
+        assert_eq!(woken().as_deref(), Some("f"));
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn many_connections_open_a_new_file_at_once() {
         for _ in 0..5 {

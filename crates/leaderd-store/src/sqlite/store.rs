@@ -26,7 +26,7 @@ use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
 use super::open::{check_file_system, open, run_blocking};
 use super::plan::MIGRATION;
 use super::statements::*;
-use super::wake::announce_release;
+use super::wake::{announce_release, wakes_anyone};
 use crate::shared::clock::boot_id;
 use crate::shared::error::StoreError;
 use crate::shared::history::{Term, TermParts, TermSql};
@@ -94,7 +94,7 @@ impl SqliteStore {
 
     pub(crate) async fn release(&mut self, item: &Release<'_>) -> Result<bool, StoreError> {
         let released = self.release_row(item).await?;
-        if released {
+        if released && wakes_anyone(item.election) {
             self.announce(item.election);
         }
         Ok(released)
@@ -111,7 +111,11 @@ impl SqliteStore {
         self.begin().await?;
         let released = self.release_each(items).await;
         let released = self.end(released).await?;
-        if let Some((item, _)) = items.iter().zip(&released).find(|(_, r)| **r) {
+        let woken = items
+            .iter()
+            .zip(&released)
+            .find(|(item, r)| **r && wakes_anyone(item.election));
+        if let Some((item, _)) = woken {
             self.announce(item.election);
         }
         Ok(released)

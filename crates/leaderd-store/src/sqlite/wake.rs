@@ -15,6 +15,17 @@ pub(super) fn wake_file(db_path: &str) -> std::path::PathBuf {
     std::path::Path::new(db_path).with_file_name(name)
 }
 
+/// Whether the release of row `name` is worth a wake-up: not a presence
+/// row's (`leaderd_core::spread::PRESENCE_PREFIX`), which nobody waits to
+/// take. Here every wake-up wakes every election of every process (the file
+/// names only the last release), and a follower woken for nothing spends
+/// its attempt on it: the lease released a moment later (a replica that
+/// drains or stops lets its presence go first) was taken 50 ms late, the
+/// wake-ups' pace (`Engine::on_release_notice`).
+pub(super) fn wakes_anyone(name: &str) -> bool {
+    !name.starts_with(leaderd_core::spread::PRESENCE_PREFIX)
+}
+
 /// Wakes the waiting processes: writes the wake file by rename, so watchers
 /// see one complete write.
 pub(super) fn announce_release(db_path: &str, election: &str) -> std::io::Result<()> {
