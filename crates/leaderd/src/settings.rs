@@ -573,6 +573,17 @@ mod tests {
     }
 
     #[test]
+    fn a_duration_without_a_unit_is_told_how_to_write_one() {
+        let msg = problems(&["--ttl", "1.5"], &env(&[]));
+        assert!(
+            msg.contains("a unit is needed (ms, s, m, h), for example 1.5s"),
+            "{msg}"
+        );
+        let msg = problems(&["--ttl", "5x"], &env(&[]));
+        assert!(msg.contains("unknown time unit \"x\""), "{msg}");
+    }
+
+    #[test]
     fn several_elections_from_each_source() {
         let s = load(&["--election", "a", "--election", "b"], &env(&[])).unwrap();
         assert_eq!(

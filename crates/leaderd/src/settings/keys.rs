@@ -355,16 +355,18 @@ pub(super) fn duration_key(
     let Some(s) = layers.get(key) else {
         return Some(default);
     };
-    match humantime::parse_duration(s.value.trim()) {
+    let text = s.value.trim();
+    match humantime::parse_duration(text) {
         Ok(d) => Some(d),
         Err(e) => {
-            problem(
-                problems,
-                key,
-                s,
-                &s.value,
-                format!("{e} (expected a duration such as 1s or 250ms)"),
-            );
+            let why = match e {
+                // Its own words suggest `sec`, where leaderd's docs write `s`.
+                humantime::DurationError::UnknownUnit { unit, .. } if unit.is_empty() => {
+                    format!("a unit is needed (ms, s, m, h), for example {text}s")
+                }
+                e => format!("{e} (expected a duration such as 1s or 250ms)"),
+            };
+            problem(problems, key, s, &s.value, why);
             None
         }
     }
