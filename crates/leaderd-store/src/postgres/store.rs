@@ -140,9 +140,12 @@ impl PgStore {
     /// Takes the answer to whether the connection is direct once it is there.
     fn settle(&mut self) {
         use futures_util::FutureExt;
-        if let Some(finding) = self.finding.take_if(|f| f.is_finished()) {
-            if let Some(direct) = finding.now_or_never() {
-                self.found(direct);
+        if let Some(mut finding) = self.finding.take_if(|f| f.is_finished()) {
+            match (&mut finding).now_or_never() {
+                Some(direct) => self.found(direct),
+                // Finished, but this task's budget was spent: kept, to be
+                // taken at the next statement rather than lost.
+                None => self.finding = Some(finding),
             }
         }
     }

@@ -20,7 +20,8 @@ pub(super) fn wake_file(db_path: &str) -> std::path::PathBuf {
 /// take. Here every wake-up wakes every election of every process (the file
 /// names only the last release), and a follower woken for nothing spends
 /// its attempt on it: the lease released a moment later (a replica that
-/// drains or stops lets its presence go first) was taken 50 ms late, the
+/// drains or stops typically lets its presence go a moment before its
+/// lease: the two tasks race) was taken 50 ms late, the
 /// wake-ups' pace (`Engine::on_release_notice`).
 pub(super) fn wakes_anyone(name: &str) -> bool {
     !name.starts_with(leaderd_core::spread::PRESENCE_PREFIX)
