@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use leaderd_store::{
-    Attempt, Connection, DatabaseUrl, LeaseRequest, Migrated, Release, StoreError, Successor,
-    WakeLock,
+    Attempt, Connection, DatabaseUrl, LeaseRequest, Migrated, Release, Released, StoreError,
+    Successor, Waiter, WakeLock,
 };
 use leaderd_tests::store::{acquire, connect, migrated, try_connect};
 use leaderd_tests::TempDb;
@@ -1504,28 +1504,51 @@ mod mysql_only {
 mod sqlite_only {
     use super::*;
 
-    /// On SQLite a release wakes every follower of every election (the wake
-    /// file names only the last one), so a presence row's release must not:
-    /// a follower woken by it a moment before the lease's release took the
-    /// lease 50 ms late, at its next wake-up's turn.
+    /// The file releases append to, beside the database.
+    fn wake_file(db: &TempDb) -> String {
+        format!("{}.leaderd-wake", db.url.trim_start_matches("sqlite://"))
+    }
+
+    async fn waiter(db: &TempDb) -> Waiter {
+        let url = DatabaseUrl::parse(&db.url).unwrap();
+        Waiter::connect(&url, &["e".to_owned()], Duration::from_secs(1))
+            .await
+            .unwrap()
+    }
+
+    /// The next release the waiter hears, within a bound.
+    async fn heard(w: &mut Waiter) -> Released {
+        tokio::time::timeout(Duration::from_secs(5), w.next(&|_| true))
+            .await
+            .expect("a release heard within 5 s")
+            .unwrap()
+    }
+
+    fn election(name: &str) -> Released {
+        Released::Election(name.to_owned())
+    }
+
+    /// A presence row's release wakes nobody: nobody waits to take it, and
+    /// a follower woken for nothing spends its wake-up (the engine takes
+    /// one each 50 ms), so the lease released a moment later was taken
+    /// 50 ms late.
     #[tokio::test]
     async fn a_presence_rows_release_wakes_nobody() {
         let db = TempDb::sqlite();
-        let wake = format!("{}.leaderd-wake", db.url.trim_start_matches("sqlite://"));
-        let woken = || std::fs::read_to_string(&wake).ok();
         let mut c = migrated(&db.url).await;
+        let mut w = waiter(&db).await;
         let presence = "leaderd-presence/0123456789abcdef/slot-0";
         let away = "leaderd-presence/away/0123456789abcdef/a";
         let long = Duration::from_secs(3);
         for row in [presence, away] {
             acquire(&mut c, &req(row, "a", "ia"), long).await;
             assert!(c.release(row, "ia").await.unwrap());
-            assert_eq!(woken(), None, "releasing {row} woke the followers");
         }
         acquire(&mut c, &req("e", "a", "ia"), long).await;
         assert!(c.release("e", "ia").await.unwrap());
-        assert_eq!(woken().as_deref(), Some("e"));
-        // Together (a shutdown): woken for the election, not the presence.
+        // The first thing heard: the presence rows' releases said nothing.
+        assert_eq!(heard(&mut w).await, election("e"));
+        // Together (a shutdown): heard for the election, not the presence.
         for row in [presence, "f"] {
             acquire(&mut c, &req(row, "a", "ia"), long).await;
         }
@@ -1537,7 +1560,80 @@ mod sqlite_only {
             released.iter().all(|r| matches!(r, Ok(true))),
             "{released:?}"
         );
-        assert_eq!(woken().as_deref(), Some("f"));
+        assert_eq!(heard(&mut w).await, election("f"));
+    }
+
+    /// Each release is heard by its name, however close together, so that
+    /// one election's release does not spend another's followers' wake-up
+    /// (the file once held only the last name, and every follower of every
+    /// election woke at each release).
+    #[tokio::test]
+    async fn every_release_is_heard_by_its_name() {
+        let db = TempDb::sqlite();
+        let mut a = migrated(&db.url).await;
+        let mut b = connect(&db.url).await;
+        let mut w = waiter(&db).await;
+        let long = Duration::from_secs(3);
+        acquire(&mut a, &req("e1", "a", "ia"), long).await;
+        acquire(&mut b, &req("e2", "b", "ib"), long).await;
+        for e in ["g", "h"] {
+            acquire(&mut a, &req(e, "a", "ia"), long).await;
+        }
+        assert!(a.release("e1", "ia").await.unwrap());
+        assert!(b.release("e2", "ib").await.unwrap());
+        let both = a
+            .release_many(&[rel("g", "ia"), rel("h", "ia")])
+            .await
+            .unwrap();
+        assert!(both.iter().all(|r| matches!(r, Ok(true))), "{both:?}");
+        for e in ["e1", "e2", "g", "h"] {
+            assert_eq!(heard(&mut w).await, election(e));
+        }
+        // A refused release (not the holder) says nothing: the next heard
+        // is the one after it.
+        acquire(&mut a, &req("e1", "a", "ia"), long).await;
+        assert!(!b.release("e1", "ib").await.unwrap());
+        assert!(a.release("e1", "ia").await.unwrap());
+        assert_eq!(heard(&mut w).await, election("e1"));
+    }
+
+    /// Where the waiter cannot tell what was released, it says so, and
+    /// every election looks: the file rewritten whole (an older leaderd on
+    /// the same host), a line it cannot read, the file started afresh.
+    /// Then it goes on hearing names.
+    #[tokio::test]
+    async fn a_release_it_cannot_name_wakes_everyone() {
+        let db = TempDb::sqlite();
+        let path = wake_file(&db);
+        let mut c = migrated(&db.url).await;
+        let long = Duration::from_secs(3);
+        // Past the size at which the next writer starts the file afresh,
+        // before the waiter starts (it reads from the end).
+        std::fs::write(&path, "65\n".repeat(100_000)).unwrap();
+        let mut w = waiter(&db).await;
+        // Started afresh: heard as unknown (perhaps after "f" itself).
+        acquire(&mut c, &req("f", "a", "ia"), long).await;
+        assert!(c.release("f", "ia").await.unwrap());
+        let mut got = heard(&mut w).await;
+        if got == election("f") {
+            got = heard(&mut w).await;
+        }
+        assert_eq!(got, Released::Unknown);
+        assert!(std::fs::metadata(&path).unwrap().len() < 1024, "started afresh");
+        // Rewritten whole, by rename.
+        let tmp = format!("{path}.old");
+        std::fs::write(&tmp, "e").unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+        assert_eq!(heard(&mut w).await, Released::Unknown);
+        // A line that is not a name.
+        let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        std::io::Write::write_all(&mut f, b"not hex\n").unwrap();
+        drop(f);
+        assert_eq!(heard(&mut w).await, Released::Unknown);
+        // And names again.
+        acquire(&mut c, &req("g", "a", "ia"), long).await;
+        assert!(c.release("g", "ia").await.unwrap());
+        assert_eq!(heard(&mut w).await, election("g"));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -2,13 +2,13 @@
 //! by side with the common lock-row recipe, in one run.
 //!
 //! ```text
-//! cargo run --release -p leaderd-bench -- [--smoke] [--plots DIR] [heartbeat|scale|failover|views|views-busy|busy|budget|exec|serve|footprint|elections|memory|handover|batch|release|fence|rolling]...
+//! cargo run --release -p leaderd-bench -- [--smoke] [--plots DIR] [heartbeat|scale|failover|views|views-busy|busy|budget|exec|serve|footprint|elections|memory|handover|batch|release|wake|fence|rolling]...
 //! ```
 //!
 //! With no part named, all run but `rolling` (hours: name it). `--smoke` shrinks every part to seconds so
 //! the test run can exercise the bench without measuring anything. Output is
 //! Markdown, ready for `BENCHMARKS.md`; with `--plots DIR` every part but
-//! `footprint`, `batch`, `views`, `release`, `fence`, `rolling` and `budget` also draws an SVG plot into `DIR`
+//! `footprint`, `batch`, `views`, `release`, `wake`, `fence`, `rolling` and `budget` also draws an SVG plot into `DIR`
 //! (see `plot.rs`) and links it under its table. It uses the local
 //! PostgreSQL and MariaDB (see the test harness for the URLs) and the
 //! `leaderd` binary built beside it.
@@ -31,6 +31,7 @@ mod seed;
 mod serve;
 mod size;
 mod stats;
+mod wake;
 mod zookeeper;
 
 use std::path::{Path, PathBuf};
@@ -56,6 +57,7 @@ const PARTS: &[&str] = &[
     "handover",
     "batch",
     "release",
+    "wake",
     "fence",
     "rolling",
 ];
@@ -182,6 +184,9 @@ fn main() -> Result<()> {
             }
             "release" => {
                 release::run(size)?;
+            }
+            "wake" => {
+                wake::run(size)?;
             }
             "fence" => rt.block_on(fence::run_part(size))?,
             "rolling" => {

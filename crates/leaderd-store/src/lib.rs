@@ -69,7 +69,7 @@ pub use shared::lease::{
 };
 pub use shared::url::{Backend, DatabaseUrl};
 pub use sqlite::check_file_system;
-pub use waiter::{Presence, Waiter};
+pub use waiter::{Presence, Released, Waiter};
 
 use postgres::CancelHandle;
 use shared::cas;

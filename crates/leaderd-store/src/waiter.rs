@@ -16,8 +16,8 @@
 //!   On a MariaDB Galera node, where each node has its own named locks, a
 //!   follower reads its elections' rows instead, every 40 ms
 //!   (`mysql::galera`).
-//! - SQLite: inotify on the database's directory for a file that a release
-//!   rewrites beside the database (processes on one host).
+//! - SQLite: inotify on the database's directory for a file beside the
+//!   database that releases append their names to (processes on one host).
 
 use std::time::Duration;
 
@@ -74,29 +74,38 @@ impl Waiter {
         }
     }
 
-    /// Whether [`Waiter::next`] names every release: SQLite's wake file
-    /// holds the last one only, so releases close together (a daemon's
-    /// several elections at shutdown) may be named as one.
-    pub fn names_every_release(&self) -> bool {
-        !matches!(self, Waiter::Sqlite(_))
-    }
-
-    /// The election of the next release. `wanted` says, at each look,
+    /// The next release. `wanted` says, at each look,
     /// whether an election's release is worth looking for (not when this
     /// daemon leads it): MySQL's several elections are looked for by
     /// polling, and a daemon leading them all then asks the server nothing.
     pub async fn next(
         &mut self,
         wanted: &(dyn Fn(&str) -> bool + Sync),
-    ) -> Result<String, StoreError> {
-        match self {
-            Waiter::Postgres(l) => l.next().await,
-            Waiter::Mysql(w) => w.next().await,
-            Waiter::MysqlSeveral(w) => w.next(wanted).await,
-            Waiter::Galera(w) => w.next(wanted).await,
-            Waiter::Sqlite(w) => w.next().await,
-        }
+    ) -> Result<Released, StoreError> {
+        let named = match self {
+            Waiter::Postgres(l) => l.next().await?,
+            Waiter::Mysql(w) => w.next().await?,
+            Waiter::MysqlSeveral(w) => w.next(wanted).await?,
+            Waiter::Galera(w) => w.next(wanted).await?,
+            Waiter::Sqlite(w) => {
+                return Ok(w
+                    .next()
+                    .await?
+                    .map_or(Released::Unknown, Released::Election))
+            }
+        };
+        Ok(Released::Election(named))
     }
+}
+
+/// What a [`Waiter`] heard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Released {
+    /// This election was released.
+    Election(String),
+    /// Something was released that the waiter cannot name (SQLite's wake
+    /// file replaced, say): every election should look.
+    Unknown,
 }
 
 /// The leader side: what a leader holds while it leads so that its end wakes

@@ -5,7 +5,7 @@
 //! - `statements`: the SQL of the lease, the release and the listings;
 //! - `lease`: acquire-or-renew by reading first, run off the async threads;
 //! - `open`: opening the file safely (local file systems only, WAL);
-//! - `wake`: the file a release rewrites, which followers watch;
+//! - `wake`: the file releases append to, which followers watch;
 //! - `plan`: the migration plan over `migrations/sqlite/`.
 
 mod lease;

@@ -95,15 +95,15 @@ impl SqliteStore {
     pub(crate) async fn release(&mut self, item: &Release<'_>) -> Result<bool, StoreError> {
         let released = self.release_row(item).await?;
         if released && wakes_anyone(item.election) {
-            self.announce(item.election);
+            self.announce(&[item.election]);
         }
         Ok(released)
     }
 
     /// [`SqliteStore::release`] for several elections, in one transaction
     /// (one commit, where a commit each would wait for the disk once per
-    /// election within the shutdown's budget), with one wake-up (the
-    /// waiters wake every election on any: see [`FileWaiter`]).
+    /// election within the shutdown's budget), with one wake-up naming
+    /// every election it released.
     pub(crate) async fn release_many(
         &mut self,
         items: &[Release<'_>],
@@ -111,12 +111,14 @@ impl SqliteStore {
         self.begin().await?;
         let released = self.release_each(items).await;
         let released = self.end(released).await?;
-        let woken = items
+        let woken: Vec<&str> = items
             .iter()
             .zip(&released)
-            .find(|(item, r)| **r && wakes_anyone(item.election));
-        if let Some((item, _)) = woken {
-            self.announce(item.election);
+            .filter(|(item, r)| **r && wakes_anyone(item.election))
+            .map(|(item, _)| item.election)
+            .collect();
+        if !woken.is_empty() {
+            self.announce(&woken);
         }
         Ok(released)
     }
@@ -147,8 +149,8 @@ impl SqliteStore {
         Ok(n > 0)
     }
 
-    fn announce(&self, election: &str) {
-        if let Err(e) = announce_release(&self.path, election) {
+    fn announce(&self, elections: &[&str]) {
+        if let Err(e) = announce_release(&self.path, elections) {
             // The others find the row free at their next poll.
             tracing::warn!(error = %e, "could not wake the waiting processes");
         }

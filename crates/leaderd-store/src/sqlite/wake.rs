@@ -1,49 +1,120 @@
-//! Wake-ups on SQLite (processes on one host): a release rewrites a file
-//! beside the database, which the followers watch with inotify.
+//! Wake-ups on SQLite (processes on one host): a release appends the
+//! election's name to a file beside the database, which the followers
+//! watch with inotify and read from where they left off, so that each
+//! release wakes the followers of its own election only.
+//!
+//! Only a wake-up: safety rests on the row and the clocks. Where a
+//! follower cannot tell what was released (the file replaced, a line it
+//! cannot read, inotify's queue overflowing), it wakes every election.
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 
 use crate::shared::error::StoreError;
 use crate::shared::url::DatabaseUrl;
 
-/// The file beside the database that a release rewrites (with the
-/// election's name) to wake the processes waiting on this host.
-pub(super) fn wake_file(db_path: &str) -> std::path::PathBuf {
-    let mut name = std::path::Path::new(db_path)
+/// Past this size, the writer that crossed it starts the file afresh (by
+/// rename, so that a reader never sees it shrink under its offset): a
+/// quarter of a MiB holds over a thousand releases of the longest names.
+const FRESH_AFTER: u64 = 256 * 1024;
+
+/// At most this much is read at one wake-up (the rest at the next, and
+/// every election woken meanwhile).
+const READ_AT_MOST: u64 = 1024 * 1024;
+
+/// The longest line [`line`] writes: a name's 100 characters, 4 bytes
+/// each at most in UTF-8, in hex.
+const MAX_LINE: usize = 100 * 4 * 2;
+
+/// The file beside the database that releases append to.
+fn wake_file(db_path: &str) -> PathBuf {
+    let mut name = Path::new(db_path)
         .file_name()
         .map(|n| n.to_os_string())
         .unwrap_or_default();
     name.push(".leaderd-wake");
-    std::path::Path::new(db_path).with_file_name(name)
+    Path::new(db_path).with_file_name(name)
 }
 
 /// Whether the release of row `name` is worth a wake-up: not a presence
 /// row's (`leaderd_core::spread::PRESENCE_PREFIX`), which nobody waits to
-/// take. Here every wake-up wakes every election of every process (the file
-/// names only the last release), and a follower woken for nothing spends
-/// its attempt on it: the lease released a moment later (a replica that
-/// drains or stops typically lets its presence go a moment before its
-/// lease: the two tasks race) was taken 50 ms late, the
-/// wake-ups' pace (`Engine::on_release_notice`).
+/// take.
 pub(super) fn wakes_anyone(name: &str) -> bool {
     !name.starts_with(leaderd_core::spread::PRESENCE_PREFIX)
 }
 
-/// Wakes the waiting processes: writes the wake file by rename, so watchers
-/// see one complete write.
-pub(super) fn announce_release(db_path: &str, election: &str) -> std::io::Result<()> {
-    let file = wake_file(db_path);
-    let mut tmp = file.clone().into_os_string();
-    tmp.push(format!(".{}", std::process::id()));
-    std::fs::write(&tmp, election)?;
-    std::fs::rename(&tmp, &file)
+/// One line of the file: the name in hex, so that any name (a newline in
+/// it, say) is one line.
+fn line(name: &str, out: &mut Vec<u8>) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for b in name.bytes() {
+        out.push(HEX[usize::from(b >> 4)]);
+        out.push(HEX[usize::from(b & 0xf)]);
+    }
+    out.push(b'\n');
 }
 
-/// Wake-ups for processes on this host: inotify on the database's directory,
-/// for the wake file a release rewrites. Only a wake-up: safety rests on the
-/// row and the clocks.
+/// The name a line holds; `None` for anything not written by [`line`].
+fn name_of(line: &[u8]) -> Option<String> {
+    let digit = |c: u8| {
+        char::from(c)
+            .to_digit(16)
+            .and_then(|d| u8::try_from(d).ok())
+    };
+    if line.is_empty() || !line.len().is_multiple_of(2) {
+        return None;
+    }
+    let bytes = line
+        .chunks(2)
+        .map(|p| Some(digit(p[0])? << 4 | digit(p[1])?))
+        .collect::<Option<Vec<u8>>>()?;
+    String::from_utf8(bytes).ok()
+}
+
+/// Wakes the processes waiting for `elections`: one append of a line each
+/// (one `write`, so that writers on the host do not interleave their
+/// lines), closed at once (the close is what the watchers hear).
+pub(super) fn announce_release(db_path: &str, elections: &[&str]) -> std::io::Result<()> {
+    let mut lines = Vec::new();
+    for e in elections {
+        line(e, &mut lines);
+    }
+    let path = wake_file(db_path);
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(&path)?;
+    file.write_all(&lines)?;
+    // Should another writer start the file afresh between this open and
+    // this write, the lines went to a file nobody reads. No matter: the
+    // readers heard that rename, which came after this release's commit,
+    // and woke every election.
+    let written = file.metadata()?.len();
+    drop(file);
+    if written > FRESH_AFTER {
+        let mut tmp = path.clone().into_os_string();
+        tmp.push(format!(".{}", std::process::id()));
+        File::create(&tmp)?;
+        std::fs::rename(&tmp, &path)?;
+    }
+    Ok(())
+}
+
+/// Wake-ups for processes on this host: inotify on the database's directory
+/// for the wake file, read from where the last read ended.
 pub struct FileWaiter {
     fd: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
     file: std::ffi::OsString,
-    path: std::path::PathBuf,
+    path: PathBuf,
+    /// The wake file as opened, read up to its offset; `None` before it
+    /// exists.
+    open: Option<File>,
+    /// The start of a line whose end is not written yet.
+    partial: Vec<u8>,
+    /// Names read and not yet handed out, in the order written.
+    heard: std::collections::VecDeque<String>,
 }
 
 opaque_debug!(FileWaiter);
@@ -55,12 +126,14 @@ impl FileWaiter {
         let path = wake_file(db);
         let dir = match path.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => std::path::PathBuf::from("."),
+            _ => PathBuf::from("."),
         };
         let local =
             |e: std::io::Error| StoreError::Local(format!("cannot watch {}: {e}", dir.display()));
         let fd = inotify::init(inotify::CreateFlags::NONBLOCK | inotify::CreateFlags::CLOEXEC)
             .map_err(|e| local(e.into()))?;
+        // Closes after writing (appends) and renames onto it (a fresh file,
+        // or an older leaderd that rewrote it whole).
         inotify::add_watch(
             &fd,
             &dir,
@@ -73,27 +146,55 @@ impl FileWaiter {
                       `register`'s safety contract asks; `new` is its safe spelling here"
         )]
         let fd = tokio::io::unix::AsyncFd::new(fd).map_err(local)?;
+        // After the watch: what is appended from here on is heard, and what
+        // was there before is not a release to wake for.
+        let open = match File::open(&path) {
+            Ok(mut f) => {
+                f.seek(SeekFrom::End(0)).map_err(local)?;
+                Some(f)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(local(e)),
+        };
         Ok(Self {
             fd,
             file: path.file_name().unwrap_or_default().to_os_string(),
             path,
+            open,
+            partial: Vec::new(),
+            heard: std::collections::VecDeque::new(),
         })
     }
 
-    /// The election named by the next release announced on this host.
-    pub(crate) async fn next(&mut self) -> Result<String, StoreError> {
+    /// The election of the next release announced on this host; `None`
+    /// when some release cannot be told (see the module docs).
+    pub(crate) async fn next(&mut self) -> Result<Option<String>, StoreError> {
         let failed = |e: std::io::Error| StoreError::Local(format!("inotify: {e}"));
         loop {
+            if let Some(name) = self.heard.pop_front() {
+                return Ok(Some(name));
+            }
             let mut guard = self.fd.readable().await.map_err(failed)?;
-            let mut woke = false;
+            let mut touched = false;
+            let mut renamed = false;
+            let mut overflowed = false;
             let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
             let mut reader = rustix::fs::inotify::Reader::new(guard.get_inner(), &mut buf);
             loop {
                 match reader.next() {
                     Ok(event) => {
+                        if event
+                            .events()
+                            .contains(rustix::fs::inotify::ReadFlags::QUEUE_OVERFLOW)
+                        {
+                            overflowed = true;
+                        }
                         let name = event.file_name().map(|n| n.to_bytes());
                         if name == Some(self.file.as_encoded_bytes()) {
-                            woke = true;
+                            touched = true;
+                            renamed |= event
+                                .events()
+                                .contains(rustix::fs::inotify::ReadFlags::MOVED_TO);
                         }
                     }
                     Err(rustix::io::Errno::AGAIN) => {
@@ -103,11 +204,85 @@ impl FileWaiter {
                     Err(e) => return Err(failed(e.into())),
                 }
             }
-            if woke {
-                if let Ok(election) = std::fs::read_to_string(&self.path) {
-                    return Ok(election);
+            if touched || overflowed {
+                let known = self.read_new(renamed);
+                if overflowed || !known {
+                    self.heard.clear();
+                    return Ok(None);
                 }
             }
+        }
+    }
+
+    /// Reads what was appended since the last read into `heard`: whether
+    /// every release since is known by name. Not when the file was put in
+    /// place by a rename (started afresh, or rewritten whole by an older
+    /// leaderd), deleted or replaced, nor when it held a line not written
+    /// by [`announce_release`].
+    fn read_new(&mut self, renamed: bool) -> bool {
+        let current = std::fs::metadata(&self.path).ok();
+        let same = match (&self.open, &current) {
+            (Some(f), Some(now)) => f
+                .metadata()
+                .is_ok_and(|m| m.ino() == now.ino() && m.dev() == now.dev()),
+            _ => false,
+        };
+        if same {
+            return self.read_open() && !renamed;
+        }
+        // A file made where there was none holds only releases since; one
+        // that replaced another may have taken lines meant for it.
+        let first = self.open.is_none() && current.is_some();
+        self.open = File::open(&self.path).ok();
+        self.partial.clear();
+        self.read_open() && first && !renamed
+    }
+
+    /// Reads the open file from its offset; whether every line was known
+    /// and the end reached.
+    fn read_open(&mut self) -> bool {
+        let Some(f) = &mut self.open else {
+            return true;
+        };
+        let mut bytes = std::mem::take(&mut self.partial);
+        let Ok(read) = f.take(READ_AT_MOST).read_to_end(&mut bytes) else {
+            return false;
+        };
+        let mut known = (read as u64) < READ_AT_MOST;
+        let complete = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        for l in bytes[..complete]
+            .split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+        {
+            match name_of(l) {
+                Some(name) => self.heard.push_back(name),
+                None => known = false,
+            }
+        }
+        // A line longer than any written here is not one of ours.
+        if bytes.len() - complete > MAX_LINE {
+            return false;
+        }
+        self.partial = bytes.split_off(complete);
+        known
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_line_holds_any_name_and_nothing_else_reads_as_one() {
+        for name in ["e", "shard-7/ünï", "two\nlines", &"x".repeat(100)] {
+            let mut out = Vec::new();
+            line(name, &mut out);
+            assert_eq!(out.last(), Some(&b'\n'));
+            assert_eq!(out.iter().filter(|&&b| b == b'\n').count(), 1, "{name:?}");
+            assert_eq!(name_of(&out[..out.len() - 1]).as_deref(), Some(name));
+        }
+        for junk in [&b"e"[..], b"6", b"6g", b"", b"ff"] {
+            assert_eq!(name_of(junk), None, "{junk:?}");
         }
     }
 }

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use leaderd_store::{Presence, Waiter, WakeLock};
+use leaderd_store::{Presence, Released, Waiter, WakeLock};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -79,7 +79,6 @@ pub async fn wait_for_releases(
             // Listening from here on: this replica may be named.
             daemon.roster().set_listening();
             backoff = Duration::from_millis(100);
-            let exact = waiter.names_every_release();
             // A leader holds its own election's wake-up; no release of it
             // is worth looking for. Found by index: with thousands of
             // elections, a search by name per election per look cost a core.
@@ -89,13 +88,11 @@ pub async fn wait_for_releases(
                     .is_some_and(|i| !daemon.all()[i].is_leader(boot_now()))
             };
             loop {
-                let released = waiter.next(&wanted).await.map_err(|e| e.to_string())?;
-                if exact {
-                    notify(&released);
-                } else {
-                    // Another release may hide behind this one: wake all
-                    // (a woken follower's attempt is a cheap refusal).
-                    daemon.all().iter().for_each(|s| s.notice_release());
+                match waiter.next(&wanted).await.map_err(|e| e.to_string())? {
+                    Released::Election(name) => notify(&name),
+                    // Wake all: a woken follower's attempt is a cheap
+                    // refusal.
+                    Released::Unknown => daemon.all().iter().for_each(|s| s.notice_release()),
                 }
             }
         }
