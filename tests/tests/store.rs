@@ -1619,14 +1619,20 @@ mod sqlite_only {
             got = heard(&mut w).await;
         }
         assert_eq!(got, Released::Unknown);
-        assert!(std::fs::metadata(&path).unwrap().len() < 1024, "started afresh");
+        assert!(
+            std::fs::metadata(&path).unwrap().len() < 1024,
+            "started afresh"
+        );
         // Rewritten whole, by rename.
         let tmp = format!("{path}.old");
         std::fs::write(&tmp, "e").unwrap();
         std::fs::rename(&tmp, &path).unwrap();
         assert_eq!(heard(&mut w).await, Released::Unknown);
         // A line that is not a name.
-        let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
         std::io::Write::write_all(&mut f, b"not hex\n").unwrap();
         drop(f);
         assert_eq!(heard(&mut w).await, Released::Unknown);

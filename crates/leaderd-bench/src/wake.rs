@@ -32,7 +32,10 @@ fn leader(daemons: &[Daemon], query: &str) -> Option<usize> {
 fn taken(daemons: &[Daemon], query: &str, not: usize, started: Instant) -> Result<Duration> {
     loop {
         let others = daemons.iter().enumerate().filter(|(i, _)| *i != not);
-        if others.into_iter().any(|(_, d)| d.token_held(query).is_some()) {
+        if others
+            .into_iter()
+            .any(|(_, d)| d.token_held(query).is_some())
+        {
             return Ok(started.elapsed());
         }
         if started.elapsed() > Duration::from_secs(5) {

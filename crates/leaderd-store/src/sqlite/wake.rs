@@ -82,10 +82,20 @@ pub(super) fn announce_release(db_path: &str, elections: &[&str]) -> std::io::Re
         line(e, &mut lines);
     }
     let path = wake_file(db_path);
-    let mut file = std::fs::OpenOptions::new()
+    let mut file = match std::fs::OpenOptions::new()
         .append(true)
         .create(true)
-        .open(&path)?;
+        .open(&path)
+    {
+        Ok(file) => file,
+        // Another user's file (processes of several users on one database):
+        // replaced by one of ours, which the readers hear as a rename and
+        // wake every election for.
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            return replace(&path, &lines)
+        }
+        Err(e) => return Err(e),
+    };
     file.write_all(&lines)?;
     // Should another writer start the file afresh between this open and
     // this write, the lines went to a file nobody reads. No matter: the
@@ -94,12 +104,17 @@ pub(super) fn announce_release(db_path: &str, elections: &[&str]) -> std::io::Re
     let written = file.metadata()?.len();
     drop(file);
     if written > FRESH_AFTER {
-        let mut tmp = path.clone().into_os_string();
-        tmp.push(format!(".{}", std::process::id()));
-        File::create(&tmp)?;
-        std::fs::rename(&tmp, &path)?;
+        replace(&path, b"")?;
     }
     Ok(())
+}
+
+/// Puts a file holding `contents` in `path`'s place, by rename.
+fn replace(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".{}", std::process::id()));
+    std::fs::write(&tmp, contents)?;
+    std::fs::rename(&tmp, path)
 }
 
 /// Wake-ups for processes on this host: inotify on the database's directory
