@@ -1640,6 +1640,87 @@ mod sqlite_only {
         acquire(&mut c, &req("g", "a", "ia"), long).await;
         assert!(c.release("g", "ia").await.unwrap());
         assert_eq!(heard(&mut w).await, election("g"));
+        // Emptied in place (by hand, say): what was cut is not known.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        assert_eq!(heard(&mut w).await, Released::Unknown);
+        acquire(&mut c, &req("h", "a", "ia"), long).await;
+        assert!(c.release("h", "ia").await.unwrap());
+        assert_eq!(heard(&mut w).await, election("h"));
+    }
+
+    /// A line read before its end was written is read whole with its end;
+    /// one left unfinished (a writer that died half-way, an older
+    /// leaderd's name) does not run into the next release's.
+    #[tokio::test]
+    async fn a_line_is_read_whole_and_an_unfinished_one_stays_apart() {
+        let db = TempDb::sqlite();
+        let path = wake_file(&db);
+        let mut c = migrated(&db.url).await;
+        let long = Duration::from_secs(3);
+        let mut w = waiter(&db).await;
+        let append = |bytes: &[u8]| {
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(&path)
+                .unwrap();
+            std::io::Write::write_all(&mut f, bytes).unwrap();
+        };
+        // "e" is 65 in hex: its two halves apart.
+        append(b"6");
+        append(b"5\n");
+        assert_eq!(heard(&mut w).await, election("e"));
+        // "12" reads as hex too: left unfinished, then a release.
+        append(b"12");
+        acquire(&mut c, &req("g", "a", "ia"), long).await;
+        assert!(c.release("g", "ia").await.unwrap());
+        assert_eq!(heard(&mut w).await, election("\u{12}"));
+        assert_eq!(heard(&mut w).await, election("g"));
+    }
+
+    /// Something other than a plain file where the wake file goes: a FIFO
+    /// blocks neither the release nor the waiter, a symbolic link does not
+    /// lead the appends elsewhere. Both are replaced by a plain file, heard
+    /// as a release that cannot be named.
+    #[tokio::test]
+    async fn a_fifo_or_a_link_in_its_place_blocks_nothing_and_leads_nowhere() {
+        let db = TempDb::sqlite();
+        let path = wake_file(&db);
+        let mut c = migrated(&db.url).await;
+        let long = Duration::from_secs(3);
+        let elsewhere = format!("{path}.elsewhere");
+        std::fs::write(&elsewhere, "untouched").unwrap();
+        let fifo = |p: &str| {
+            let made = std::process::Command::new("mkfifo")
+                .arg(p)
+                .status()
+                .unwrap();
+            assert!(made.success());
+        };
+        let link = |p: &str| std::os::unix::fs::symlink(&elsewhere, p).unwrap();
+        for (what, place) in [("a FIFO", &fifo as &dyn Fn(&str)), ("a link", &link)] {
+            let _ = std::fs::remove_file(&path);
+            place(&path);
+            let mut w = tokio::time::timeout(Duration::from_secs(5), waiter(&db))
+                .await
+                .unwrap_or_else(|_| panic!("the waiter started beside {what}"));
+            acquire(&mut c, &req("e", "a", "ia"), long).await;
+            let released = tokio::time::timeout(Duration::from_secs(5), c.release("e", "ia"))
+                .await
+                .unwrap_or_else(|_| panic!("the release returned beside {what}"));
+            assert!(released.unwrap());
+            assert_eq!(heard(&mut w).await, Released::Unknown, "{what}");
+            assert!(std::fs::metadata(&path).unwrap().is_file(), "{what}");
+            assert_eq!(std::fs::read_to_string(&elsewhere).unwrap(), "untouched");
+            acquire(&mut c, &req("f", "a", "ia"), long).await;
+            assert!(c.release("f", "ia").await.unwrap());
+            assert_eq!(heard(&mut w).await, election("f"), "{what}");
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

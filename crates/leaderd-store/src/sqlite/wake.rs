@@ -75,26 +75,21 @@ fn name_of(line: &[u8]) -> Option<String> {
 
 /// Wakes the processes waiting for `elections`: one append of a line each
 /// (one `write`, so that writers on the host do not interleave their
-/// lines), closed at once (the close is what the watchers hear).
+/// lines), closed at once (the close is what the watchers hear). The
+/// append starts with a line break: a line left unfinished before it (a
+/// writer that died half-way, an older leaderd's name) is then a line of
+/// its own, not the start of this one's first name.
 pub(super) fn announce_release(db_path: &str, elections: &[&str]) -> std::io::Result<()> {
-    let mut lines = Vec::new();
+    let mut lines = vec![b'\n'];
     for e in elections {
         line(e, &mut lines);
     }
     let path = wake_file(db_path);
-    let mut file = match std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .open(&path)
-    {
-        Ok(file) => file,
-        // Another user's file (processes of several users on one database):
-        // replaced by one of ours, which the readers hear as a rename and
-        // wake every election for.
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-            return replace(&path, &lines)
-        }
-        Err(e) => return Err(e),
+    let Ok(Some(mut file)) = open_wake_file(&path, true) else {
+        // Another user's file (processes of several users on one database),
+        // or not a plain file: replaced by one of ours, which the readers
+        // hear as a rename and wake every election for.
+        return replace(&path, &lines);
     };
     file.write_all(&lines)?;
     // Should another writer start the file afresh between this open and
@@ -109,12 +104,48 @@ pub(super) fn announce_release(db_path: &str, elections: &[&str]) -> std::io::Re
     Ok(())
 }
 
-/// Puts a file holding `contents` in `path`'s place, by rename.
+/// Opens the wake file to append to (`append`, made if missing) or to read;
+/// `None` when it is there but not a plain file (a FIFO would block the
+/// read), or an error: another user's, a symbolic link (which would lead
+/// the appends elsewhere), a FIFO nobody reads (which would block the
+/// open).
+fn open_wake_file(path: &Path, append: bool) -> std::io::Result<Option<File>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut options = std::fs::OpenOptions::new();
+    if append {
+        options.append(true).create(true);
+    } else {
+        options.read(true);
+    }
+    let opened = options
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path);
+    let file = opened?;
+    Ok(file.metadata()?.is_file().then_some(file))
+}
+
+/// Puts a file holding `contents` in `path`'s place, by rename. The
+/// temporary name is this writer's own (`create_new`, and more than the
+/// process id: processes in containers on one volume may share one).
 fn replace(path: &Path, contents: &[u8]) -> std::io::Result<()> {
     let mut tmp = path.as_os_str().to_owned();
-    tmp.push(format!(".{}", std::process::id()));
-    std::fs::write(&tmp, contents)?;
-    std::fs::rename(&tmp, path)
+    // Only to tell writers apart; no time is judged by it.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    tmp.push(format!(".{}.{nanos}", std::process::id()));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(contents));
+    match written.and_then(|()| std::fs::rename(&tmp, path)) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
 }
 
 /// Wake-ups for processes on this host: inotify on the database's directory
@@ -162,14 +193,11 @@ impl FileWaiter {
         )]
         let fd = tokio::io::unix::AsyncFd::new(fd).map_err(local)?;
         // After the watch: what is appended from here on is heard, and what
-        // was there before is not a release to wake for.
-        let open = match File::open(&path) {
-            Ok(mut f) => {
-                f.seek(SeekFrom::End(0)).map_err(local)?;
-                Some(f)
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(local(e)),
+        // was there before is not a release to wake for. A file that cannot
+        // be read is not fatal: each change to it wakes every election.
+        let open = match open_wake_file(&path, false) {
+            Ok(Some(mut f)) => f.seek(SeekFrom::End(0)).ok().map(|_| f),
+            _ => None,
         };
         Ok(Self {
             fd,
@@ -248,9 +276,10 @@ impl FileWaiter {
         // A file made where there was none holds only releases since; one
         // that replaced another may have taken lines meant for it.
         let first = self.open.is_none() && current.is_some();
-        self.open = File::open(&self.path).ok();
+        self.open = open_wake_file(&self.path, false).ok().flatten();
         self.partial.clear();
-        self.read_open() && first && !renamed
+        let readable = self.open.is_some();
+        self.read_open() && first && readable && !renamed
     }
 
     /// Reads the open file from its offset; whether every line was known
@@ -259,6 +288,16 @@ impl FileWaiter {
         let Some(f) = &mut self.open else {
             return true;
         };
+        // Cut short in place (emptied by hand, say): what it holds now is
+        // read from its start, and what was cut is not known.
+        let cut = match (f.metadata(), f.stream_position()) {
+            (Ok(m), Ok(at)) => m.len() < at,
+            _ => true,
+        };
+        if cut {
+            self.partial.clear();
+            let _ = f.seek(SeekFrom::Start(0));
+        }
         let mut bytes = std::mem::take(&mut self.partial);
         let Ok(read) = f.take(READ_AT_MOST).read_to_end(&mut bytes) else {
             return false;
@@ -279,7 +318,7 @@ impl FileWaiter {
             return false;
         }
         self.partial = bytes.split_off(complete);
-        known
+        known && !cut
     }
 }
 
