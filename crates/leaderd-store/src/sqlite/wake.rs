@@ -4,8 +4,9 @@
 //! release wakes the followers of its own election only.
 //!
 //! Only a wake-up: safety rests on the row and the clocks. Where a
-//! follower cannot tell what was released (the file replaced, a line it
-//! cannot read, inotify's queue overflowing), it wakes every election.
+//! follower cannot tell what was released (the file replaced, cut short
+//! or unreadable, a line it cannot read, inotify's queue overflowing), it
+//! wakes every election.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
