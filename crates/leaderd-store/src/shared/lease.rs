@@ -235,6 +235,16 @@ pub enum Migrated {
     Applied,
 }
 
+/// As the daemon's log says it (`lock table checked`).
+impl std::fmt::Display for Migrated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Migrated::UpToDate => "already in place, nothing written",
+            Migrated::Applied => "created or upgraded",
+        })
+    }
+}
+
 /// Whether this database offers fenced writes (docs/integrating.md, "Fenced writes"), as
 /// the connected user can see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -187,7 +187,7 @@ async fn open(
         match result {
             Ok(m) => {
                 if !matches!(*state, Migration::Done) {
-                    info!(result = ?m, "lock table checked");
+                    info!(result = %m, "lock table checked");
                 }
                 *state = Migration::Done;
             }
