@@ -1524,6 +1524,12 @@ mod sqlite_only {
             .unwrap()
     }
 
+    /// Takes `e` on `c`, and releases it.
+    async fn take_and_release(c: &mut Connection, e: &str) {
+        acquire(c, &req(e, "a", "ia"), Duration::from_secs(3)).await;
+        assert!(c.release(e, "ia").await.unwrap());
+    }
+
     fn election(name: &str) -> Released {
         Released::Election(name.to_owned())
     }
@@ -1541,11 +1547,9 @@ mod sqlite_only {
         let away = "leaderd-presence/away/0123456789abcdef/a";
         let long = Duration::from_secs(3);
         for row in [presence, away] {
-            acquire(&mut c, &req(row, "a", "ia"), long).await;
-            assert!(c.release(row, "ia").await.unwrap());
+            take_and_release(&mut c, row).await;
         }
-        acquire(&mut c, &req("e", "a", "ia"), long).await;
-        assert!(c.release("e", "ia").await.unwrap());
+        take_and_release(&mut c, "e").await;
         // The first thing heard: the presence rows' releases said nothing.
         assert_eq!(heard(&mut w).await, election("e"));
         // Together (a shutdown): heard for the election, not the presence.
@@ -1606,14 +1610,12 @@ mod sqlite_only {
         let db = TempDb::sqlite();
         let path = wake_file(&db);
         let mut c = migrated(&db.url).await;
-        let long = Duration::from_secs(3);
         // Past the size at which the next writer starts the file afresh,
         // before the waiter starts (it reads from the end).
         std::fs::write(&path, "65\n".repeat(100_000)).unwrap();
         let mut w = waiter(&db).await;
         // Started afresh: heard as unknown (perhaps after "f" itself).
-        acquire(&mut c, &req("f", "a", "ia"), long).await;
-        assert!(c.release("f", "ia").await.unwrap());
+        take_and_release(&mut c, "f").await;
         let mut got = heard(&mut w).await;
         if got == election("f") {
             got = heard(&mut w).await;
@@ -1637,8 +1639,7 @@ mod sqlite_only {
         drop(f);
         assert_eq!(heard(&mut w).await, Released::Unknown);
         // And names again.
-        acquire(&mut c, &req("g", "a", "ia"), long).await;
-        assert!(c.release("g", "ia").await.unwrap());
+        take_and_release(&mut c, "g").await;
         assert_eq!(heard(&mut w).await, election("g"));
         // Emptied in place (by hand, say): what was cut is not known.
         std::fs::OpenOptions::new()
@@ -1648,8 +1649,7 @@ mod sqlite_only {
             .set_len(0)
             .unwrap();
         assert_eq!(heard(&mut w).await, Released::Unknown);
-        acquire(&mut c, &req("h", "a", "ia"), long).await;
-        assert!(c.release("h", "ia").await.unwrap());
+        take_and_release(&mut c, "h").await;
         assert_eq!(heard(&mut w).await, election("h"));
     }
 
@@ -1661,7 +1661,6 @@ mod sqlite_only {
         let db = TempDb::sqlite();
         let path = wake_file(&db);
         let mut c = migrated(&db.url).await;
-        let long = Duration::from_secs(3);
         let mut w = waiter(&db).await;
         let append = |bytes: &[u8]| {
             let mut f = std::fs::OpenOptions::new()
@@ -1677,8 +1676,7 @@ mod sqlite_only {
         assert_eq!(heard(&mut w).await, election("e"));
         // "12" reads as hex too: left unfinished, then a release.
         append(b"12");
-        acquire(&mut c, &req("g", "a", "ia"), long).await;
-        assert!(c.release("g", "ia").await.unwrap());
+        take_and_release(&mut c, "g").await;
         assert_eq!(heard(&mut w).await, election("\u{12}"));
         assert_eq!(heard(&mut w).await, election("g"));
     }
@@ -1717,8 +1715,7 @@ mod sqlite_only {
             assert_eq!(heard(&mut w).await, Released::Unknown, "{what}");
             assert!(std::fs::metadata(&path).unwrap().is_file(), "{what}");
             assert_eq!(std::fs::read_to_string(&elsewhere).unwrap(), "untouched");
-            acquire(&mut c, &req("f", "a", "ia"), long).await;
-            assert!(c.release("f", "ia").await.unwrap());
+            take_and_release(&mut c, "f").await;
             assert_eq!(heard(&mut w).await, election("f"), "{what}");
         }
     }
