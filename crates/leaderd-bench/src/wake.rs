@@ -1,10 +1,12 @@
 //! Two releases close together on one SQLite file: three daemons run the
 //! same two elections without the spread, each election led by a
 //! different daemon, and the two leaders release a few milliseconds
-//! apart. Measured: how long the second election stays leaderless. On
-//! SQLite every follower on the host hears every release, and one woken
-//! for the other election's release spends the wake-up the engine allows
-//! it each 50 ms; the followers must be woken for their own election only.
+//! apart. Measured: how long the second election stays leaderless. A
+//! follower woken for the other election's release spends the wake-up
+//! the engine allows it each 50 ms on a refusal, and takes its own
+//! election's release at its next turn: the wake-ups must name the
+//! election released (on SQLite they once named only the last release on
+//! the host, and woke every follower of every election).
 
 use std::time::{Duration, Instant};
 
