@@ -1599,6 +1599,17 @@ mod sqlite_only {
         assert!(!b.release("e1", "ib").await.unwrap());
         assert!(a.release("e1", "ia").await.unwrap());
         assert_eq!(heard(&mut w).await, election("e1"));
+        // The file takes the database's mode, so that whoever may write
+        // the database (another user of its group) may append to it.
+        use std::os::unix::fs::PermissionsExt;
+        let file = db.url.trim_start_matches("sqlite://").to_owned();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o664)).unwrap();
+        take_and_release(&mut a, "g").await;
+        let mode = std::fs::metadata(wake_file(&db))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o664);
     }
 
     /// Where the waiter cannot tell what was released, it says so, and
@@ -1701,23 +1712,46 @@ mod sqlite_only {
             assert!(made.success());
         };
         let link = |p: &str| std::os::unix::fs::symlink(&elsewhere, p).unwrap();
+        // A blocking open would stall this test's runtime, and no timeout
+        // in it could fire: a thread opens the FIFO's other end after a
+        // while, which ends any such open, and says so.
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stalled = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let watchdog = {
+            let (done, stalled, path) = (done.clone(), stalled.clone(), path.clone());
+            std::thread::spawn(move || {
+                let until = Instant::now() + Duration::from_secs(20);
+                while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                    if Instant::now() > until {
+                        stalled.store(true, std::sync::atomic::Ordering::SeqCst);
+                        let _ = std::fs::OpenOptions::new()
+                            .read(true)
+                            .write(true)
+                            .open(&path);
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            })
+        };
         for (what, place) in [("a FIFO", &fifo as &dyn Fn(&str)), ("a link", &link)] {
             let _ = std::fs::remove_file(&path);
             place(&path);
-            let mut w = tokio::time::timeout(Duration::from_secs(5), waiter(&db))
-                .await
-                .unwrap_or_else(|_| panic!("the waiter started beside {what}"));
+            let mut w = waiter(&db).await;
             acquire(&mut c, &req("e", "a", "ia"), long).await;
-            let released = tokio::time::timeout(Duration::from_secs(5), c.release("e", "ia"))
-                .await
-                .unwrap_or_else(|_| panic!("the release returned beside {what}"));
-            assert!(released.unwrap());
+            assert!(c.release("e", "ia").await.unwrap());
+            assert!(
+                !stalled.load(std::sync::atomic::Ordering::SeqCst),
+                "blocked beside {what}"
+            );
             assert_eq!(heard(&mut w).await, Released::Unknown, "{what}");
             assert!(std::fs::metadata(&path).unwrap().is_file(), "{what}");
             assert_eq!(std::fs::read_to_string(&elsewhere).unwrap(), "untouched");
             take_and_release(&mut c, "f").await;
             assert_eq!(heard(&mut w).await, election("f"), "{what}");
         }
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        watchdog.join().unwrap();
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -10,7 +10,7 @@
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::shared::error::StoreError;
@@ -86,11 +86,16 @@ pub(super) fn announce_release(db_path: &str, elections: &[&str]) -> std::io::Re
         line(e, &mut lines);
     }
     let path = wake_file(db_path);
-    let Ok(Some(mut file)) = open_wake_file(&path, true) else {
-        // Another user's file (processes of several users on one database),
-        // or not a plain file: replaced by one of ours, which the readers
-        // hear as a rename and wake every election for.
-        return replace(&path, &lines);
+    // The database's own mode: whoever may write the database may append
+    // here (several users on one database), as SQLite does for its journal.
+    let mode = std::fs::metadata(db_path).map_or(0o644, |m| m.mode() & 0o666);
+    let mut file = match open_to_append(&path, mode) {
+        Ok(Some(file)) => file,
+        // Not a plain file, or one this process may not write: replaced by
+        // one of ours, which the readers hear as a rename and wake every
+        // election for.
+        Ok(None) => return replace(&path, &lines, mode),
+        Err(e) => return Err(e),
     };
     file.write_all(&lines)?;
     // Should another writer start the file afresh between this open and
@@ -100,53 +105,100 @@ pub(super) fn announce_release(db_path: &str, elections: &[&str]) -> std::io::Re
     let written = file.metadata()?.len();
     drop(file);
     if written > FRESH_AFTER {
-        replace(&path, b"")?;
+        if let Err(e) = replace(&path, b"", mode) {
+            // The wake-up went out; the file grows until a later writer
+            // manages this.
+            tracing::warn!(error = %e, path = %path.display(), "could not start the wake file afresh");
+        }
     }
     Ok(())
 }
 
-/// Opens the wake file to append to (`append`, made if missing) or to read;
-/// `None` when it is there but not a plain file (a FIFO would block the
-/// read), or an error: another user's, a symbolic link (which would lead
-/// the appends elsewhere), a FIFO nobody reads (which would block the
-/// open).
-fn open_wake_file(path: &Path, append: bool) -> std::io::Result<Option<File>> {
+/// Opens the wake file to append to, made if missing with `mode`; `None`
+/// when it is there but unusable: a symbolic link (which would lead the
+/// appends elsewhere), not a plain file (a FIFO nobody reads would block
+/// the open), or not writable by this process.
+fn open_to_append(path: &Path, mode: u32) -> std::io::Result<Option<File>> {
+    let unusable = |e: &std::io::Error| {
+        e.kind() == std::io::ErrorKind::PermissionDenied
+            || matches!(
+                e.raw_os_error(),
+                Some(libc::ELOOP | libc::ENXIO | libc::EPERM | libc::EWOULDBLOCK)
+            )
+    };
+    match open_wake_file(path, Some(true)) {
+        Ok(file) => {
+            if let Some(f) = &file {
+                // Made just now with the umask's mode, or another's: only
+                // the owner may change it, and nothing else needs it.
+                let _ = f.set_permissions(std::fs::Permissions::from_mode(mode));
+            }
+            Ok(file)
+        }
+        // Someone else's file in a sticky directory refuses an open that
+        // may create (the kernel's protected_regular), not a plain one.
+        Err(e) if unusable(&e) => match open_wake_file(path, Some(false)) {
+            Ok(file) => Ok(file),
+            Err(e) if unusable(&e) => Ok(None),
+            Err(e) => Err(e),
+        },
+        Err(e) => Err(e),
+    }
+}
+
+/// Opens the wake file to append to (`Some(create)`) or to read (`None`),
+/// without following a symbolic link or blocking on a FIFO; `None` when it
+/// is not a plain file.
+fn open_wake_file(path: &Path, append: Option<bool>) -> std::io::Result<Option<File>> {
     use std::os::unix::fs::OpenOptionsExt;
     let mut options = std::fs::OpenOptions::new();
-    if append {
-        options.append(true).create(true);
-    } else {
-        options.read(true);
-    }
-    let opened = options
+    match append {
+        Some(create) => options.append(true).create(create),
+        None => options.read(true),
+    };
+    let file = options
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path);
-    let file = opened?;
+        .open(path)?;
     Ok(file.metadata()?.is_file().then_some(file))
 }
 
-/// Puts a file holding `contents` in `path`'s place, by rename. The
-/// temporary name is this writer's own (`create_new`, and more than the
-/// process id: processes in containers on one volume may share one).
-fn replace(path: &Path, contents: &[u8]) -> std::io::Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    // Only to tell writers apart; no time is judged by it.
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    tmp.push(format!(".{}.{nanos}", std::process::id()));
-    let written = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&tmp)
-        .and_then(|mut f| f.write_all(contents));
-    match written.and_then(|()| std::fs::rename(&tmp, path)) {
-        Ok(()) => Ok(()),
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            Err(e)
+/// Puts a file holding `contents` (with `mode`) in `path`'s place, by
+/// rename. The temporary name is this writer's own: made with
+/// `create_new`, and more than the process id (processes in containers on
+/// one volume may share one).
+fn replace(path: &Path, contents: &[u8], mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    static MADE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let mut tries = 0;
+    let (tmp, mut file) = loop {
+        // Only to tell writers apart; no time is judged by it.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let made = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(format!(".{:x}.{nanos:x}{made:x}", std::process::id()));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&tmp)
+        {
+            Ok(file) => break (tmp, file),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && tries < 3 => tries += 1,
+            Err(e) => return Err(e),
         }
+    };
+    // The umask may have taken bits from `mode`.
+    let _ = file.set_permissions(std::fs::Permissions::from_mode(mode));
+    let done = file
+        .write_all(contents)
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if done.is_err() {
+        // Ours: made by `create_new` above.
+        let _ = std::fs::remove_file(&tmp);
     }
+    done
 }
 
 /// Wake-ups for processes on this host: inotify on the database's directory
@@ -156,8 +208,11 @@ pub struct FileWaiter {
     file: std::ffi::OsString,
     path: PathBuf,
     /// The wake file as opened, read up to its offset; `None` before it
-    /// exists.
+    /// exists, or while it cannot be read.
     open: Option<File>,
+    /// The file is there but cannot be read: once readable, what it holds
+    /// is not all new.
+    unreadable: bool,
     /// The start of a line whose end is not written yet.
     partial: Vec<u8>,
     /// Names read and not yet handed out, in the order written.
@@ -196,15 +251,17 @@ impl FileWaiter {
         // After the watch: what is appended from here on is heard, and what
         // was there before is not a release to wake for. A file that cannot
         // be read is not fatal: each change to it wakes every election.
-        let open = match open_wake_file(&path, false) {
+        let open = match open_wake_file(&path, None) {
             Ok(Some(mut f)) => f.seek(SeekFrom::End(0)).ok().map(|_| f),
             _ => None,
         };
+        let unreadable = open.is_none() && path.symlink_metadata().is_ok();
         Ok(Self {
             fd,
             file: path.file_name().unwrap_or_default().to_os_string(),
             path,
             open,
+            unreadable,
             partial: Vec::new(),
             heard: std::collections::VecDeque::new(),
         })
@@ -276,10 +333,11 @@ impl FileWaiter {
         }
         // A file made where there was none holds only releases since; one
         // that replaced another may have taken lines meant for it.
-        let first = self.open.is_none() && current.is_some();
-        self.open = open_wake_file(&self.path, false).ok().flatten();
+        let first = self.open.is_none() && !self.unreadable && current.is_some();
+        self.open = open_wake_file(&self.path, None).ok().flatten();
         self.partial.clear();
         let readable = self.open.is_some();
+        self.unreadable = !readable && self.path.symlink_metadata().is_ok();
         self.read_open() && first && readable && !renamed
     }
 
