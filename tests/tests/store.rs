@@ -1524,6 +1524,17 @@ mod sqlite_only {
             .unwrap()
     }
 
+    /// Appends `bytes` to the file at `path` by hand, as a writer other
+    /// than a release would.
+    fn append(path: &str, bytes: &[u8]) {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(path)
+            .unwrap();
+        std::io::Write::write_all(&mut f, bytes).unwrap();
+    }
+
     /// Takes `e` on `c`, and releases it.
     async fn take_and_release(c: &mut Connection, e: &str) {
         acquire(c, &req(e, "a", "ia"), Duration::from_secs(3)).await;
@@ -1642,12 +1653,7 @@ mod sqlite_only {
         std::fs::rename(&tmp, &path).unwrap();
         assert_eq!(heard(&mut w).await, Released::Unknown);
         // A line that is not a name.
-        let mut f = std::fs::OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .unwrap();
-        std::io::Write::write_all(&mut f, b"not hex\n").unwrap();
-        drop(f);
+        append(&path, b"not hex\n");
         assert_eq!(heard(&mut w).await, Released::Unknown);
         // And names again.
         take_and_release(&mut c, "g").await;
@@ -1673,20 +1679,12 @@ mod sqlite_only {
         let path = wake_file(&db);
         let mut c = migrated(&db.url).await;
         let mut w = waiter(&db).await;
-        let append = |bytes: &[u8]| {
-            let mut f = std::fs::OpenOptions::new()
-                .append(true)
-                .create(true)
-                .open(&path)
-                .unwrap();
-            std::io::Write::write_all(&mut f, bytes).unwrap();
-        };
         // "e" is 65 in hex: its two halves apart.
-        append(b"6");
-        append(b"5\n");
+        append(&path, b"6");
+        append(&path, b"5\n");
         assert_eq!(heard(&mut w).await, election("e"));
         // "12" reads as hex too: left unfinished, then a release.
-        append(b"12");
+        append(&path, b"12");
         take_and_release(&mut c, "g").await;
         assert_eq!(heard(&mut w).await, election("\u{12}"));
         assert_eq!(heard(&mut w).await, election("g"));

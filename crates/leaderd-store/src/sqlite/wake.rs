@@ -8,7 +8,7 @@
 //! or unreadable, a line it cannot read, inotify's queue overflowing), it
 //! wakes every election.
 
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -126,7 +126,7 @@ fn open_to_append(path: &Path, mode: u32) -> std::io::Result<Option<File>> {
                 Some(libc::ELOOP | libc::ENXIO | libc::EPERM | libc::EWOULDBLOCK)
             )
     };
-    match open_wake_file(path, Some(true)) {
+    match open_wake_file(path, OpenOptions::new().append(true).create(true)) {
         Ok(file) => {
             if let Some(f) = &file {
                 // Made just now with the umask's mode, or another's: only
@@ -137,7 +137,7 @@ fn open_to_append(path: &Path, mode: u32) -> std::io::Result<Option<File>> {
         }
         // Someone else's file in a sticky directory refuses an open that
         // may create (the kernel's protected_regular), not a plain one.
-        Err(e) if unusable(&e) => match open_wake_file(path, Some(false)) {
+        Err(e) if unusable(&e) => match open_wake_file(path, OpenOptions::new().append(true)) {
             Ok(file) => Ok(file),
             Err(e) if unusable(&e) => Ok(None),
             Err(e) => Err(e),
@@ -146,16 +146,10 @@ fn open_to_append(path: &Path, mode: u32) -> std::io::Result<Option<File>> {
     }
 }
 
-/// Opens the wake file to append to (`Some(create)`) or to read (`None`),
-/// without following a symbolic link or blocking on a FIFO; `None` when it
-/// is not a plain file.
-fn open_wake_file(path: &Path, append: Option<bool>) -> std::io::Result<Option<File>> {
+/// Opens the wake file with `options`, without following a symbolic link
+/// or blocking on a FIFO; `None` when it is not a plain file.
+fn open_wake_file(path: &Path, options: &mut OpenOptions) -> std::io::Result<Option<File>> {
     use std::os::unix::fs::OpenOptionsExt;
-    let mut options = std::fs::OpenOptions::new();
-    match append {
-        Some(create) => options.append(true).create(create),
-        None => options.read(true),
-    };
     let file = options
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)?;
@@ -178,7 +172,7 @@ fn replace(path: &Path, contents: &[u8], mode: u32) -> std::io::Result<()> {
         let made = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut tmp = path.as_os_str().to_owned();
         tmp.push(format!(".{:x}.{nanos:x}{made:x}", std::process::id()));
-        match std::fs::OpenOptions::new()
+        match OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(mode)
@@ -251,7 +245,7 @@ impl FileWaiter {
         // After the watch: what is appended from here on is heard, and what
         // was there before is not a release to wake for. A file that cannot
         // be read is not fatal: each change to it wakes every election.
-        let open = match open_wake_file(&path, None) {
+        let open = match open_wake_file(&path, OpenOptions::new().read(true)) {
             Ok(Some(mut f)) => f.seek(SeekFrom::End(0)).ok().map(|_| f),
             _ => None,
         };
@@ -334,7 +328,9 @@ impl FileWaiter {
         // A file made where there was none holds only releases since; one
         // that replaced another may have taken lines meant for it.
         let first = self.open.is_none() && !self.unreadable && current.is_some();
-        self.open = open_wake_file(&self.path, None).ok().flatten();
+        self.open = open_wake_file(&self.path, OpenOptions::new().read(true))
+            .ok()
+            .flatten();
         self.partial.clear();
         let readable = self.open.is_some();
         self.unreadable = !readable && self.path.symlink_metadata().is_ok();
