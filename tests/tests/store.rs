@@ -321,6 +321,49 @@ pub async fn a_named_successor_alone_takes_the_row_within_its_window(url: &str) 
     }
 }
 
+/// A named successor that will not take the row (held off it, draining)
+/// gives its turn up: the row is open to anyone at once, not at the
+/// window's end. Only the named daemon can do so, only while the row is
+/// free and its window runs; otherwise nothing changes.
+pub async fn a_named_successor_can_give_its_turn_up(url: &str) {
+    let mut a = migrated(url).await;
+    let mut b = connect(url).await;
+    let mut c = connect(url).await;
+    let window = Duration::from_secs(3);
+    let t1 = acquire(&mut a, &from("da", req("e", "a", "ia")), TTL * 4).await;
+    assert!(
+        !b.decline("e", "db").await.unwrap(),
+        "a held row is not given up"
+    );
+    assert!(a
+        .release_one(&rel_to("e", "ia", "db", window))
+        .await
+        .unwrap());
+    assert!(
+        !c.decline("e", "dc").await.unwrap(),
+        "only the named daemon gives its turn up"
+    );
+    let seen = refused(
+        c.acquire_or_renew(&from("dc", req("e", "c", "ic")))
+            .await
+            .unwrap(),
+    );
+    assert!(seen.remaining_us > 1_000_000, "still blocked: {seen:?}");
+    assert!(b.decline("e", "db").await.unwrap());
+    assert!(!b.decline("e", "db").await.unwrap(), "given up once");
+    assert_eq!(
+        c.acquire_or_renew(&from("dc", req("e", "c", "ic")))
+            .await
+            .unwrap(),
+        Attempt::Granted { token: t1 + 1 },
+        "open to anyone once given up"
+    );
+    assert!(!b.decline("e", "db").await.unwrap(), "taken since");
+    // Released to nobody: there is no turn to give up.
+    assert!(c.release("e", "ic").await.unwrap());
+    assert!(!b.decline("e", "db").await.unwrap());
+}
+
 /// A presence row (not an election) is open as soon as it is made: a
 /// replica just started is a candidate from its first round. An election's
 /// row stays blocked for a ttl.
@@ -639,6 +682,11 @@ macro_rules! conformance {
             async fn a_named_successor_alone_takes_the_row_within_its_window() {
                 let db: TempDb = $make;
                 super::a_named_successor_alone_takes_the_row_within_its_window(&db.url).await;
+            }
+            #[tokio::test]
+            async fn a_named_successor_can_give_its_turn_up() {
+                let db: TempDb = $make;
+                super::a_named_successor_can_give_its_turn_up(&db.url).await;
             }
             #[tokio::test]
             async fn a_presence_row_is_open_as_soon_as_it_is_made() {
@@ -985,6 +1033,18 @@ pub async fn a_locked_row_never_makes_a_statement_wait(db: &TempDb) {
         .await
         .expect("the renewal waited on the row lock");
     assert!(r.is_err(), "a locked row is not a grant or a loss: {r:?}");
+    assert!(
+        started.elapsed() < Duration::from_millis(300),
+        "{:?}",
+        started.elapsed()
+    );
+    // Nor does a named successor's giving up of its turn.
+    let mut b = connect(&db.url).await;
+    let started = Instant::now();
+    let declined = tokio::time::timeout(Duration::from_secs(2), b.decline("e", "db"))
+        .await
+        .expect("giving up a turn waited on the row lock");
+    assert!(!matches!(declined, Ok(true)), "{declined:?}");
     assert!(
         started.elapsed() < Duration::from_millis(300),
         "{:?}",

@@ -290,6 +290,20 @@ impl Connection {
         }
     }
 
+    /// Gives up being `election`'s named successor, for a daemon that will
+    /// not take it within the window (it holds the election off, or
+    /// drains): the row, released to `daemon` (a daemon instance) and
+    /// blocked for everyone else, is open to anyone now, rather than at the
+    /// window's end. Whether it was: a row that is held, open already, or
+    /// released to another is left alone, with nothing written or locked.
+    pub async fn decline(&mut self, election: &str, daemon: &str) -> Result<bool, StoreError> {
+        match self {
+            Connection::Postgres(c) => c.decline(election, daemon).await,
+            Connection::Mysql(c) => c.decline(election, daemon).await,
+            Connection::Sqlite(c) => c.decline(election, daemon).await,
+        }
+    }
+
     /// MySQL/MariaDB: takes the elections' wake-up locks (see [`Presence`])
     /// without waiting, in one statement; whether this session holds each
     /// now. Idempotent (a lock held already stays held once), held until

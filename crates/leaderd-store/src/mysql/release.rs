@@ -1,11 +1,12 @@
 //! Releases on MySQL/MariaDB: one election's, and a batch's in one
-//! statement, with a row locked elsewhere answered as that release's alone.
+//! statement, with a row locked elsewhere answered as that release's alone;
+//! and a named successor's giving up of its turn.
 
 use diesel::sql_types::Text;
 use diesel_async::RunQueryDsl;
 
 use super::lease::{busy_or, lock_busy};
-use super::statements::{FREE_OF, RELEASE, RELEASE_ALL, RELEASE_MANY_MAX};
+use super::statements::{DECLINE, FREE_OF, RELEASE, RELEASE_ALL, RELEASE_MANY_MAX};
 use super::store::MysqlStore;
 use crate::shared::error::{row_answer, StoreError};
 use crate::shared::lease::Release;
@@ -85,6 +86,24 @@ impl MysqlStore {
                 Bind::Text(item.election),
                 Bind::Text(item.instance),
             ],
+        )
+        .execute(&mut self.conn)
+        .await
+        .map_err(busy_or)?;
+        Ok(n > 0)
+    }
+
+    /// Gives up being `election`'s named successor (see [`DECLINE`]):
+    /// whether the row named `daemon` and is open to anyone now; a row
+    /// locked elsewhere is [`StoreError::Busy`].
+    pub(crate) async fn decline(
+        &mut self,
+        election: &str,
+        daemon: &str,
+    ) -> Result<bool, StoreError> {
+        let n = Stmt::<()>::new(
+            self.sql(&DECLINE),
+            [Bind::Text(election), Bind::Text(daemon)],
         )
         .execute(&mut self.conn)
         .await

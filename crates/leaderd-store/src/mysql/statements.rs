@@ -202,6 +202,16 @@ pub(super) const RELEASE: Sql = bounded!(
     WHERE name = ? AND instance = ?"
 );
 
+/// Gives up being a row's named successor: the row, free and blocked for
+/// the window only the bound daemon instance may take, is open to anyone
+/// now. Matches nothing unless the row is free, names that instance, and
+/// its window is still running. Binds: name, instance.
+pub(super) const DECLINE: Sql = bounded!(
+    "UPDATE",
+    " service_leader_lock SET successor = NULL, expires_at = UTC_TIMESTAMP(6) \
+    WHERE name = ? AND instance IS NULL AND successor = ? AND expires_at > UTC_TIMESTAMP(6)"
+);
+
 /// [`RELEASE`] for several elections at once, each matched on its own name
 /// and instance: shutting down, a daemon leading thousands released them
 /// one statement each, and most were left to expire (5,000 on MariaDB: 3,976

@@ -248,6 +248,21 @@ WITH p AS (SELECT $1::varchar AS name, $2::varchar AS inst, $3::varchar AS succ,
 pub(super) const RELEASE_ONE_TYPES: &[Type] =
     &[Type::VARCHAR, Type::VARCHAR, Type::VARCHAR, Type::INT8];
 
+/// Gives up being a row's named successor: the row, free and blocked for
+/// the window only `$2` (a daemon instance) may take, is open to anyone
+/// now. Matches nothing (writes nothing) unless the row is free, names
+/// `$2`, and its window is still running; a row locked elsewhere is
+/// skipped (`SKIP LOCKED`, as in [`RENEW`]): never a wait. The token and
+/// holder stay as they are, so the record of terms has nothing to write.
+pub(super) const DECLINE: &str = "\
+WITH c AS (SELECT id FROM {t} \
+    WHERE name OPERATOR(pg_catalog.=) $1 AND instance IS NULL \
+      AND successor OPERATOR(pg_catalog.=) $2 AND expires_at OPERATOR(pg_catalog.>) pg_catalog.now() \
+    FOR NO KEY UPDATE SKIP LOCKED) \
+UPDATE {t} l SET successor = NULL, expires_at = pg_catalog.now() \
+  FROM c WHERE l.id OPERATOR(pg_catalog.=) c.id RETURNING l.name";
+pub(super) const DECLINE_TYPES: &[Type] = &[Type::VARCHAR, Type::VARCHAR];
+
 /// The rows whose name starts with the bind (every row for `''`).
 pub(super) const ELECTIONS: &str = "SELECT name, holder, token, \
     (EXTRACT(EPOCH FROM expires_at OPERATOR(pg_catalog.-) pg_catalog.now()) \
@@ -327,6 +342,7 @@ pub(super) struct Statements {
     /// presence row's at shutdown) was planned afresh at each use,
     /// 0.2–0.3 ms.
     pub(super) release_one: &'static str,
+    pub(super) decline: &'static str,
     pub(super) elections: &'static str,
     pub(super) history: &'static str,
     /// `None` where the table's name holds a `$`, which could end the
@@ -389,6 +405,7 @@ impl Statements {
                 RELEASE_ONE_ELEMENT,
                 1,
             )),
+            decline: fill(DECLINE),
             elections: fill(ELECTIONS),
             history: fill(HISTORY),
             warm_up: (!table.contains('$')).then(|| fill(WARM_UP)),

@@ -250,6 +250,20 @@ impl PgStore {
         Ok(self.release_many(std::slice::from_ref(item)).await? == [true])
     }
 
+    /// Gives up being `election`'s named successor (see [`DECLINE`]):
+    /// whether the row named `daemon` and is open to anyone now.
+    pub(crate) async fn decline(
+        &mut self,
+        election: &str,
+        daemon: &str,
+    ) -> Result<bool, StoreError> {
+        self.trusted()?;
+        let rows = self
+            .query(self.stmts.decline, DECLINE_TYPES, &[&election, &daemon])
+            .await?;
+        Ok(!rows.is_empty())
+    }
+
     pub(crate) async fn elections(&mut self, prefix: &str) -> Result<Vec<ElectionRow>, StoreError> {
         self.trusted()?;
         let rows = self

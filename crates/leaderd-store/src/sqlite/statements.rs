@@ -46,6 +46,15 @@ pub(super) const RELEASE: &str = "UPDATE service_leader_lock \
         address = NULL, address_instance = NULL \
     WHERE name = ? AND instance = ?";
 
+/// Gives up being a row's named successor: the row, free and blocked for
+/// the window only the bound daemon instance may take, is open to anyone
+/// from now. Matches nothing unless the row is free, names that instance,
+/// and its window (this boot's) is still running. Binds: now, name,
+/// instance, boot id, now.
+pub(super) const DECLINE: &str = "UPDATE service_leader_lock \
+    SET successor = NULL, expires_at = ? \
+    WHERE name = ? AND instance IS NULL AND successor = ? AND boot_id = ? AND expires_at > ?";
+
 /// The rows whose name starts with the bind (after the clock's two; every
 /// row for `''`).
 pub(super) const ELECTIONS: &str = "SELECT name, holder, token, \

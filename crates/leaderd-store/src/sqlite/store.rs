@@ -149,6 +149,31 @@ impl SqliteStore {
         Ok(n > 0)
     }
 
+    /// Gives up being `election`'s named successor (see [`DECLINE`]):
+    /// whether the row named `daemon` and is open to anyone now. No
+    /// wake-up: the others woken by the release ask again every few
+    /// milliseconds while the row waits for its successor.
+    pub(crate) async fn decline(
+        &mut self,
+        election: &str,
+        daemon: &str,
+    ) -> Result<bool, StoreError> {
+        let now = now_us();
+        let n = Stmt::<()>::new(
+            DECLINE,
+            [
+                Bind::BigInt(now),
+                Bind::Text(election),
+                Bind::Text(daemon),
+                Bind::Text(&self.boot_id),
+                Bind::BigInt(now),
+            ],
+        )
+        .execute(&mut self.conn)
+        .await?;
+        Ok(n > 0)
+    }
+
     fn announce(&self, elections: &[&str]) {
         if let Err(e) = announce_release(&self.path, elections) {
             // The others find the row free at their next poll.
