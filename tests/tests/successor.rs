@@ -15,6 +15,9 @@
 //!   lost).
 //! - A successor SIGKILLed as it is named: nobody else takes the row until
 //!   the window is over, then another does, within window + ttl.
+//! - A successor held off the election it is named for (it leads others):
+//!   it gives its turn up, and another replica takes the row well within
+//!   the window.
 
 use std::time::{Duration, Instant};
 
@@ -397,4 +400,83 @@ fn a_successor_killed_as_it_is_named_costs_at_most_its_window() {
     // taken within the window and a ttl.
     assert!(gap >= WINDOW / 2, "b took the row {gap:?} after a named c");
     assert!(gap <= WINDOW + TTL, "leaderless for {gap:?}");
+}
+
+/// What a named successor that does not take the row logs as it opens it
+/// to the others.
+const OPENED: &str =
+    "named successor of an election this replica does not take now; opened it to the others";
+
+/// Whether `d` leads `election` now (`/elections`).
+fn leads(d: &Daemon, election: &str) -> Option<()> {
+    d.leading()?.iter().any(|e| e == election).then_some(())
+}
+
+#[test]
+fn a_successor_held_off_the_election_gives_its_turn_up() {
+    let _s = serial();
+    let db = TempDb::postgres();
+    let dir = Scratch::new();
+    // Two elections each, so that a hold of one keeps the replica's
+    // presence (and so its candidacy) for the other.
+    let launch = |id: &str, extra: &[&str]| {
+        let mut args = vec!["--no-spread"];
+        args.extend(extra);
+        Daemon::launch(&db.url, id, &dir, id, &args)
+            .elections(&["jobs", "mailer"])
+            .start()
+    };
+    let a = launch("a", &[]);
+    wait_for(Duration::from_secs(10), "a to lead jobs", || {
+        leads(&a, "jobs")
+    });
+    let b = launch("b", &[]);
+    wait_present(&db, 2);
+    let c = launch("c", &["--priority", "10"]);
+    wait_present(&db, 3);
+    wait_ready(&b);
+    wait_ready(&c);
+    // c, of the highest priority, is named.
+    a.release("?election=jobs");
+    wait_for(Duration::from_secs(5), "c to lead jobs", || {
+        leads(&c, "jobs")
+    });
+    // c holds off jobs for a minute; b, started after a, is named.
+    c.release("?election=jobs&hold=60s");
+    wait_for(Duration::from_secs(5), "b to lead jobs", || {
+        leads(&b, "jobs")
+    });
+    wait_for(Duration::from_secs(5), "a's own hold to end", || {
+        let (_, body) = a.leader_of("?election=jobs")?;
+        body["hold_remaining_ms"].is_null().then_some(())
+    });
+    // b names c (its priority), which holds off jobs: a takes it at once.
+    b.release("?election=jobs");
+    wait_for(WINDOW + TTL * 2, "a to lead jobs", || leads(&a, "jobs"));
+    let named = b.logged("naming the successor");
+    // Logs are written behind the daemon's work: waited for.
+    let opened = wait_for(
+        Duration::from_secs(5),
+        "c's log of the turn given up",
+        || {
+            let opened = c.logged(OPENED);
+            (!opened.is_empty()).then_some(opened)
+        },
+    );
+    if named.last().map(|n| n["successor"] != "c").unwrap_or(true)
+        || opened.len() != 1
+        || opened[0]["not_competing"] != "held"
+    {
+        print_logs([&a, &b, &c]);
+        panic!("b named {named:?}; c opened jobs {opened:?}");
+    }
+    let all = intervals(&[&a, &b, &c], "jobs");
+    let (last_b, first_a) = (&all[all.len() - 2], &all[all.len() - 1]);
+    assert_eq!((last_b.id.as_str(), first_a.id.as_str()), ("b", "a"));
+    let gap = Duration::from_micros(first_a.start.saturating_sub(last_b.end));
+    eprintln!("a named successor held off the election: a led {gap:?} after b's release");
+    assert!(
+        gap < WINDOW / 2,
+        "leaderless for {gap:?}: the held successor's window was waited out"
+    );
 }

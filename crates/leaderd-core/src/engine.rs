@@ -25,7 +25,10 @@
 //! - a replica that may not ask for a row whose successor is about to take
 //!   it (it has just released it, or comes late) looks at it instead, with
 //!   reads that take nothing, so it names the new leader as soon as the
-//!   others do.
+//!   others do;
+//! - a named successor that would not take the row within its window
+//!   (held off it, draining) gives its turn up, so the others need not
+//!   wait the window out ([`Engine::gives_turn_up`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -738,6 +741,20 @@ impl Engine {
         self.draining_until.is_some_and(|until| now < until)
     }
 
+    /// Whether this replica, at `now` the named successor of its free row
+    /// with `window_left` of the window only it may take, gives that turn
+    /// up: it would not take the row before the window ends (held past it,
+    /// draining, its app failing), and every other replica would wait the
+    /// window out for nothing. A replica held off one of several
+    /// elections keeps its presence for the others, so a release of that
+    /// one may name it.
+    pub fn gives_turn_up(&self, now: BootTime, window_left: Duration) -> bool {
+        self.role == Role::Follower
+            && (!self.competing
+                || self.draining(now)
+                || self.hold_until.is_some_and(|h| h >= now + window_left))
+    }
+
     /// How much later than it otherwise would a follower attempts, at
     /// `now`, a row that will be free by then.
     fn yield_delay(&self, now: BootTime) -> Duration {
@@ -1204,6 +1221,45 @@ mod tests {
         let mut down = released_at_100();
         down.shutdown(at(101));
         assert!(!down.look_due(at(110)));
+    }
+
+    #[test]
+    fn a_named_successor_gives_its_turn_up_only_when_it_would_not_take_it() {
+        let window = ms(900);
+        // Held for 5 s from 100: past any window before then.
+        let held = released_at_100();
+        assert!(held.gives_turn_up(at(200), window));
+        assert!(
+            held.gives_turn_up(at(5100) - window, window),
+            "held to the window's end"
+        );
+        assert!(
+            !held.gives_turn_up(at(5101) - window, window),
+            "the hold ends within the window: it takes the row then"
+        );
+        assert!(!held.gives_turn_up(at(5200), window), "the hold is over");
+        // A follower that asks at once takes it.
+        let mut free = engine();
+        free.on_attempt(at(0), at(5), refused("pod-b", 4, 800));
+        assert!(!free.gives_turn_up(at(100), window));
+        // Draining, or its app failing: it takes no row named to it.
+        let mut drained = engine();
+        drained.drain(at(50), Duration::from_secs(10));
+        assert!(drained.gives_turn_up(at(100), window));
+        assert!(
+            !drained.gives_turn_up(at(10_050), window),
+            "the drain is over"
+        );
+        let mut failing = engine();
+        assert!(failing.set_competing(at(10), false, "inst-2").is_none());
+        assert!(failing.gives_turn_up(at(100), window));
+        // Leading (a stale look), or shut down: nothing to give up.
+        let mut leader = engine();
+        leader.on_attempt(at(0), at(5), Attempt::Granted { token: 4 });
+        assert!(!leader.gives_turn_up(at(100), window));
+        let mut down = released_at_100();
+        down.shutdown(at(150));
+        assert!(!down.gives_turn_up(at(200), window));
     }
 
     #[test]

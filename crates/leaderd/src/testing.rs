@@ -14,5 +14,6 @@ pub fn row(name: &str, holder: Option<&str>, remaining_us: i64) -> ElectionRow {
         instance: holder.map(|h| format!("0/{h}")),
         held_us: 0,
         address: None,
+        successor: None,
     }
 }

@@ -255,7 +255,7 @@ pub(super) const FREE_OF: Sql = bounded!(
 pub(super) const ELECTIONS: &str = "SELECT CAST(name AS CHAR), holder, token, \
     TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at), instance, \
     IF(instance IS NULL, NULL, TIMESTAMPDIFF(MICROSECOND, acquired_at, UTC_TIMESTAMP(6))), \
-    IF(address_instance = instance, address, NULL) \
+    IF(address_instance = instance, address, NULL), IF(instance IS NULL, successor, NULL) \
     FROM service_leader_lock WHERE name >= ? AND name < CONCAT(?, X'FF') ORDER BY name";
 
 /// What the server is and how the session runs, read once at connect.

@@ -24,5 +24,5 @@ macro_rules! tuple_from_row {
 }
 
 // An election's row; a term of the record.
-tuple_from_row!(0 A, 1 B, 2 C, 3 D, 4 E, 5 F, 6 G);
+tuple_from_row!(0 A, 1 B, 2 C, 3 D, 4 E, 5 F, 6 G, 7 H);
 tuple_from_row!(0 A, 1 B, 2 C, 3 D, 4 E, 5 F, 6 G, 7 H, 8 I, 9 J, 10 K, 11 L);

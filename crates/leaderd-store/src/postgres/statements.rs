@@ -270,7 +270,8 @@ pub(super) const ELECTIONS: &str = "SELECT name, holder, token, \
     CASE WHEN instance IS NOT NULL THEN \
       (EXTRACT(EPOCH FROM pg_catalog.now() OPERATOR(pg_catalog.-) acquired_at) \
        OPERATOR(pg_catalog.*) 1000000)::bigint END, \
-    CASE WHEN address_instance OPERATOR(pg_catalog.=) instance THEN address END \
+    CASE WHEN address_instance OPERATOR(pg_catalog.=) instance THEN address END, \
+    CASE WHEN instance IS NULL THEN successor END \
     FROM {t} WHERE pg_catalog.starts_with(name COLLATE \"C\", $1) ORDER BY name";
 
 /// The takeover's and the release's path run once and undone (see

@@ -127,6 +127,9 @@ pub struct ElectionRow {
     /// The holder's advertised address, `None` when it set none (or its
     /// daemon predates addresses).
     pub address: Option<String>,
+    /// While the row is free: the daemon instance its release named (see
+    /// [`Successor`]), whose window may have ended. `None` when held.
+    pub successor: Option<String>,
 }
 
 impl ElectionRow {
@@ -153,7 +156,7 @@ impl ElectionRow {
 }
 
 /// A row as the backends read it: name, holder, token, remaining µs,
-/// instance, held µs, address.
+/// instance, held µs, address, successor (free rows only).
 pub(crate) type RowParts = (
     String,
     Option<String>,
@@ -161,6 +164,7 @@ pub(crate) type RowParts = (
     i64,
     Option<String>,
     Option<i64>,
+    Option<String>,
     Option<String>,
 );
 
@@ -173,10 +177,13 @@ pub(crate) type RowSql = (
     Nullable<Text>,
     Nullable<BigInt>,
     Nullable<Text>,
+    Nullable<Text>,
 );
 
 impl From<RowParts> for ElectionRow {
-    fn from((name, holder, token, remaining_us, instance, held_us, address): RowParts) -> Self {
+    fn from(
+        (name, holder, token, remaining_us, instance, held_us, address, successor): RowParts,
+    ) -> Self {
         Self {
             name,
             holder,
@@ -185,6 +192,7 @@ impl From<RowParts> for ElectionRow {
             instance,
             held_us: held_us.unwrap_or(0),
             address,
+            successor,
         }
     }
 }

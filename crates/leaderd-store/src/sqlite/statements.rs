@@ -60,7 +60,8 @@ pub(super) const DECLINE: &str = "UPDATE service_leader_lock \
 pub(super) const ELECTIONS: &str = "SELECT name, holder, token, \
     CASE WHEN boot_id = ? THEN expires_at - ? ELSE -1 END, instance, \
     CASE WHEN instance IS NOT NULL AND boot_id = ? THEN ? - acquired_at END, \
-    CASE WHEN address_instance = instance THEN address END \
+    CASE WHEN address_instance = instance THEN address END, \
+    CASE WHEN instance IS NULL THEN successor END \
     FROM service_leader_lock WHERE substr(name, 1, length(?)) = ? ORDER BY name";
 
 /// The boot clock in microseconds: SQLite's "database clock".

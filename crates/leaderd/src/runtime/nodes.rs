@@ -70,6 +70,7 @@ mod tests {
             instance: Some("i".into()),
             held_us: 0,
             address: node.map(String::from),
+            successor: None,
         }
     }
 

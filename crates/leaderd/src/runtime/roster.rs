@@ -332,6 +332,7 @@ mod tests {
             instance: Some(instance.into()),
             held_us: held_s * 1_000_000,
             address: None,
+            successor: None,
         }
     }
 

@@ -1,7 +1,8 @@
 //! Looking: a read of the election's row that takes nothing, for a
 //! replica that may not ask for the row now (it has just released it, or
 //! comes late) yet should name the successor that takes it as soon as the
-//! others do (`Engine::look_due`).
+//! others do (`Engine::look_due`); a look that finds this replica named
+//! successor of a row it will not take gives that turn up (`turn`).
 
 use leaderd_store::ElectionRow;
 use tokio_util::sync::CancellationToken;
@@ -33,11 +34,13 @@ impl Loop {
             // The read is by prefix: other elections' names may start
             // with this one's.
             Ok(Ok(rows)) => {
-                let seen = rows
-                    .into_iter()
-                    .find(|r| r.name == election)
-                    .map(ElectionRow::into_observed);
+                let row = rows.into_iter().find(|r| r.name == election);
+                let give_up = row.as_ref().and_then(|r| self.turn_to_give_up(r));
+                let seen = row.map(ElectionRow::into_observed);
                 self.shared.engine().on_look(received_at, seen);
+                if let Some(left) = give_up {
+                    self.give_turn_up(left).await;
+                }
             }
             Ok(Err(_)) | Err(_) => self.shared.engine().on_look_failed(),
         }

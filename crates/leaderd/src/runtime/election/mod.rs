@@ -15,7 +15,8 @@
 //!
 //! This file sets a loop up and turns it; its concerns are beside it:
 //! `attempt` (attempting, and the connection side), `look` (reading the
-//! row without asking for it), `requests` (requests,
+//! row without asking for it), `turn` (giving up a named successor's turn
+//! it will not take), `requests` (requests,
 //! wake-ups, connects), `release` (releasing the row), `report` (logs,
 //! metrics, flag file).
 
@@ -39,6 +40,7 @@ mod look;
 mod release;
 mod report;
 mod requests;
+mod turn;
 
 /// How long shutdown waits for a statement already in flight, then how long
 /// it may spend releasing the row: together they keep the whole shutdown

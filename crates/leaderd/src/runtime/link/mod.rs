@@ -165,6 +165,12 @@ enum Job {
         prefix: String,
         reply: oneshot::Sender<Result<Vec<ElectionRow>, String>>,
     },
+    /// Gives up being `election`'s named successor (see `Link::decline`).
+    Decline {
+        election: String,
+        daemon: Arc<str>,
+        reply: ReleaseReply,
+    },
     /// Takes (`Some` generation: frees, if still that connection) an
     /// election's wake-up lock (MySQL; see `wakeups::keep_presence`).
     WakeLock {
@@ -373,6 +379,19 @@ impl Link {
         })
         .await
     }
+
+    /// Gives up `election`'s turn released to this daemon (`daemon`, its
+    /// instance; see [`leaderd_store::Connection::decline`]): whether the
+    /// row was open to anyone from then. Without a connection it fails at
+    /// once: the window ends on its own.
+    pub async fn decline(&self, election: &str, daemon: &Arc<str>) -> Result<bool, String> {
+        self.ask(|reply| Job::Decline {
+            election: election.to_owned(),
+            daemon: daemon.clone(),
+            reply,
+        })
+        .await
+    }
 }
 
 struct Task {
@@ -455,8 +474,9 @@ impl Task {
     }
 
     /// Without a connection: attempts fail at once, unsent (the loop retries
-    /// once connected), and a wake-up lock to free is gone already;
-    /// releases, reads and wake-up locks to take wait for the connect.
+    /// once connected), a wake-up lock to free is gone already, and a turn
+    /// to give up ends with its window anyway; releases, reads and wake-up
+    /// locks to take wait for the connect.
     fn answer_unconnected(&mut self) {
         if self.conn.is_some() {
             return;
@@ -468,6 +488,7 @@ impl Task {
                     fail(job, "no connection", Reached::Nothing);
                     self.wanted = true;
                 }
+                Job::Decline { .. } => fail(job, "no connection", Reached::Nothing),
                 Job::WakeLock {
                     free: Some(generation),
                     reply,

@@ -64,7 +64,7 @@ pub(super) fn take(pending: &mut VecDeque<Job>) -> Vec<Job> {
                 fits
             }
             Job::WakeLock { .. } => !release_left,
-            Job::Read { .. } => true,
+            Job::Read { .. } | Job::Decline { .. } => true,
         };
         if room {
             batch.push(job);
@@ -160,6 +160,7 @@ mod tests {
             Job::Attempt { req, .. } => format!("attempt {}", req.election),
             Job::Release { election, .. } => format!("release {election}"),
             Job::Read { prefix, .. } => format!("read {prefix}"),
+            Job::Decline { election, .. } => format!("decline {election}"),
             Job::WakeLock { election, .. } => format!("lock {election}"),
         }
     }

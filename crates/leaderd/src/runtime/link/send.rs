@@ -104,6 +104,7 @@ impl Task {
         }
         let mut releases = Vec::new();
         let mut reads = Vec::new();
+        let mut declines = Vec::new();
         let mut wake_locks = Vec::new();
         for job in rest {
             match job {
@@ -114,6 +115,11 @@ impl Task {
                     reply,
                 } => releases.push((election, instance, heir, reply)),
                 Job::Read { prefix, reply } => reads.push((prefix, reply)),
+                Job::Decline {
+                    election,
+                    daemon,
+                    reply,
+                } => declines.push((election, daemon, reply)),
                 Job::WakeLock {
                     election,
                     free,
@@ -132,6 +138,10 @@ impl Task {
         }
         for (prefix, reply) in reads {
             let answer = self.read(&prefix).await;
+            let _ = reply.send(answer);
+        }
+        for (election, daemon, reply) in declines {
+            let answer = self.decline(&election, &daemon).await;
             let _ = reply.send(answer);
         }
     }
@@ -207,5 +217,17 @@ impl Task {
         let conn = self.conn.as_mut().ok_or("no connection")?;
         let answer = tokio::time::timeout(RELEASE_CAP, conn.elections(prefix)).await;
         self.settle(answer, RELEASE_CAP, "reading the table")
+    }
+
+    async fn decline(&mut self, election: &str, daemon: &str) -> Result<bool, String> {
+        let conn = self.conn.as_mut().ok_or("no connection")?;
+        let answer = tokio::time::timeout(RELEASE_CAP, conn.decline(election, daemon)).await;
+        // A row locked elsewhere (MySQL; a fenced transaction, another's
+        // take) is left to its window, and the connection, which the
+        // renewals use, is kept.
+        if let Ok(Err(leaderd_store::StoreError::Busy)) = answer {
+            return Ok(false);
+        }
+        self.settle(answer, RELEASE_CAP, "giving up a named successor's turn")
     }
 }

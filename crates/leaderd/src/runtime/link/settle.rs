@@ -63,6 +63,9 @@ pub(super) fn fail(job: Job, reason: &str, reached: Reached) {
         Job::Read { reply, .. } => {
             let _ = reply.send(Err(reason.to_owned()));
         }
+        Job::Decline { reply, .. } => {
+            let _ = reply.send(Err(reason.to_owned()));
+        }
         Job::WakeLock { reply, .. } => {
             let _ = reply.send(Err(reason.to_owned()));
         }
