@@ -323,8 +323,9 @@ pub async fn a_named_successor_alone_takes_the_row_within_its_window(url: &str) 
 
 /// A named successor that will not take the row (held off it, draining)
 /// gives its turn up: the row is open to anyone at once, not at the
-/// window's end. Only the named daemon can do so, only while the row is
-/// free and its window runs; otherwise nothing changes.
+/// window's end. Only the named daemon can do so, only for the release it
+/// saw (its token), only while the row is free and its window runs;
+/// otherwise nothing changes.
 pub async fn a_named_successor_can_give_its_turn_up(url: &str) {
     let mut a = migrated(url).await;
     let mut b = connect(url).await;
@@ -332,7 +333,7 @@ pub async fn a_named_successor_can_give_its_turn_up(url: &str) {
     let window = Duration::from_secs(3);
     let t1 = acquire(&mut a, &from("da", req("e", "a", "ia")), TTL * 4).await;
     assert!(
-        !b.decline("e", "db").await.unwrap(),
+        !b.decline("e", "db", t1).await.unwrap(),
         "a held row is not given up"
     );
     assert!(a
@@ -340,8 +341,12 @@ pub async fn a_named_successor_can_give_its_turn_up(url: &str) {
         .await
         .unwrap());
     assert!(
-        !c.decline("e", "dc").await.unwrap(),
+        !c.decline("e", "dc", t1).await.unwrap(),
         "only the named daemon gives its turn up"
+    );
+    assert!(
+        !b.decline("e", "db", t1 - 1).await.unwrap(),
+        "only the release it saw"
     );
     let seen = refused(
         c.acquire_or_renew(&from("dc", req("e", "c", "ic")))
@@ -349,8 +354,8 @@ pub async fn a_named_successor_can_give_its_turn_up(url: &str) {
             .unwrap(),
     );
     assert!(seen.remaining_us > 1_000_000, "still blocked: {seen:?}");
-    assert!(b.decline("e", "db").await.unwrap());
-    assert!(!b.decline("e", "db").await.unwrap(), "given up once");
+    assert!(b.decline("e", "db", t1).await.unwrap());
+    assert!(!b.decline("e", "db", t1).await.unwrap(), "given up once");
     assert_eq!(
         c.acquire_or_renew(&from("dc", req("e", "c", "ic")))
             .await
@@ -358,10 +363,35 @@ pub async fn a_named_successor_can_give_its_turn_up(url: &str) {
         Attempt::Granted { token: t1 + 1 },
         "open to anyone once given up"
     );
-    assert!(!b.decline("e", "db").await.unwrap(), "taken since");
+    assert!(!b.decline("e", "db", t1 + 1).await.unwrap(), "taken since");
+    // Released to it again: a late decline of the first release does not
+    // give up this one.
+    assert!(c
+        .release_one(&rel_to("e", "ic", "db", window))
+        .await
+        .unwrap());
+    assert!(!b.decline("e", "db", t1).await.unwrap());
+    let seen = refused(a.acquire_or_renew(&req("e", "a", "ia2")).await.unwrap());
+    assert!(seen.remaining_us > 1_000_000, "still blocked: {seen:?}");
+    // Once the window is over, nothing is left to give up.
+    let short = Duration::from_millis(200);
+    let t = acquire(&mut b, &from("db", req("e", "b", "ib")), TTL * 4).await;
+    assert!(b
+        .release_one(&rel_to("e", "ib", "dc", short))
+        .await
+        .unwrap());
+    tokio::time::sleep(short + Duration::from_millis(100)).await;
+    assert!(
+        !c.decline("e", "dc", t).await.unwrap(),
+        "the window is over"
+    );
     // Released to nobody: there is no turn to give up.
-    assert!(c.release("e", "ic").await.unwrap());
-    assert!(!b.decline("e", "db").await.unwrap());
+    assert_eq!(
+        a.acquire_or_renew(&req("e", "a", "ia3")).await.unwrap(),
+        Attempt::Granted { token: t + 1 }
+    );
+    assert!(a.release("e", "ia3").await.unwrap());
+    assert!(!b.decline("e", "db", t + 1).await.unwrap());
 }
 
 /// A presence row (not an election) is open as soon as it is made: a
@@ -1038,10 +1068,31 @@ pub async fn a_locked_row_never_makes_a_statement_wait(db: &TempDb) {
         "{:?}",
         started.elapsed()
     );
-    // Nor does a named successor's giving up of its turn.
+    drop(lock);
+    // The connection is still good, and so is the lease.
+    let mut a = connect(&db.url).await;
+    assert_eq!(
+        a.acquire_or_renew(&renew).await.unwrap(),
+        Attempt::Granted { token: t }
+    );
+    // Nor does a named successor's giving up of its turn, on the row
+    // released to it.
+    let heir = Successor {
+        daemon: "db",
+        window: Duration::from_secs(3),
+    };
+    assert!(a
+        .release_one(&Release {
+            election: "e",
+            instance: "ia",
+            successor: Some(heir),
+        })
+        .await
+        .unwrap());
+    let lock = db.lock_row("e");
     let mut b = connect(&db.url).await;
     let started = Instant::now();
-    let declined = tokio::time::timeout(Duration::from_secs(2), b.decline("e", "db"))
+    let declined = tokio::time::timeout(Duration::from_secs(2), b.decline("e", "db", t))
         .await
         .expect("giving up a turn waited on the row lock");
     assert!(!matches!(declined, Ok(true)), "{declined:?}");
@@ -1051,11 +1102,9 @@ pub async fn a_locked_row_never_makes_a_statement_wait(db: &TempDb) {
         started.elapsed()
     );
     drop(lock);
-    // The connection is still good, and so is the lease.
-    let mut a = connect(&db.url).await;
-    assert_eq!(
-        a.acquire_or_renew(&renew).await.unwrap(),
-        Attempt::Granted { token: t }
+    assert!(
+        b.decline("e", "db", t).await.unwrap(),
+        "once the lock is gone"
     );
 }
 

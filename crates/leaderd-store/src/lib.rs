@@ -292,15 +292,21 @@ impl Connection {
 
     /// Gives up being `election`'s named successor, for a daemon that will
     /// not take it within the window (it holds the election off, or
-    /// drains): the row, released to `daemon` (a daemon instance) and
-    /// blocked for everyone else, is open to anyone now, rather than at the
-    /// window's end. Whether it was: a row that is held, open already, or
-    /// released to another is left alone, with nothing written or locked.
-    pub async fn decline(&mut self, election: &str, daemon: &str) -> Result<bool, StoreError> {
+    /// drains): the row, released to `daemon` (a daemon instance) under
+    /// `token` (as read) and blocked for everyone else, is open to anyone
+    /// now, rather than at the window's end. Whether it was: a row that is
+    /// held, open already, released to another or released again since
+    /// is left alone, with nothing written or locked.
+    pub async fn decline(
+        &mut self,
+        election: &str,
+        daemon: &str,
+        token: i64,
+    ) -> Result<bool, StoreError> {
         match self {
-            Connection::Postgres(c) => c.decline(election, daemon).await,
-            Connection::Mysql(c) => c.decline(election, daemon).await,
-            Connection::Sqlite(c) => c.decline(election, daemon).await,
+            Connection::Postgres(c) => c.decline(election, daemon, token).await,
+            Connection::Mysql(c) => c.decline(election, daemon, token).await,
+            Connection::Sqlite(c) => c.decline(election, daemon, token).await,
         }
     }
 

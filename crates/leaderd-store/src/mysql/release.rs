@@ -100,10 +100,15 @@ impl MysqlStore {
         &mut self,
         election: &str,
         daemon: &str,
+        token: i64,
     ) -> Result<bool, StoreError> {
         let n = Stmt::<()>::new(
             self.sql(&DECLINE),
-            [Bind::Text(election), Bind::Text(daemon)],
+            [
+                Bind::Text(election),
+                Bind::Text(daemon),
+                Bind::BigInt(token),
+            ],
         )
         .execute(&mut self.conn)
         .await

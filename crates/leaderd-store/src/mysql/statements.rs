@@ -204,12 +204,15 @@ pub(super) const RELEASE: Sql = bounded!(
 
 /// Gives up being a row's named successor: the row, free and blocked for
 /// the window only the bound daemon instance may take, is open to anyone
-/// now. Matches nothing unless the row is free, names that instance, and
-/// its window is still running. Binds: name, instance.
+/// now. Matches nothing unless the row is free, names that instance,
+/// carries the token of the release seen (a later release, naming it
+/// again, is left alone) and its window is still running. Binds: name,
+/// instance, token.
 pub(super) const DECLINE: Sql = bounded!(
     "UPDATE",
     " service_leader_lock SET successor = NULL, expires_at = UTC_TIMESTAMP(6) \
-    WHERE name = ? AND instance IS NULL AND successor = ? AND expires_at > UTC_TIMESTAMP(6)"
+    WHERE name = ? AND instance IS NULL AND successor = ? AND token = ? \
+      AND expires_at > UTC_TIMESTAMP(6)"
 );
 
 /// [`RELEASE`] for several elections at once, each matched on its own name

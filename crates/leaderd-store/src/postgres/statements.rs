@@ -251,17 +251,20 @@ pub(super) const RELEASE_ONE_TYPES: &[Type] =
 /// Gives up being a row's named successor: the row, free and blocked for
 /// the window only `$2` (a daemon instance) may take, is open to anyone
 /// now. Matches nothing (writes nothing) unless the row is free, names
-/// `$2`, and its window is still running; a row locked elsewhere is
+/// `$2`, carries token `$3` (the release seen: a later one, naming this
+/// daemon again, is left alone) and its window is still running; a row
+/// locked elsewhere is
 /// skipped (`SKIP LOCKED`, as in [`RENEW`]): never a wait. The token and
 /// holder stay as they are, so the record of terms has nothing to write.
 pub(super) const DECLINE: &str = "\
 WITH c AS (SELECT id FROM {t} \
     WHERE name OPERATOR(pg_catalog.=) $1 AND instance IS NULL \
-      AND successor OPERATOR(pg_catalog.=) $2 AND expires_at OPERATOR(pg_catalog.>) pg_catalog.now() \
+      AND successor OPERATOR(pg_catalog.=) $2 AND token OPERATOR(pg_catalog.=) $3 \
+      AND expires_at OPERATOR(pg_catalog.>) pg_catalog.now() \
     FOR NO KEY UPDATE SKIP LOCKED) \
 UPDATE {t} l SET successor = NULL, expires_at = pg_catalog.now() \
   FROM c WHERE l.id OPERATOR(pg_catalog.=) c.id RETURNING l.name";
-pub(super) const DECLINE_TYPES: &[Type] = &[Type::VARCHAR, Type::VARCHAR];
+pub(super) const DECLINE_TYPES: &[Type] = &[Type::VARCHAR, Type::VARCHAR, Type::INT8];
 
 /// The rows whose name starts with the bind (every row for `''`).
 pub(super) const ELECTIONS: &str = "SELECT name, holder, token, \

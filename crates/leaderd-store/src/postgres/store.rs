@@ -251,15 +251,21 @@ impl PgStore {
     }
 
     /// Gives up being `election`'s named successor (see [`DECLINE`]):
-    /// whether the row named `daemon` and is open to anyone now.
+    /// whether the row, released under `token`, named `daemon` and is open
+    /// to anyone now.
     pub(crate) async fn decline(
         &mut self,
         election: &str,
         daemon: &str,
+        token: i64,
     ) -> Result<bool, StoreError> {
         self.trusted()?;
         let rows = self
-            .query(self.stmts.decline, DECLINE_TYPES, &[&election, &daemon])
+            .query(
+                self.stmts.decline,
+                DECLINE_TYPES,
+                &[&election, &daemon, &token],
+            )
             .await?;
         Ok(!rows.is_empty())
     }

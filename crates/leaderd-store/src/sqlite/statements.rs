@@ -49,11 +49,13 @@ pub(super) const RELEASE: &str = "UPDATE service_leader_lock \
 /// Gives up being a row's named successor: the row, free and blocked for
 /// the window only the bound daemon instance may take, is open to anyone
 /// from now. Matches nothing unless the row is free, names that instance,
-/// and its window (this boot's) is still running. Binds: now, name,
-/// instance, boot id, now.
+/// carries the token of the release seen (a later release, naming it
+/// again, is left alone) and its window (this boot's) is still running.
+/// Binds: now, name, instance, token, boot id, now.
 pub(super) const DECLINE: &str = "UPDATE service_leader_lock \
     SET successor = NULL, expires_at = ? \
-    WHERE name = ? AND instance IS NULL AND successor = ? AND boot_id = ? AND expires_at > ?";
+    WHERE name = ? AND instance IS NULL AND successor = ? AND token = ? \
+      AND boot_id = ? AND expires_at > ?";
 
 /// The rows whose name starts with the bind (after the clock's two; every
 /// row for `''`).

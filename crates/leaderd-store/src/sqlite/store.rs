@@ -157,6 +157,7 @@ impl SqliteStore {
         &mut self,
         election: &str,
         daemon: &str,
+        token: i64,
     ) -> Result<bool, StoreError> {
         let now = now_us();
         let n = Stmt::<()>::new(
@@ -165,6 +166,7 @@ impl SqliteStore {
                 Bind::BigInt(now),
                 Bind::Text(election),
                 Bind::Text(daemon),
+                Bind::BigInt(token),
                 Bind::Text(&self.boot_id),
                 Bind::BigInt(now),
             ],

@@ -20,7 +20,7 @@ impl Loop {
         let election = self.shared.election.as_str();
         // Another election's look is being read: this one comes a take
         // watch later.
-        let Some(_turn) = self.db.link.look_turn() else {
+        let Some(_one_look) = self.db.link.look_turn() else {
             self.shared.engine().look_later(boot_now());
             return;
         };
@@ -38,8 +38,12 @@ impl Loop {
                 let give_up = row.as_ref().and_then(|r| self.turn_to_give_up(r));
                 let seen = row.map(ElectionRow::into_observed);
                 self.shared.engine().on_look(received_at, seen);
-                if let Some(left) = give_up {
-                    self.give_turn_up(left).await;
+                if let Some(turn) = give_up {
+                    let give_up = tokio::time::timeout(budget, self.give_turn_up(turn));
+                    tokio::select! {
+                        () = shutdown.cancelled() => {}
+                        _ = give_up => {}
+                    }
                 }
             }
             Ok(Err(_)) | Err(_) => self.shared.engine().on_look_failed(),

@@ -169,6 +169,7 @@ enum Job {
     Decline {
         election: String,
         daemon: Arc<str>,
+        token: i64,
         reply: ReleaseReply,
     },
     /// Takes (`Some` generation: frees, if still that connection) an
@@ -381,13 +382,19 @@ impl Link {
     }
 
     /// Gives up `election`'s turn released to this daemon (`daemon`, its
-    /// instance; see [`leaderd_store::Connection::decline`]): whether the
-    /// row was open to anyone from then. Without a connection it fails at
-    /// once: the window ends on its own.
-    pub async fn decline(&self, election: &str, daemon: &Arc<str>) -> Result<bool, String> {
+    /// instance) under `token` (see [`leaderd_store::Connection::decline`]):
+    /// whether the row was open to anyone from then. Without a connection
+    /// it fails at once: the window ends on its own.
+    pub async fn decline(
+        &self,
+        election: &str,
+        daemon: &Arc<str>,
+        token: i64,
+    ) -> Result<bool, String> {
         self.ask(|reply| Job::Decline {
             election: election.to_owned(),
             daemon: daemon.clone(),
+            token,
             reply,
         })
         .await

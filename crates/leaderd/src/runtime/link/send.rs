@@ -118,8 +118,9 @@ impl Task {
                 Job::Decline {
                     election,
                     daemon,
+                    token,
                     reply,
-                } => declines.push((election, daemon, reply)),
+                } => declines.push((election, daemon, token, reply)),
                 Job::WakeLock {
                     election,
                     free,
@@ -140,8 +141,8 @@ impl Task {
             let answer = self.read(&prefix).await;
             let _ = reply.send(answer);
         }
-        for (election, daemon, reply) in declines {
-            let answer = self.decline(&election, &daemon).await;
+        for (election, daemon, token, reply) in declines {
+            let answer = self.decline(&election, &daemon, token).await;
             let _ = reply.send(answer);
         }
     }
@@ -219,15 +220,20 @@ impl Task {
         self.settle(answer, RELEASE_CAP, "reading the table")
     }
 
-    async fn decline(&mut self, election: &str, daemon: &str) -> Result<bool, String> {
+    /// Gives up a named successor's turn (`Link::decline`). The statement
+    /// is optional: an error the server answered (a row locked elsewhere,
+    /// a serialization failure) leaves the window to end on its own and
+    /// keeps the connection the renewals use; only one that got no answer
+    /// in time drops it, cancelling what the server may still run.
+    async fn decline(&mut self, election: &str, daemon: &str, token: i64) -> Result<bool, String> {
         let conn = self.conn.as_mut().ok_or("no connection")?;
-        let answer = tokio::time::timeout(RELEASE_CAP, conn.decline(election, daemon)).await;
-        // A row locked elsewhere (MySQL; a fenced transaction, another's
-        // take) is left to its window, and the connection, which the
-        // renewals use, is kept.
-        if let Ok(Err(leaderd_store::StoreError::Busy)) = answer {
-            return Ok(false);
+        let answer = tokio::time::timeout(RELEASE_CAP, conn.decline(election, daemon, token)).await;
+        match answer {
+            Ok(Err(e)) if e.answered() => {
+                self.reach.answered(boot_now());
+                Err(e.to_string())
+            }
+            answer => self.settle(answer, RELEASE_CAP, "giving up a named successor's turn"),
         }
-        self.settle(answer, RELEASE_CAP, "giving up a named successor's turn")
     }
 }
