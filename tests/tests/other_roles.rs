@@ -46,6 +46,36 @@ fn elect_hand_over_and_inspect(url: &str, extra: &[&str]) -> Vec<String> {
     daemons.iter().map(Daemon::log_text).collect()
 }
 
+/// The statements a SIGTERM handover does not run, at `url`: a release of
+/// `election` naming a successor that is held off it, the read that shows
+/// it named, and its giving up of its turn.
+fn give_a_turn_up(url: &str, election: &'static str) {
+    let url = url.to_owned();
+    block_on(async move {
+        let mut a = connect(&url).await;
+        let mut d = connect(&url).await;
+        let held = LeaseRequest {
+            election,
+            // A row made now is blocked for a ttl: a short one.
+            ..req("ia", Duration::from_secs(1))
+        };
+        let token = acquire(&mut a, &held, Duration::from_secs(5)).await;
+        let heir = leaderd_store::Successor {
+            daemon: "0/d",
+            window: Duration::from_secs(3),
+        };
+        let released = leaderd_store::Release {
+            election,
+            instance: "ia",
+            successor: Some(heir),
+        };
+        assert!(a.release_one(&released).await.unwrap());
+        let rows = d.elections(election).await.unwrap();
+        assert_eq!(rows[0].successor.as_deref(), Some("0/d"));
+        assert!(d.decline(election, "0/d", token).await.unwrap());
+    });
+}
+
 /// The traps in `public` ran for nobody but their planter, who gained
 /// nothing.
 fn nothing_sprung(admin_url: &str, planter: &str) {
@@ -75,7 +105,8 @@ fn plant_as(url: &str, planter: &str) {
 /// (every role's default before PostgreSQL 15) plants its traps before
 /// leaderd ever runs. A superuser's daemons migrate, elect, hand over, and
 /// the status and migrate commands run (the fence installed again, with
-/// the traps there); then the documented daemon role does the same. No
+/// the traps there), and a named successor gives its turn up; then the
+/// documented daemon role does the same. No
 /// trap runs, and the planter gains nothing. The superuser's daemons say
 /// they run with more rights than they need; the daemon role's do not.
 #[test]
@@ -89,6 +120,7 @@ fn planted_operators_and_functions_run_for_nobody() {
     )]);
     plant_as(&db.url_as(&planter.name), &planter.name);
     let logs = elect_hand_over_and_inspect(&db.url, &[]);
+    give_a_turn_up(&db.url, "turn");
     nothing_sprung(&db.url, &planter.name);
     assert!(logs.iter().all(|l| l.contains(EXCESS)), "{logs:?}");
 
@@ -109,6 +141,7 @@ fn planted_operators_and_functions_run_for_nobody() {
     assert_eq!(code, 0, "{err}");
     let logs = elect_hand_over_and_inspect(&db.url_as(&daemon.name), &["--no-migrate"]);
     assert!(logs.iter().all(|l| !l.contains(EXCESS)), "{logs:?}");
+    give_a_turn_up(&db.url_as(&daemon.name), "turn-2");
     nothing_sprung(&db.url, &planter.name);
 }
 
