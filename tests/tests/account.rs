@@ -4,9 +4,11 @@
 
 use std::time::{Duration, Instant};
 
+use leaderd_store::{Connection, LeaseRequest, Release, Successor};
 use leaderd_tests::app::App;
 use leaderd_tests::sse::Watcher;
-use leaderd_tests::{http_get, run_cli, serial, wait_for, Daemon, Scratch, TempDb};
+use leaderd_tests::store::{acquire, migrated};
+use leaderd_tests::{block_on, http_get, run_cli, serial, wait_for, Daemon, Scratch, TempDb};
 
 /// `/readyz`'s status and `leaderd_db_up`'s value, or `None` when either
 /// does not answer.
@@ -187,5 +189,94 @@ fn status_lists_every_replica_and_why_it_does_not_compete() {
             (list[1]["competing"] == true && b.is_leader()).then_some(())
         });
         assert!(!a.is_leader());
+    }
+}
+
+/// A row held by `instance` (id `holder`) for a minute: made, taken, then
+/// renewed (a row made now is blocked for its first ttl, so a short one).
+async fn hold_for_a_minute(conn: &mut Connection, election: &str, holder: &str, instance: &str) {
+    let mut req = LeaseRequest {
+        election,
+        holder,
+        instance,
+        ttl: Duration::from_millis(200),
+        held_token: None,
+        daemon: None,
+        address: None,
+    };
+    let token = acquire(conn, &req, Duration::from_secs(5)).await;
+    req.held_token = Some(token);
+    req.ttl = Duration::from_secs(60);
+    acquire(conn, &req, Duration::from_secs(5)).await;
+}
+
+/// A released row waits for the successor its release named, and nobody
+/// else may take it meanwhile: `leaderd status` says whose turn it is and
+/// how long it lasts, or that the named replica has gone (it keeps no live
+/// row), rather than `(free)`. On each backend.
+#[test]
+fn status_names_whose_turn_a_released_row_waits_for() {
+    let _s = serial();
+    for db in [TempDb::sqlite(), TempDb::postgres(), TempDb::mysql()] {
+        let url = db.url.clone();
+        block_on(async move {
+            let mut conn = migrated(&url).await;
+            hold_for_a_minute(
+                &mut conn,
+                "leaderd-presence/0123456789abcdef/slot-0",
+                "b",
+                "0/b",
+            )
+            .await;
+            for (election, named) in [("jobs", "0/b"), ("mailer", "0/gone")] {
+                hold_for_a_minute(&mut conn, election, "a", "ia").await;
+                let release = Release {
+                    election,
+                    instance: "ia",
+                    successor: Some(Successor {
+                        daemon: named,
+                        window: Duration::from_secs(60),
+                    }),
+                };
+                assert!(conn.release_one(&release).await.unwrap());
+            }
+        });
+        let (code, out, err) = run_cli(&["status", "--database-url", &db.url], &[]);
+        assert_eq!(code, 0, "{out} {err}");
+        let line = |name: &str| {
+            let line = out.lines().find(|l| l.starts_with(name));
+            line.unwrap_or_else(|| panic!("no {name} in {out}"))
+                .to_owned()
+        };
+        let jobs = line("jobs ");
+        assert!(jobs.contains("(free, next: b)"), "{out}");
+        let left: u64 = jobs
+            .split_whitespace()
+            .find_map(|w| w.strip_suffix("ms")?.parse().ok())
+            .unwrap_or_else(|| panic!("no turn left in {jobs}"));
+        assert!((1..=60_000).contains(&left), "{out}");
+        assert!(
+            line("mailer ").contains("(free, next: a replica gone)"),
+            "{out}"
+        );
+        let (code, out, err) = run_cli(&["status", "--json", "--database-url", &db.url], &[]);
+        assert_eq!(code, 0, "{out} {err}");
+        let list: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+        let of = |name: &str| {
+            list.as_array()
+                .unwrap()
+                .iter()
+                .find(|e| e["election"] == name)
+                .unwrap_or_else(|| panic!("no {name} in {list}"))
+                .clone()
+        };
+        let jobs = of("jobs");
+        assert_eq!(jobs["holder"], serde_json::Value::Null, "{jobs}");
+        assert_eq!(jobs["successor"]["replica"], "b", "{jobs}");
+        let left = jobs["successor"]["turn_remaining_ms"].as_u64().unwrap();
+        assert!((1..=60_000).contains(&left), "{jobs}");
+        let mailer = of("mailer");
+        assert_eq!(mailer["successor"]["replica"], serde_json::Value::Null);
+        assert!(mailer["successor"]["turn_remaining_ms"].as_u64().unwrap() > 0);
     }
 }

@@ -51,6 +51,10 @@ pub async fn run(mut conn: Connection, json: bool, replicas: bool) -> anyhow::Re
                     "leader_address": r.live_address(),
                     "token": r.token,
                     "lease_remaining_ms": if holder.is_some() { r.remaining_us / 1000 } else { 0 },
+                    "successor": turn_of(r, &presence).map(|t| serde_json::json!({
+                        "replica": t.replica,
+                        "turn_remaining_ms": t.left_ms,
+                    })),
                     "fence": fence,
                     "holder_predates_presence": holder.is_some_and(|h| old.contains(&h)),
                     "galera_node": galera,
@@ -64,17 +68,25 @@ pub async fn run(mut conn: Connection, json: bool, replicas: bool) -> anyhow::Re
             "ELECTION", "HOLDER", "TOKEN", "REMAINING"
         );
         for r in &rows {
-            let (holder, remaining) = match (r.live_holder(), &r.holder) {
-                (Some(h), _) => (h, format!("{}ms", r.remaining_us / 1000)),
-                (None, Some(_)) => ("(expired)", "-".to_owned()),
-                (None, None) => ("(free)", "-".to_owned()),
-            };
+            let (holder, remaining): (std::borrow::Cow<'_, str>, String) =
+                match (r.live_holder(), &r.holder) {
+                    (Some(h), _) => (h.into(), format!("{}ms", r.remaining_us / 1000)),
+                    (None, Some(_)) => ("(expired)".into(), "-".to_owned()),
+                    (None, None) => match turn_of(r, &presence) {
+                        Some(t) => (
+                            format!("(free, next: {})", t.replica.unwrap_or("a replica gone"))
+                                .into(),
+                            format!("{}ms", t.left_ms),
+                        ),
+                        None => ("(free)".into(), "-".to_owned()),
+                    },
+                };
             // Last: an address may be long, and the columns before it
             // stay aligned.
             println!(
                 "{:<30} {:<30} {:>20} {:>12}  {}",
                 printable(&r.name),
-                printable(holder),
+                printable(&holder),
                 r.token,
                 remaining,
                 printable(r.live_address().unwrap_or("-"))
@@ -216,6 +228,35 @@ fn print_replicas(replicas: &[Replica<'_>], json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A released row's named successor, while only it may take the row.
+#[derive(Debug, PartialEq, Eq)]
+struct Turn<'a> {
+    /// Its id, from its presence or away row; `None` when it keeps no live
+    /// one (it went since it was named).
+    replica: Option<&'a str>,
+    /// What is left of its turn, by the database's clock.
+    left_ms: i64,
+}
+
+/// Whose turn a free row `r` waits for, if its release named a successor
+/// whose window still runs: the row is free, yet until then no other
+/// replica may take it, which on-call must not read as "anyone may".
+fn turn_of<'a>(r: &ElectionRow, presence: &'a [ElectionRow]) -> Option<Turn<'a>> {
+    let named = r
+        .successor
+        .as_deref()
+        .filter(|_| r.holder.is_none() && r.remaining_us > 0)?;
+    let replica = presence
+        .iter()
+        .find(|p| p.live_holder().is_some() && p.instance.as_deref() == Some(named))
+        .and_then(ElectionRow::live_holder);
+    Some(Turn {
+        replica,
+        // Rounded up: a turn with 0.4 ms left has not ended.
+        left_ms: (r.remaining_us + 999) / 1000,
+    })
+}
+
 /// The live holders of `elections` that hold no live row of `presence`,
 /// by id, sorted and once each.
 fn without_presence<'a>(presence: &[ElectionRow], elections: &'a [ElectionRow]) -> Vec<&'a str> {
@@ -264,6 +305,36 @@ mod tests {
             summary(&[]),
             "none live (no daemon of this version runs on this table)"
         );
+    }
+
+    #[test]
+    fn a_released_row_names_whose_turn_it_is_while_it_runs() {
+        let presence = [
+            row("leaderd-presence/g/slot-0", Some("a"), 500),
+            row("leaderd-presence/away/g/slot-1", Some("b"), 500),
+            // Expired: not who it names.
+            row("leaderd-presence/g/slot-2", Some("c"), -5),
+        ];
+        let mut released = row("jobs", None, 640_200);
+        released.successor = Some("0/b".into());
+        assert_eq!(
+            turn_of(&released, &presence),
+            Some(Turn {
+                replica: Some("b"),
+                left_ms: 641
+            })
+        );
+        released.successor = Some("0/c".into());
+        assert_eq!(turn_of(&released, &presence).unwrap().replica, None);
+        // Its turn is over, or nobody was named, or it is held again.
+        released.remaining_us = 0;
+        assert_eq!(turn_of(&released, &presence), None);
+        let mut unnamed = row("jobs", None, 640_000);
+        unnamed.successor = None;
+        assert_eq!(turn_of(&unnamed, &presence), None);
+        let mut held = row("jobs", Some("a"), 640_000);
+        held.successor = Some("0/b".into());
+        assert_eq!(turn_of(&held, &presence), None);
     }
 
     #[test]
