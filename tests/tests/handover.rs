@@ -363,3 +363,61 @@ fn a_replica_whose_app_never_became_healthy_never_leads() {
         d.is_leader().then_some(())
     });
 }
+
+/// A replica whose app starts failing lets its presence row go at once, as
+/// a drain does, so that no release names it successor meanwhile (it would
+/// not take the row). Three times; the presence round is 1.2 s apart here,
+/// so a row left to the next round would outlive the bound most times.
+#[test]
+fn a_failing_app_stops_its_replica_being_named_at_once() {
+    let _s = serial();
+    let db = TempDb::postgres();
+    let dir = Scratch::new();
+    let app = App::start(true);
+    let url = app.url();
+    let b = Daemon::start(
+        &db.url,
+        "b",
+        &dir,
+        &[
+            "--app-health",
+            &url,
+            "--app-health-failures",
+            "1",
+            "--heartbeat",
+            "3s",
+            "--ttl",
+            "3.6s",
+        ],
+    );
+    wait_for(Duration::from_secs(10), "the table", || {
+        db.has_table("service_leader_lock").then_some(())
+    });
+    let present = || {
+        db.scalar(
+            "SELECT count(*) FROM service_leader_lock WHERE name LIKE 'leaderd-presence/%' \
+             AND name NOT LIKE 'leaderd-presence/away/%' AND holder = 'b' AND expires_at > now()",
+        ) == "1"
+    };
+    for round in 0..3 {
+        app.healthy.store(true, Ordering::SeqCst);
+        wait_for(Duration::from_secs(10), "b's presence row", || {
+            present().then_some(())
+        });
+        app.healthy.store(false, Ordering::SeqCst);
+        wait_for(Duration::from_secs(10), "b to see its app fail", || {
+            let body = b.leader()?.1;
+            (body["app_healthy"] == false).then_some(())
+        });
+        let seen = Instant::now();
+        wait_for(Duration::from_secs(5), "b's presence row to go", || {
+            (!present()).then_some(())
+        });
+        let took = seen.elapsed();
+        eprintln!("round {round}: presence row gone {took:?} after the app failed");
+        assert!(
+            took <= Duration::from_millis(300),
+            "round {round}: b's presence row stayed {took:?} after its app failed"
+        );
+    }
+}

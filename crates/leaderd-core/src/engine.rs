@@ -838,10 +838,12 @@ impl Engine {
             self.noticed_at = Some(due);
             self.next_attempt = self.next_attempt.min(due + late);
             self.watching_take = true;
-            // Held (it released with a hold) or late: it may not ask, so
-            // it looks for the successor's take (a look a TAKE_WATCH at
-            // most, however many notices come).
-            if !late.is_zero() || self.hold_until.is_some_and(|h| h > now) {
+            // Held (it released with a hold), late, or out of the running
+            // (its app fails): it may not ask, so it looks for the
+            // successor's take (a look a TAKE_WATCH at most, however many
+            // notices come), and gives up a turn the release named it to
+            // from a look taken before it stopped competing.
+            if !late.is_zero() || self.hold_until.is_some_and(|h| h > now) || !self.competing {
                 self.look_for_take(now);
             }
         }
@@ -1201,6 +1203,32 @@ mod tests {
         e.look_later(at(521));
         assert!(!e.look_due(at(530)));
         assert!(e.look_due(at(531)));
+    }
+
+    #[test]
+    fn a_replica_out_of_the_running_looks_at_a_release_notice_until_it_sees_the_take() {
+        let mut e = engine();
+        e.on_attempt(at(0), at(5), refused("pod-b", 4, 800));
+        assert!(e.set_competing(at(10), false, "inst-2").is_none());
+        e.on_release_notice(at(100));
+        assert!(!e.attempt_due(at(100)));
+        assert!(e.look_due(at(100) + TAKE_WATCH));
+        e.on_look(at(111), row(released(5, 990)));
+        assert!(
+            e.look_due(at(111) + TAKE_WATCH),
+            "the row waits: it looks again"
+        );
+        // The take seen: named, and no more looks (it asks nothing).
+        e.on_look(at(122), row(refused("pod-c", 6, 1200)));
+        assert_eq!(e.view(at(123)).leader.as_deref(), Some("pod-c"));
+        assert!(!e.look_due(at(133)));
+        assert!(!e.look_due(at(1122)));
+        // One that competes asks instead.
+        let mut asks = engine();
+        asks.on_attempt(at(0), at(5), refused("pod-b", 4, 800));
+        asks.on_release_notice(at(100));
+        assert!(asks.attempt_due(at(100)));
+        assert!(!asks.look_due(at(100) + TAKE_WATCH));
     }
 
     #[test]

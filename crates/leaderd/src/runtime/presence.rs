@@ -150,7 +150,8 @@ pub async fn run(daemon: Arc<Daemon>, settings: Settings, link: Link, shutdown: 
             () = shutdown.cancelled() => break,
             _ = every.tick() => false,
             _ = keeper.link.changed(), if waiting => false,
-            // Draining from now: the presence row goes at once.
+            // A drain, or the app's health, changed: the presence row
+            // goes (or comes back) at once.
             () = roster.nudged() => true,
         };
         let round = keeper.round(nudged).await;
@@ -206,7 +207,7 @@ struct Keeper {
 impl Keeper {
     /// One look at the table: renew the presence and read the group's rows
     /// (`None` while draining, or when only a release reads them).
-    /// `nudged`: a drain began or ended just now; the away row, which only
+    /// `nudged`: a drain (or the app's health) began or ended just now; the away row, which only
     /// `leaderd status` reads, waits for the next round. A drain's
     /// releases (`leaderd release --hold`) are under way on the same
     /// connection, and its read and two attempts went ahead of them:

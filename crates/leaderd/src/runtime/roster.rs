@@ -103,7 +103,8 @@ impl Roster {
         }
     }
 
-    /// This replica begins to drain: its presence row goes now.
+    /// This replica begins or ends a drain, or its app starts or stops
+    /// failing: its presence row goes (or comes back) now.
     pub fn nudge(&self) {
         self.nudge.notify_one();
     }

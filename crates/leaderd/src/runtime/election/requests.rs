@@ -68,6 +68,13 @@ impl Loop {
             Control::AppHealthy(healthy) => {
                 let fresh = uuid::Uuid::new_v4().to_string();
                 let step_down = self.shared.engine().set_competing(now, healthy, fresh);
+                // The presence row goes (or comes back) at once, as at a
+                // drain, not at the next round: a release meanwhile would
+                // name this replica, which does not take the row. From
+                // every election, each after its own change: the round
+                // reads the first's, and a nudge while a round runs brings
+                // one more.
+                self.shared.roster.nudge();
                 // Said once for the daemon, with the check's outcome, by
                 // `app_health`.
                 debug!(election = %self.shared.election, healthy, "the app's health changed");
