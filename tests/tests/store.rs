@@ -1608,6 +1608,72 @@ mod mysql_only {
     }
 }
 
+/// A waiter for the election `e` (and every other name it hears).
+async fn waiter(db: &TempDb) -> Waiter {
+    let url = DatabaseUrl::parse(&db.url).unwrap();
+    Waiter::connect(&url, &["e".to_owned()], Duration::from_secs(1))
+        .await
+        .unwrap()
+}
+
+/// The next release the waiter hears, within a bound.
+async fn heard(w: &mut Waiter) -> Released {
+    tokio::time::timeout(Duration::from_secs(5), w.next(&|_| true))
+        .await
+        .expect("a release heard within 5 s")
+        .unwrap()
+}
+
+/// Takes `e` on `c`, and releases it.
+async fn take_and_release(c: &mut Connection, e: &str) {
+    acquire(c, &req(e, "a", "ia"), Duration::from_secs(3)).await;
+    assert!(c.release(e, "ia").await.unwrap());
+}
+
+fn election(name: &str) -> Released {
+    Released::Election(name.to_owned())
+}
+
+/// A presence row's release wakes nobody: nobody waits to take it, and
+/// a follower woken for nothing spends its wake-up (the engine takes
+/// one each 50 ms), so the lease released a moment later was taken
+/// 50 ms late (SQLite). On PostgreSQL its notification would wake every
+/// listening session, the server's and each daemon's, in the middle of a
+/// handover. (MySQL's wake-ups are the elections' own named locks.)
+#[tokio::test]
+async fn a_presence_rows_release_wakes_nobody() {
+    for db in [TempDb::sqlite(), TempDb::postgres()] {
+        presence_releases_wake_nobody(&db).await;
+    }
+}
+
+async fn presence_releases_wake_nobody(db: &TempDb) {
+    let mut c = migrated(&db.url).await;
+    let mut w = waiter(db).await;
+    let presence = "leaderd-presence/0123456789abcdef/slot-0";
+    let away = "leaderd-presence/away/0123456789abcdef/a";
+    let long = Duration::from_secs(3);
+    for row in [presence, away] {
+        take_and_release(&mut c, row).await;
+    }
+    take_and_release(&mut c, "e").await;
+    // The first thing heard: the presence rows' releases said nothing.
+    assert_eq!(heard(&mut w).await, election("e"));
+    // Together (a shutdown): heard for the election, not the presence.
+    for row in [presence, "f"] {
+        acquire(&mut c, &req(row, "a", "ia"), long).await;
+    }
+    let released = c
+        .release_many(&[rel(presence, "ia"), rel("f", "ia")])
+        .await
+        .unwrap();
+    assert!(
+        released.iter().all(|r| matches!(r, Ok(true))),
+        "{released:?}"
+    );
+    assert_eq!(heard(&mut w).await, election("f"));
+}
+
 /// SQLite: many processes opening a brand-new file at once (each switching
 /// it to WAL) all get a working connection.
 mod sqlite_only {
@@ -1616,21 +1682,6 @@ mod sqlite_only {
     /// The file releases append to, beside the database.
     fn wake_file(db: &TempDb) -> String {
         format!("{}.leaderd-wake", db.url.trim_start_matches("sqlite://"))
-    }
-
-    async fn waiter(db: &TempDb) -> Waiter {
-        let url = DatabaseUrl::parse(&db.url).unwrap();
-        Waiter::connect(&url, &["e".to_owned()], Duration::from_secs(1))
-            .await
-            .unwrap()
-    }
-
-    /// The next release the waiter hears, within a bound.
-    async fn heard(w: &mut Waiter) -> Released {
-        tokio::time::timeout(Duration::from_secs(5), w.next(&|_| true))
-            .await
-            .expect("a release heard within 5 s")
-            .unwrap()
     }
 
     /// Appends `bytes` to the file at `path` by hand, as a writer other
@@ -1642,49 +1693,6 @@ mod sqlite_only {
             .open(path)
             .unwrap();
         std::io::Write::write_all(&mut f, bytes).unwrap();
-    }
-
-    /// Takes `e` on `c`, and releases it.
-    async fn take_and_release(c: &mut Connection, e: &str) {
-        acquire(c, &req(e, "a", "ia"), Duration::from_secs(3)).await;
-        assert!(c.release(e, "ia").await.unwrap());
-    }
-
-    fn election(name: &str) -> Released {
-        Released::Election(name.to_owned())
-    }
-
-    /// A presence row's release wakes nobody: nobody waits to take it, and
-    /// a follower woken for nothing spends its wake-up (the engine takes
-    /// one each 50 ms), so the lease released a moment later was taken
-    /// 50 ms late.
-    #[tokio::test]
-    async fn a_presence_rows_release_wakes_nobody() {
-        let db = TempDb::sqlite();
-        let mut c = migrated(&db.url).await;
-        let mut w = waiter(&db).await;
-        let presence = "leaderd-presence/0123456789abcdef/slot-0";
-        let away = "leaderd-presence/away/0123456789abcdef/a";
-        let long = Duration::from_secs(3);
-        for row in [presence, away] {
-            take_and_release(&mut c, row).await;
-        }
-        take_and_release(&mut c, "e").await;
-        // The first thing heard: the presence rows' releases said nothing.
-        assert_eq!(heard(&mut w).await, election("e"));
-        // Together (a shutdown): heard for the election, not the presence.
-        for row in [presence, "f"] {
-            acquire(&mut c, &req(row, "a", "ia"), long).await;
-        }
-        let released = c
-            .release_many(&[rel(presence, "ia"), rel("f", "ia")])
-            .await
-            .unwrap();
-        assert!(
-            released.iter().all(|r| matches!(r, Ok(true))),
-            "{released:?}"
-        );
-        assert_eq!(heard(&mut w).await, election("f"));
     }
 
     /// Each release is heard by its name, however close together, so that

@@ -210,7 +210,10 @@ pub(super) const CREATE_MANY: &str = "INSERT INTO {t} (name, token, expires_at) 
 pub(super) const CREATE_MANY_TYPES: &[Type] = &[Type::VARCHAR_ARRAY, Type::INT8_ARRAY];
 
 /// Frees the rows this instance holds and notifies the waiting replicas
-/// (delivered at commit), in one round trip: the names released. A row
+/// (delivered at commit), in one round trip: the names released. A
+/// presence row's release notifies nobody: no replica waits on it, and a
+/// notification wakes every listening session, the server's and each
+/// daemon's, just as a handover's read, release and take need the cores. A row
 /// released to a successor stays blocked for its window (`crate::Successor`).
 /// Binds: names, instances, successors, windows in microseconds (0 with
 /// no successor).
@@ -225,7 +228,9 @@ r AS (
     FROM p WHERE l.name OPERATOR(pg_catalog.=) p.name AND l.instance OPERATOR(pg_catalog.=) p.inst
   RETURNING l.name
 )
-SELECT r.name, pg_catalog.pg_notify('leaderd', r.name) IS NULL FROM r";
+SELECT r.name, (CASE WHEN pg_catalog.starts_with(r.name COLLATE \"C\", '{presence}') THEN NULL
+                     ELSE pg_catalog.pg_notify('leaderd', r.name) END) IS NULL
+  FROM r";
 pub(super) const RELEASE_MANY_TYPES: &[Type] = &[
     Type::VARCHAR_ARRAY,
     Type::VARCHAR_ARRAY,
@@ -390,6 +395,7 @@ impl Statements {
             Box::leak(
                 sql.replace("{t}", table)
                     .replace("{h}", &history)
+                    .replace("{presence}", leaderd_core::spread::PRESENCE_PREFIX)
                     .into_boxed_str(),
             )
         };
