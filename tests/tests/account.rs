@@ -256,7 +256,7 @@ fn status_names_whose_turn_a_released_row_waits_for() {
             .unwrap_or_else(|| panic!("no turn left in {jobs}"));
         assert!((1..=60_000).contains(&left), "{out}");
         assert!(
-            line("mailer ").contains("(free, next: a replica gone)"),
+            line("mailer ").contains("(free, next: a replica not live)"),
             "{out}"
         );
         let (code, out, err) = run_cli(&["status", "--json", "--database-url", &db.url], &[]);

@@ -533,6 +533,21 @@ impl Engine {
         self.next_look = now + TAKE_WATCH;
     }
 
+    /// One look at `at`, unless one is due or under way at `now`: not a
+    /// take watch, which reads the row every [`TAKE_WATCH`] for a heartbeat
+    /// at each notice. At most one a notice slot (`at`, see
+    /// [`NOTICE_EVERY`]), as a follower's attempts: notices come by the
+    /// hundred when every app fails at once, or from anyone who may
+    /// connect (PostgreSQL's `NOTIFY`).
+    fn look_once(&mut self, now: BootTime, at: BootTime) {
+        // Not put off by the next notice: in a flood it would never come.
+        if self.look_until.is_some_and(|until| now < until) {
+            return;
+        }
+        self.next_look = at;
+        self.look_until = Some(at + TAKE_WATCH);
+    }
+
     /// Whether an attempt is due at `now` (a lease the waves renew is
     /// never due here: see [`Engine::on_wave_renewal`]).
     pub fn attempt_due(&self, now: BootTime) -> bool {
@@ -838,13 +853,16 @@ impl Engine {
             self.noticed_at = Some(due);
             self.next_attempt = self.next_attempt.min(due + late);
             self.watching_take = true;
-            // Held (it released with a hold), late, or out of the running
-            // (its app fails): it may not ask, so it looks for the
-            // successor's take (a look a TAKE_WATCH at most, however many
-            // notices come), and gives up a turn the release named it to
-            // from a look taken before it stopped competing.
-            if !late.is_zero() || self.hold_until.is_some_and(|h| h > now) || !self.competing {
+            // Held (it released with a hold) or late: it may not ask, so
+            // it looks for the successor's take (a look a TAKE_WATCH at
+            // most, however many notices come).
+            if !late.is_zero() || self.hold_until.is_some_and(|h| h > now) {
                 self.look_for_take(now);
+            } else if !self.competing {
+                // Out of the running (its app fails): one look, to give up
+                // a turn the release named it to from a look taken before
+                // it stopped competing (see `gives_turn_up`).
+                self.look_once(now, due);
             }
         }
     }
@@ -1206,23 +1224,36 @@ mod tests {
     }
 
     #[test]
-    fn a_replica_out_of_the_running_looks_at_a_release_notice_until_it_sees_the_take() {
+    fn a_replica_out_of_the_running_looks_once_a_notice_slot() {
         let mut e = engine();
         e.on_attempt(at(0), at(5), refused("pod-b", 4, 800));
         assert!(e.set_competing(at(10), false, "inst-2").is_none());
         e.on_release_notice(at(100));
         assert!(!e.attempt_due(at(100)));
-        assert!(e.look_due(at(100) + TAKE_WATCH));
-        e.on_look(at(111), row(released(5, 990)));
+        assert!(e.look_due(at(100)), "at once: the release has committed");
+        e.on_look(at(101), row(released(5, 990)));
+        assert!(!e.look_due(at(101) + TAKE_WATCH), "one look, not a watch");
+        // A flood of notices: one look a notice slot at most.
+        let mut looks = 0;
+        let mut now = at(102);
+        while now < at(102) + NOTICE_EVERY * 10 {
+            e.on_release_notice(now);
+            if e.look_due(now) {
+                e.on_look(now, row(released(5, 990)));
+                looks += 1;
+            }
+            now = now + ms(1);
+        }
         assert!(
-            e.look_due(at(111) + TAKE_WATCH),
-            "the row waits: it looks again"
+            (9..=10).contains(&looks),
+            "{looks} looks in 10 notice slots"
         );
-        // The take seen: named, and no more looks (it asks nothing).
-        e.on_look(at(122), row(refused("pod-c", 6, 1200)));
-        assert_eq!(e.view(at(123)).leader.as_deref(), Some("pod-c"));
-        assert!(!e.look_due(at(133)));
-        assert!(!e.look_due(at(1122)));
+        // A holder seen: named, and no more looks (it asks nothing).
+        e.on_release_notice(at(5000));
+        e.on_look(at(5001), row(refused("pod-c", 6, 1200)));
+        assert_eq!(e.view(at(5002)).leader.as_deref(), Some("pod-c"));
+        assert!(!e.look_due(at(5012)));
+        assert!(!e.look_due(at(6000)));
         // One that competes asks instead.
         let mut asks = engine();
         asks.on_attempt(at(0), at(5), refused("pod-b", 4, 800));

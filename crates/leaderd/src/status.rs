@@ -74,8 +74,11 @@ pub async fn run(mut conn: Connection, json: bool, replicas: bool) -> anyhow::Re
                     (None, Some(_)) => ("(expired)".into(), "-".to_owned()),
                     (None, None) => match turn_of(r, &presence) {
                         Some(t) => (
-                            format!("(free, next: {})", t.replica.unwrap_or("a replica gone"))
-                                .into(),
+                            format!(
+                                "(free, next: {})",
+                                t.replica.unwrap_or("a replica not live")
+                            )
+                            .into(),
                             format!("{}ms", t.left_ms),
                         ),
                         None => ("(free)".into(), "-".to_owned()),
@@ -232,7 +235,8 @@ fn print_replicas(replicas: &[Replica<'_>], json: bool) -> anyhow::Result<()> {
 #[derive(Debug, PartialEq, Eq)]
 struct Turn<'a> {
     /// Its id, from its presence or away row; `None` when it keeps no live
-    /// one (it went since it was named).
+    /// one (it stopped, or stopped competing a moment ago: the presence
+    /// row goes at once, the away row comes at the next round).
     replica: Option<&'a str>,
     /// What is left of its turn, by the database's clock.
     left_ms: i64,

@@ -228,7 +228,7 @@ r AS (
     FROM p WHERE l.name OPERATOR(pg_catalog.=) p.name AND l.instance OPERATOR(pg_catalog.=) p.inst
   RETURNING l.name
 )
-SELECT r.name, (CASE WHEN pg_catalog.starts_with(r.name COLLATE \"C\", '{presence}') THEN NULL
+SELECT r.name, (CASE WHEN pg_catalog.starts_with(r.name COLLATE pg_catalog.\"C\", '{presence}') THEN NULL
                      ELSE pg_catalog.pg_notify('leaderd', r.name) END) IS NULL
   FROM r";
 pub(super) const RELEASE_MANY_TYPES: &[Type] = &[
@@ -280,7 +280,7 @@ pub(super) const ELECTIONS: &str = "SELECT name, holder, token, \
        OPERATOR(pg_catalog.*) 1000000)::bigint END, \
     CASE WHEN address_instance OPERATOR(pg_catalog.=) instance THEN address END, \
     CASE WHEN instance IS NULL THEN successor END \
-    FROM {t} WHERE pg_catalog.starts_with(name COLLATE \"C\", $1) ORDER BY name";
+    FROM {t} WHERE pg_catalog.starts_with(name COLLATE pg_catalog.\"C\", $1) ORDER BY name";
 
 /// The takeover's and the release's path run once and undone (see
 /// `warm_up`): a row of this connection's own (named after its backend, so
@@ -509,6 +509,8 @@ mod tests {
             s.release_many,
             s.release_one,
             s.elections,
+            s.decline,
+            s.history,
             s.warm_up.expect("no $ in the name"),
         ] {
             assert!(!sql.contains("{t}"), "{sql}");
@@ -552,6 +554,12 @@ mod tests {
                     "{f} in {sql}"
                 );
             }
+            // A collation is looked up on the search_path too.
+            assert!(
+                !sql.replace("COLLATE pg_catalog.\"", "")
+                    .contains("COLLATE "),
+                "an unqualified collation in {sql}"
+            );
         }
         assert!(std::ptr::eq(
             s,
