@@ -210,11 +210,11 @@ pub(super) const CREATE_MANY: &str = "INSERT INTO {t} (name, token, expires_at) 
 pub(super) const CREATE_MANY_TYPES: &[Type] = &[Type::VARCHAR_ARRAY, Type::INT8_ARRAY];
 
 /// Frees the rows this instance holds and notifies the waiting replicas
-/// (delivered at commit), in one round trip: the names released. A
-/// presence row's release notifies nobody: no replica waits on it, and a
-/// notification wakes every listening session, the server's and each
-/// daemon's, just as a handover's read, release and take need the cores. A row
+/// (delivered at commit), in one round trip: the names released. A row
 /// released to a successor stays blocked for its window (`crate::Successor`).
+/// A presence row's release notifies nobody: no replica waits on it, and a
+/// notification wakes every listening session, the server's and each
+/// daemon's, just as a handover's read, release and take need the cores.
 /// Binds: names, instances, successors, windows in microseconds (0 with
 /// no successor).
 pub(super) const RELEASE_MANY: &str = "\

@@ -207,8 +207,9 @@ struct Keeper {
 impl Keeper {
     /// One look at the table: renew the presence and read the group's rows
     /// (`None` while draining, or when only a release reads them).
-    /// `nudged`: a drain (or the app's health) began or ended just now; the away row, which only
-    /// `leaderd status` reads, waits for the next round. A drain's
+    /// `nudged`: a drain (or the app's failing) began or ended just now;
+    /// the away row, which only `leaderd status` reads, waits for the next
+    /// round. A drain's
     /// releases (`leaderd release --hold`) are under way on the same
     /// connection, and its read and two attempts went ahead of them:
     /// 2.5 ms of such a handover's 7.5 (BENCHMARKS.md).

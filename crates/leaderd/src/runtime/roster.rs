@@ -54,8 +54,9 @@ pub struct Roster {
     /// The election loops are past their wait for [`Roster::joined`]: the
     /// replica may be ready (`/readyz`).
     begun: std::sync::atomic::AtomicBool,
-    /// Wakes the presence task when this replica begins to drain, so that
-    /// it leaves its presence row at once, not at its next round.
+    /// Wakes the presence task when this replica begins to drain or its
+    /// app starts to fail, so that it leaves its presence row at once, not
+    /// at its next round (and at the ends of both, to take it again).
     nudge: tokio::sync::Notify,
 }
 
