@@ -2,13 +2,14 @@
 //! idle, its RSS once all are led and it has settled, against the same
 //! daemon leading one; then once more after one `/metrics` scrape (a scrape
 //! builds every series at once, and the allocator keeps some of what it
-//! freed). The busiest of three daemons sharing N elections is in the
-//! `elections` part.
+//! freed). Its CPU over the settling is beside it: an idle leader's cost,
+//! the renewal waves'. The busiest of three daemons sharing N elections is
+//! in the `elections` part.
 
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use leaderd_tests::{http_get, status_kib, wait_for, Scratch, TempDb};
+use leaderd_tests::{cpu_ticks, http_get, status_kib, wait_for, Scratch, TempDb};
 
 use crate::elections;
 use crate::size::Size;
@@ -20,6 +21,8 @@ pub struct Footprint {
     pub rss_mib: f64,
     /// RSS after one scrape of `/metrics`.
     pub scraped_mib: f64,
+    /// The daemon's CPU (user and system) over the settling, % of a core.
+    pub cpu_percent: f64,
 }
 
 /// The target: at most this much RSS per election beyond one election's.
@@ -33,7 +36,11 @@ fn measure(n: usize, settle: Duration) -> Result<Footprint> {
     wait_for(Duration::from_secs(120), "all elections led", || {
         (d.leading()?.len() == n).then_some(())
     });
+    let ticks = || cpu_ticks(d.pid()).context("reading /proc/<pid>/stat");
+    let (before, started) = (ticks()?, std::time::Instant::now());
     std::thread::sleep(settle);
+    let spent = (ticks()? - before) as f64 / rustix::param::clock_ticks_per_second() as f64;
+    let cpu_percent = 100.0 * spent / started.elapsed().as_secs_f64();
     let rss = status_kib(d.pid(), "VmRSS:").context("VmRSS")?;
     let scraped = http_get(d.port, "/metrics");
     anyhow::ensure!(
@@ -46,6 +53,7 @@ fn measure(n: usize, settle: Duration) -> Result<Footprint> {
         elections: n,
         rss_mib: rss as f64 / 1024.0,
         scraped_mib: after as f64 / 1024.0,
+        cpu_percent,
     })
 }
 
@@ -66,12 +74,13 @@ pub fn run(size: Size) -> Result<Vec<Footprint>> {
     println!(
         "One daemon on PostgreSQL (default timing) leading N elections, idle: its RSS {} s \
          after all are led, the same after one `/metrics` scrape, and the RSS beyond the \
-         daemon leading one, per election. Target: at most {TARGET_KIB_PER_ELECTION} KiB an \
-         election.\n",
+         daemon leading one, per election; its CPU over those {} s. Target: at most \
+         {TARGET_KIB_PER_ELECTION} KiB an election.\n",
+        settle.as_secs(),
         settle.as_secs()
     );
-    println!("| elections | RSS MiB | after a scrape MiB | KiB an election beyond one |");
-    println!("|---:|---:|---:|---:|");
+    println!("| elections | RSS MiB | after a scrape MiB | KiB an election beyond one | CPU % |");
+    println!("|---:|---:|---:|---:|---:|");
     for r in &rows {
         let per = if r.elections > 1 {
             format!(
@@ -82,8 +91,8 @@ pub fn run(size: Size) -> Result<Vec<Footprint>> {
             "–".to_owned()
         };
         println!(
-            "| {} | {:.1} | {:.1} | {per} |",
-            r.elections, r.rss_mib, r.scraped_mib
+            "| {} | {:.1} | {:.1} | {per} | {:.2} |",
+            r.elections, r.rss_mib, r.scraped_mib, r.cpu_percent
         );
     }
     println!();

@@ -160,7 +160,9 @@ struct OtherHolder {
 pub struct Engine {
     timing: Timing,
     id: String,
-    instance: String,
+    /// Shared with the requests that carry it (one per attempt and
+    /// renewal): a count, not a copy each.
+    instance: Arc<str>,
     /// This replica's own `advertise`: reported while it leads, and
     /// written to the row with its takeovers.
     address: Option<Arc<str>>,
@@ -198,7 +200,7 @@ pub struct Engine {
     draining_until: Option<BootTime>,
     /// Instances this replica used before (see [`Engine::release`]): a row
     /// that carries one of them is ours, not a duplicate id's.
-    past_instances: Vec<String>,
+    past_instances: Vec<Arc<str>>,
     /// The lease is renewed by the daemon's renewal waves, not by this
     /// election's own attempts (see [`Engine::on_wave_renewal`]); only
     /// meaningful while leading.
@@ -248,7 +250,7 @@ impl Engine {
     pub fn new(
         timing: Timing,
         id: impl Into<String>,
-        instance: impl Into<String>,
+        instance: impl Into<Arc<str>>,
         now: BootTime,
     ) -> Self {
         Self {
@@ -295,6 +297,11 @@ impl Engine {
     }
 
     pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// [`Engine::instance`], for a request to keep without copying it.
+    pub fn instance_shared(&self) -> &Arc<str> {
         &self.instance
     }
 
@@ -595,7 +602,7 @@ impl Engine {
         &mut self,
         now: BootTime,
         hold: Duration,
-        fresh_instance: impl Into<String>,
+        fresh_instance: impl Into<Arc<str>>,
     ) -> Option<StepDown> {
         let Role::Leader { token, deadline } = self.role else {
             return None;
@@ -618,7 +625,7 @@ impl Engine {
                 reason: LossReason::Released,
                 deadline,
             },
-            released_instance,
+            released_instance: released_instance.to_string(),
         })
     }
 
@@ -639,7 +646,7 @@ impl Engine {
         &mut self,
         now: BootTime,
         competing: bool,
-        fresh_instance: impl Into<String>,
+        fresh_instance: impl Into<Arc<str>>,
     ) -> Option<StepDown> {
         if self.competing == competing {
             return None;
@@ -937,7 +944,9 @@ impl Engine {
                         deadline,
                     });
                 }
-                let ours = |i: &String| *i == self.instance || self.past_instances.contains(i);
+                let ours = |i: &String| {
+                    **i == *self.instance || self.past_instances.iter().any(|p| **p == **i)
+                };
                 let duplicate = seen.holder.as_deref() == Some(self.id.as_str())
                     && !seen.instance.as_ref().is_some_and(ours);
                 if duplicate {

@@ -326,8 +326,8 @@ fn spawn(
         .expect("`commands` gives every election a non-empty command");
     let mut cmd = Command::new(program);
     cmd.args(args)
-        .env("LEADERD_ELECTION", &shared.election)
-        .env("LEADERD_ID", &shared.id)
+        .env("LEADERD_ELECTION", &*shared.election)
+        .env("LEADERD_ID", &*shared.id)
         .env("LEADERD_TOKEN", token.to_string())
         // Its own group: signals reach its children too, and a Ctrl-C in a
         // terminal reaches leaderd only, which stops the child in order.

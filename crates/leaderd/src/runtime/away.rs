@@ -57,9 +57,9 @@ impl Away {
         };
         for _ in 0..2 {
             let req = Request {
-                election: name.clone(),
-                holder: settings.id.clone(),
-                instance: instance.clone(),
+                election: name.as_str().into(),
+                holder: settings.id.as_str().into(),
+                instance: instance.as_str().into(),
                 ttl: settings.timing.ttl(),
                 held_token: self.token,
                 daemon: None,

@@ -136,7 +136,7 @@ impl Daemon {
     /// The place of the election called `name` in [`Daemon::all`].
     pub fn position(&self, name: &str) -> Option<usize> {
         self.by_name
-            .binary_search_by(|&i| self.elections[i as usize].election.as_str().cmp(name))
+            .binary_search_by(|&i| self.elections[i as usize].election.as_ref().cmp(name))
             .ok()
             .map(|at| self.by_name[at] as usize)
     }
@@ -153,7 +153,7 @@ impl Daemon {
                 known: self
                     .elections
                     .iter()
-                    .map(|s| s.election.as_str())
+                    .map(|s| s.election.as_ref())
                     .collect::<Vec<_>>()
                     .join(", "),
             })
@@ -232,9 +232,9 @@ mod tests {
         let daemon = daemon_of(&names);
         for (i, name) in names.iter().enumerate() {
             assert_eq!(daemon.position(name), Some(i), "{name}");
-            assert_eq!(daemon.find(Some(name)).unwrap().election, *name);
+            assert_eq!(daemon.find(Some(name)).unwrap().election.as_ref(), *name);
         }
-        assert_eq!(daemon.find(None).unwrap().election, "zeta");
+        assert_eq!(daemon.find(None).unwrap().election.as_ref(), "zeta");
         for unknown in ["", "alph", "alpha-", "zz", "a"] {
             assert_eq!(daemon.position(unknown), None, "{unknown}");
         }

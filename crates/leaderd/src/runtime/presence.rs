@@ -311,9 +311,9 @@ impl Keeper {
     /// (holding it under `held_token`, if so); within a heartbeat.
     async fn attempt_slot(&self, name: &str, held_token: Option<i64>) -> Result<Attempt, String> {
         let req = Request {
-            election: name.to_owned(),
-            holder: self.settings.id.clone(),
-            instance: self.daemon.roster().daemon().to_string(),
+            election: name.into(),
+            holder: self.settings.id.as_str().into(),
+            instance: self.daemon.roster().daemon().clone(),
             ttl: self.settings.timing.ttl(),
             held_token,
             daemon: None,

@@ -48,8 +48,9 @@ pub enum Control {
 /// State shared by the election loop and the HTTP handlers.
 #[derive(Debug)]
 pub struct Shared {
-    pub election: String,
-    pub id: String,
+    /// Shared with each request (see [`crate::runtime::link::Request`]).
+    pub election: Arc<str>,
+    pub id: Arc<str>,
     /// The daemon's, shared by its elections: who is named at a release.
     pub roster: Arc<Roster>,
     /// Fixed for the process; kept here so readers need not lock the engine.
@@ -130,8 +131,8 @@ impl Shared {
             engine.set_competing(now, false, uuid::Uuid::new_v4().to_string());
         }
         Self {
-            election: settings.election.clone(),
-            id: settings.id.clone(),
+            election: settings.election.as_str().into(),
+            id: settings.id.as_str().into(),
             roster,
             timing: settings.timing,
             engine: Mutex::new(engine),

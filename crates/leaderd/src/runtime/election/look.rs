@@ -17,7 +17,7 @@ impl Loop {
     /// daemon's at a time); a look that fails or is cut ends the looks.
     /// Shutdown does not wait for it.
     pub(super) async fn look(&mut self, shutdown: &CancellationToken) {
-        let election = self.shared.election.as_str();
+        let election = &*self.shared.election;
         // Another election's look is being read: this one comes a take
         // watch later.
         let Some(_one_look) = self.db.link.look_turn() else {

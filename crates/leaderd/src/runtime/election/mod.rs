@@ -110,7 +110,7 @@ pub fn start(shared: Arc<Shared>, settings: &Settings, link: Link) -> Election {
             let task = tokio::spawn(wakeups::keep_presence(
                 settings.database.clone(),
                 link.clone(),
-                shared.election.clone(),
+                shared.election.to_string(),
                 leading_rx,
                 held_tx,
             ));

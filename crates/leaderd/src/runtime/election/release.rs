@@ -50,7 +50,8 @@ impl Loop {
             }
         };
         let (flag_gone, ()) = tokio::join!(self.report.flag_removed(FLAG_BUDGET), presence);
-        let election = self.shared.election.clone();
+        let name = self.shared.election.clone();
+        let election = &*name;
         if !flag_gone {
             self.sync_presence();
             error!(
@@ -74,7 +75,7 @@ impl Loop {
                      `leaderd resume`)"
                 );
             }
-            self.db.release(&election, instance, heir).await
+            self.db.release(election, instance, heir).await
         })
         .await;
         if matches!(released, Ok(Ok(_))) {

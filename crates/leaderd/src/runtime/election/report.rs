@@ -30,7 +30,7 @@ impl Report {
         }
         // Watchers first: a log line may wait in the queue, an event may not.
         shared.publish();
-        let (election, id) = (shared.election.as_str(), shared.id.as_str());
+        let (election, id) = (&*shared.election, &*shared.id);
         for event in events {
             let now = boot_now();
             match event {

@@ -44,7 +44,7 @@ impl Loop {
     /// unless the row is still free and released to this daemon under the
     /// token read. A failure leaves the window to end on its own.
     pub(super) async fn give_turn_up(&mut self, turn: Turn) {
-        let election = self.shared.election.as_str();
+        let election = &*self.shared.election;
         let daemon = self.shared.roster.daemon();
         // Why it does not take the row, as `/leader` reports it.
         let why = self.shared.engine().standing(boot_now()).not_competing;

@@ -70,9 +70,11 @@ const CANCEL_BUDGET: Duration = Duration::from_millis(500);
 /// An acquire-or-renew, owned, to travel to the link's task.
 #[derive(Debug, Clone)]
 pub struct Request {
-    pub election: String,
-    pub holder: String,
-    pub instance: String,
+    /// Shared, not copied: a request is made per attempt and per renewal,
+    /// thousands a second with thousands of elections.
+    pub election: Arc<str>,
+    pub holder: Arc<str>,
+    pub instance: Arc<str>,
     pub ttl: Duration,
     pub held_token: Option<i64>,
     /// The daemon's instance, as releases name successors.
@@ -88,7 +90,7 @@ impl Request {
         Request {
             election: shared.election.clone(),
             holder: shared.id.clone(),
-            instance: engine.instance().to_owned(),
+            instance: engine.instance_shared().clone(),
             ttl: shared.timing.ttl(),
             held_token: engine.lease(at).map(|(token, _)| token),
             // A draining replica is nobody's successor: a row released to
@@ -412,7 +414,7 @@ struct Task {
     pending: VecDeque<Job>,
     elections: Vec<Arc<Shared>>,
     /// Each election's index in `elections`.
-    slots: HashMap<String, usize>,
+    slots: HashMap<Arc<str>, usize>,
     /// When each group of the elections' leases is renewed (see `wave`).
     waves: leaderd_core::WaveSchedule,
     /// A wave's renewals are cut at the lease they would grant, as a
@@ -474,7 +476,7 @@ impl Task {
             self.wanted = true;
         } else if self.pending.is_empty() {
             self.pending.push_back(Job::Read {
-                prefix: self.elections[0].election.clone(),
+                prefix: self.elections[0].election.to_string(),
                 reply: oneshot::channel().0,
             });
         }

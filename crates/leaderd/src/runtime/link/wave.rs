@@ -25,7 +25,7 @@ use super::{Request, Task};
 /// since when.
 pub(super) struct Renewal {
     slot: usize,
-    instance: String,
+    instance: Arc<str>,
     held: i64,
     sent_at: BootTime,
 }
