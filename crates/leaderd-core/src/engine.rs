@@ -159,7 +159,8 @@ struct OtherHolder {
 #[derive(Debug)]
 pub struct Engine {
     timing: Timing,
-    id: String,
+    /// Shared by the daemon's elections: one copy of the id, not one each.
+    id: Arc<str>,
     /// Shared with the requests that carry it (one per attempt and
     /// renewal): a count, not a copy each.
     instance: Arc<str>,
@@ -249,7 +250,7 @@ impl Engine {
     /// A follower that attempts at once.
     pub fn new(
         timing: Timing,
-        id: impl Into<String>,
+        id: impl Into<Arc<str>>,
         instance: impl Into<Arc<str>>,
         now: BootTime,
     ) -> Self {
@@ -336,7 +337,7 @@ impl Engine {
         let grace = self.timing.heartbeat();
         self.other
             .as_ref()
-            .filter(|o| now < o.until + grace && o.holder != self.id)
+            .filter(|o| now < o.until + grace && *o.holder != *self.id)
             .map(|o| o.holder.as_str())
     }
 
@@ -389,7 +390,7 @@ impl Engine {
             // Never name ourselves while not leading: the row may carry our id
             // from another process, or our own lapsed lease. Nor a holder
             // we have no fresh word of (see `known_until`).
-            Some(o) if o.holder != self.id && now < self.known_until(o) => {
+            Some(o) if *o.holder != *self.id && now < self.known_until(o) => {
                 (false, Some(&o.holder), Some(o.token), Some(o.until))
             }
             _ => (false, None, None, None),
@@ -947,7 +948,7 @@ impl Engine {
                 let ours = |i: &String| {
                     **i == *self.instance || self.past_instances.iter().any(|p| **p == **i)
                 };
-                let duplicate = seen.holder.as_deref() == Some(self.id.as_str())
+                let duplicate = seen.holder.as_deref() == Some(&*self.id)
                     && !seen.instance.as_ref().is_some_and(ours);
                 if duplicate {
                     events.push(Event::DuplicateId {

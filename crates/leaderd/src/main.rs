@@ -246,6 +246,13 @@ async fn run(settings: Settings, commands: Option<Vec<Vec<OsString>>>) -> anyhow
         daemon.all().to_vec(),
         daemon.reach().clone(),
     );
+    // The loops' first attempts wait until this replica has joined.
+    tokio::spawn(runtime::presence::begin(
+        daemon.roster().clone(),
+        link.clone(),
+        settings.timing.heartbeat(),
+        shutdown.clone(),
+    ));
     let loops: Vec<_> = daemon
         .all()
         .iter()

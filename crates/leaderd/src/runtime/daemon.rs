@@ -54,11 +54,18 @@ impl Daemon {
         let roster = Arc::new(Roster::new(&each[0]));
         let metrics = Arc::new(DaemonMetrics::default());
         let outages = Arc::new(Outages::default());
+        let id: Arc<str> = each[0].id.as_str().into();
         let elections: Vec<Arc<Shared>> = each
             .iter()
             .map(|one| {
                 let (roster, metrics) = (roster.clone(), metrics.clone());
-                Arc::new(Shared::new(one, roster, metrics, outages.clone()))
+                Arc::new(Shared::new(
+                    one,
+                    id.clone(),
+                    roster,
+                    metrics,
+                    outages.clone(),
+                ))
             })
             .collect();
         let mut by_name: Vec<u32> = (0..elections.len())

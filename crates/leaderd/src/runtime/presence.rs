@@ -101,7 +101,7 @@ pub async fn successor(roster: &Roster, link: &Link, leaving: bool) -> Option<He
 /// away with both cores busy (the connect took it all): the replica was
 /// ready with no presence row, and the old leader stopped next named
 /// another old one (measured, `tests/tests/successor.rs`).
-pub async fn joined(roster: &Roster, link: &Link, heartbeat: Duration) {
+async fn joined(roster: &Roster, link: &Link, heartbeat: Duration) {
     let mut link = link.clone();
     let waited = async {
         // The presence task asks for the connection.
@@ -111,6 +111,23 @@ pub async fn joined(roster: &Roster, link: &Link, heartbeat: Duration) {
         roster.joined(heartbeat).await;
     };
     let _ = tokio::time::timeout(heartbeat * JOIN_CAP, waited).await;
+}
+
+/// Waits for [`joined`] (or `shutdown`), then lets the election loops
+/// begin ([`Roster::began`]). Once for the daemon, in a task of its own:
+/// a wait in each loop, boxed so as not to widen the loop's future, left
+/// the allocator a free chunk of 720 bytes between each election's live
+/// ones (0.66 MB at 1,000 elections, `malloc_info`).
+pub async fn begin(
+    roster: Arc<Roster>,
+    link: Link,
+    heartbeat: Duration,
+    shutdown: CancellationToken,
+) {
+    tokio::select! {
+        () = joined(&roster, &link, heartbeat) => roster.set_begun(),
+        () = shutdown.cancelled() => {}
+    }
 }
 
 /// In heartbeats, how long [`joined`] may hold the loops back in all: a

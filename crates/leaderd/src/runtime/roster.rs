@@ -53,7 +53,7 @@ pub struct Roster {
     listening: tokio::sync::watch::Sender<bool>,
     /// The election loops are past their wait for [`Roster::joined`]: the
     /// replica may be ready (`/readyz`).
-    begun: std::sync::atomic::AtomicBool,
+    begun: tokio::sync::watch::Sender<bool>,
     /// Wakes the presence task when this replica begins to drain or its
     /// app starts to fail, so that it leaves its presence row at once, not
     /// at its next round (and at the ends of both, to take it again).
@@ -98,7 +98,7 @@ impl Roster {
             view: Mutex::new(View::default()),
             rereads: tokio::sync::Mutex::new(None),
             joined: tokio::sync::watch::Sender::new(false),
-            begun: std::sync::atomic::AtomicBool::new(false),
+            begun: tokio::sync::watch::Sender::new(false),
             listening: tokio::sync::watch::Sender::new(false),
             nudge: tokio::sync::Notify::new(),
         }
@@ -121,16 +121,22 @@ impl Roster {
             .send_if_modified(|j| !std::mem::replace(j, true));
     }
 
-    /// An election loop is past its wait for [`Roster::joined`].
+    /// The election loops may begin: past the wait for [`Roster::joined`].
     pub fn set_begun(&self) {
-        self.begun.store(true, std::sync::atomic::Ordering::Release);
+        self.begun.send_if_modified(|b| !std::mem::replace(b, true));
+    }
+
+    /// Resolves once [`Roster::set_begun`] was called. Small, and without
+    /// an allocation: it waits inside each election's task.
+    pub async fn began(&self) {
+        let _ = self.begun.subscribe().wait_for(|b| *b).await;
     }
 
     /// Whether the loops are past their wait for [`Roster::joined`]: a
     /// replica is ready only then, so that a rolling update that stops an
     /// old replica the moment a new one is ready names the new one.
     pub fn begun(&self) -> bool {
-        self.begun.load(std::sync::atomic::Ordering::Acquire)
+        *self.begun.borrow()
     }
 
     /// The release waiter listens (or has nothing to listen to): a

@@ -115,15 +115,17 @@ impl From<View> for Leadership {
 }
 
 impl Shared {
+    /// `id` is `settings.id`, made once for every election of the daemon.
     pub fn new(
         settings: &Settings,
+        id: Arc<str>,
         roster: Arc<Roster>,
         daemon_metrics: Arc<DaemonMetrics>,
         outages: Arc<Outages>,
     ) -> Self {
         let instance = uuid::Uuid::new_v4().to_string();
         let now = boot_now();
-        let mut engine = Engine::new(settings.timing, settings.id.clone(), instance, now)
+        let mut engine = Engine::new(settings.timing, id.clone(), instance, now)
             .with_address(settings.advertise.as_deref());
         if settings.app_health.is_some() {
             // Not before the app's first check passes: an app that never
@@ -132,7 +134,7 @@ impl Shared {
         }
         Self {
             election: settings.election.as_str().into(),
-            id: settings.id.as_str().into(),
+            id,
             roster,
             timing: settings.timing,
             engine: Mutex::new(engine),

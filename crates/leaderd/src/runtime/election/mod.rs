@@ -32,7 +32,7 @@ use crate::clock::{boot_now, BootTimer};
 use crate::outputs::flag_file::{FlagFile, FlagWriter};
 use crate::runtime::link::{Link, Reached};
 use crate::runtime::shared::Shared;
-use crate::runtime::{presence, wakeups};
+use crate::runtime::wakeups;
 use crate::settings::Settings;
 
 mod attempt;
@@ -159,16 +159,11 @@ impl Election {
             // A token of its own to wait on: thousands of loops waiting on
             // one shared its lock at every turn of each.
             let shutdown = shutdown.child_token();
-            // Boxed: once at the start, it need not widen the loop's future.
-            Box::pin(async {
-                let roster = &self.lp.shared.roster;
-                let heartbeat = self.lp.shared.timing.heartbeat();
-                tokio::select! {
-                    () = presence::joined(roster, &self.lp.db.link, heartbeat) => roster.set_begun(),
-                    () = shutdown.cancelled() => {}
-                }
-            })
-            .await;
+            // Not before the replica has joined (see `presence::begin`).
+            tokio::select! {
+                () = self.lp.shared.roster.began() => {}
+                () = shutdown.cancelled() => {}
+            }
             self.lp.elect(&shutdown).await;
             // Requests from now on (a `leaderd release` in a preStop hook)
             // are answered at once ("stopped"), not after the release below.
