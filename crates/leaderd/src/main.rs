@@ -153,14 +153,21 @@ fn said_once(e: &anyhow::Error) -> String {
 /// against 14.6 with one; BENCHMARKS.md, "Memory per election"). A daemon
 /// spends little of its time allocating, so the lock they share costs
 /// nothing measurable.
+///
+/// Blocks of 128 KiB and more always come from `mmap`, and go back to the
+/// system when freed: by default glibc raises that threshold to the size
+/// of any such block freed, and from then on keeps the renewal waves'
+/// buffers (hundreds of KiB each, made and freed every renew interval) in
+/// the heap, resident between waves (10,000 elections: 42 against 49 MiB).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[allow(unsafe_code)]
 fn one_malloc_arena() {
     // SAFETY: mallopt only sets a tunable of the allocator; it is called
     // before any other thread exists. Its answer (0 when refused) changes
-    // nothing that matters: the default arenas work, only larger.
+    // nothing that matters: the defaults work, only larger.
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 1);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
     }
 }
 
