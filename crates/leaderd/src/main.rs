@@ -38,7 +38,7 @@ use crate::settings::{ProcessEnv, Settings};
 const EXIT_FLUSH: Duration = Duration::from_millis(100);
 
 fn main() -> ExitCode {
-    one_malloc_arena();
+    tune_malloc();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -154,14 +154,14 @@ fn said_once(e: &anyhow::Error) -> String {
 /// spends little of its time allocating, so the lock they share costs
 /// nothing measurable.
 ///
-/// Blocks of 128 KiB and more always come from `mmap`, and go back to the
-/// system when freed: by default glibc raises that threshold to the size
-/// of any such block freed, and from then on keeps the renewal waves'
-/// buffers (hundreds of KiB each, made and freed every renew interval) in
-/// the heap, resident between waves (10,000 elections: 42 against 49 MiB).
+/// The `mmap` threshold stays at glibc's default, 128 KiB: by default glibc
+/// raises it to the size of any large block freed, and from then on keeps
+/// the renewal waves' buffers (hundreds of KiB each, made and freed every
+/// renew interval) in the heap, resident between waves (10,000 elections:
+/// 41 against 48 MiB).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[allow(unsafe_code)]
-fn one_malloc_arena() {
+fn tune_malloc() {
     // SAFETY: mallopt only sets a tunable of the allocator; it is called
     // before any other thread exists. Its answer (0 when refused) changes
     // nothing that matters: the defaults work, only larger.
@@ -172,7 +172,7 @@ fn one_malloc_arena() {
 }
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn one_malloc_arena() {}
+fn tune_malloc() {}
 
 /// Raises the soft limit on open files to the hard one: every HTTP
 /// connection (up to `http::server::MAX_CONNECTIONS`) holds a descriptor, and
@@ -254,7 +254,7 @@ async fn run(settings: Settings, commands: Option<Vec<Vec<OsString>>>) -> anyhow
         daemon.reach().clone(),
     );
     // The loops' first attempts wait until this replica has joined.
-    tokio::spawn(runtime::presence::begin(
+    let begin = tokio::spawn(runtime::presence::begin(
         daemon.roster().clone(),
         link.clone(),
         settings.timing.heartbeat(),
@@ -317,6 +317,10 @@ async fn run(settings: Settings, commands: Option<Vec<Vec<OsString>>>) -> anyhow
     }
     if let Some(e) = failed {
         return Err(e).context("an election loop failed");
+    }
+    // Ended with the shutdown, if not before.
+    if let Err(e) = begin.await {
+        return Err(e).context("the wait for this replica to join failed");
     }
     let code = code.unwrap_or(0);
     // Leadership is already given up and the row released; stop serving.

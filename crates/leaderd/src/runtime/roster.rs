@@ -51,8 +51,9 @@ pub struct Roster {
     joined: tokio::sync::watch::Sender<bool>,
     /// Whether the release waiter listens (see [`Roster::joined`]).
     listening: tokio::sync::watch::Sender<bool>,
-    /// The election loops are past their wait for [`Roster::joined`]: the
-    /// replica may be ready (`/readyz`).
+    /// The replica has joined (or the wait for it ran out): the election
+    /// loops begin, and the replica may be ready (`/readyz`). Set once, by
+    /// `presence::begin`.
     begun: tokio::sync::watch::Sender<bool>,
     /// Wakes the presence task when this replica begins to drain or its
     /// app starts to fail, so that it leaves its presence row at once, not
@@ -121,7 +122,8 @@ impl Roster {
             .send_if_modified(|j| !std::mem::replace(j, true));
     }
 
-    /// The election loops may begin: past the wait for [`Roster::joined`].
+    /// The election loops may begin: past the wait for [`Roster::joined`]
+    /// (see `presence::begin`).
     pub fn set_begun(&self) {
         self.begun.send_if_modified(|b| !std::mem::replace(b, true));
     }
@@ -132,9 +134,9 @@ impl Roster {
         let _ = self.begun.subscribe().wait_for(|b| *b).await;
     }
 
-    /// Whether the loops are past their wait for [`Roster::joined`]: a
-    /// replica is ready only then, so that a rolling update that stops an
-    /// old replica the moment a new one is ready names the new one.
+    /// Whether the loops may begin (see [`Roster::set_begun`]): a replica
+    /// is ready only then, so that a rolling update that stops an old
+    /// replica the moment a new one is ready names the new one.
     pub fn begun(&self) -> bool {
         *self.begun.borrow()
     }
@@ -147,8 +149,8 @@ impl Roster {
     }
 
     /// Waits (at most `within`) until [`Roster::set_joined`] and
-    /// [`Roster::set_listening`]: the election loops wait so before their
-    /// first attempt, which makes the replica ready (`/readyz`), so that a
+    /// [`Roster::set_listening`]: the daemon waits so before its election
+    /// loops' first attempts, which make the replica ready (`/readyz`), so that a
     /// replica is a candidate to be named, and hears the release that
     /// names it, before it is ready: a rolling update may stop an old
     /// replica the moment a new one is, and a successor that missed the

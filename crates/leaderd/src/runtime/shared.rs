@@ -123,6 +123,7 @@ impl Shared {
         daemon_metrics: Arc<DaemonMetrics>,
         outages: Arc<Outages>,
     ) -> Self {
+        debug_assert_eq!(*id, *settings.id);
         let instance = uuid::Uuid::new_v4().to_string();
         let now = boot_now();
         let mut engine = Engine::new(settings.timing, id.clone(), instance, now)
