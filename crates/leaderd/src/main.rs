@@ -8,6 +8,7 @@
 
 mod cli;
 mod clock;
+mod heap;
 mod history;
 mod http;
 mod http_client;
@@ -38,7 +39,7 @@ use crate::settings::{ProcessEnv, Settings};
 const EXIT_FLUSH: Duration = Duration::from_millis(100);
 
 fn main() -> ExitCode {
-    tune_malloc();
+    heap::tune();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -146,34 +147,6 @@ fn said_once(e: &anyhow::Error) -> String {
         .join(": ")
 }
 
-/// One malloc arena for the process, set before any thread starts. glibc
-/// gives each thread that allocates an arena of its own; with thousands of
-/// elections, what one thread frees and another allocated stays spread
-/// over several, and the daemon's RSS with it (1,000 elections: 16.0 MiB
-/// against 14.6 with one; BENCHMARKS.md, "Memory per election"). A daemon
-/// spends little of its time allocating, so the lock they share costs
-/// nothing measurable.
-///
-/// The `mmap` threshold stays at glibc's default, 128 KiB: by default glibc
-/// raises it to the size of any large block freed, and from then on keeps
-/// the renewal waves' buffers (hundreds of KiB each, made and freed every
-/// renew interval) in the heap, resident between waves (10,000 elections:
-/// 41 against 48 MiB).
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-#[allow(unsafe_code)]
-fn tune_malloc() {
-    // SAFETY: mallopt only sets a tunable of the allocator; it is called
-    // before any other thread exists. Its answer (0 when refused) changes
-    // nothing that matters: the defaults work, only larger.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 1);
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
-    }
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn tune_malloc() {}
-
 /// Raises the soft limit on open files to the hard one: every HTTP
 /// connection (up to `http::server::MAX_CONNECTIONS`) holds a descriptor, and
 /// running out would also fail the flag file and the database connections.
@@ -253,6 +226,8 @@ async fn run(settings: Settings, commands: Option<Vec<Vec<OsString>>>) -> anyhow
         daemon.all().to_vec(),
         daemon.reach().clone(),
     );
+    // The loops stop with the daemon: one waiter tells them all.
+    tokio::spawn(daemon.clone().stop_when(shutdown.clone()));
     // The loops' first attempts wait until this replica has joined.
     let begin = tokio::spawn(runtime::presence::begin(
         daemon.roster().clone(),
@@ -277,6 +252,7 @@ async fn run(settings: Settings, commands: Option<Vec<Vec<OsString>>>) -> anyhow
         settings.timing.heartbeat(),
         shutdown.clone(),
     ));
+    tokio::spawn(heap::give_back(shutdown.clone()));
     // Kept until the exit (see below).
     let sessions = link.clone();
     let presence = tokio::spawn(runtime::presence::run(
@@ -300,7 +276,16 @@ async fn run(settings: Settings, commands: Option<Vec<Vec<OsString>>>) -> anyhow
         ),
     };
     let mut failed = None;
-    let (loops, _) = tokio::join!(futures_util::future::join_all(loops), presence);
+    // One after another: `join_all` kept a node of 80 bytes per election
+    // for the daemon's life.
+    let each_ended = async {
+        let mut ended = Vec::with_capacity(loops.len());
+        for one in loops {
+            ended.push(one.await);
+        }
+        ended
+    };
+    let (loops, _) = tokio::join!(each_ended, presence);
     let released = loops.iter().any(|r| matches!(r, Ok(true)));
     // The sessions' end would compete with the successor's takeover.
     tokio::time::sleep(leaderd_core::successor::exit_linger(

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leaderd_core::BootTime;
+use tokio_util::sync::CancellationToken;
 
 use crate::clock::boot_now;
 use crate::outputs::metrics::{DaemonMetrics, Daemonwide, Scraped};
@@ -135,6 +136,15 @@ impl Daemon {
         &self.elections
     }
 
+    /// Stops every election's loop once `shutdown` is cancelled (see
+    /// [`Shared::stop`]): one waiter for the daemon, not one per loop.
+    pub async fn stop_when(self: Arc<Self>, shutdown: CancellationToken) {
+        shutdown.cancelled().await;
+        for election in &self.elections {
+            election.stop();
+        }
+    }
+
     /// The first election: what is answered when no name is given.
     pub fn first(&self) -> &Arc<Shared> {
         &self.elections[0]
@@ -247,5 +257,33 @@ mod tests {
         }
         let err = daemon.find(Some("nope")).unwrap_err().to_string();
         assert!(err.contains("zeta, alpha, mid, alpha-2, b"), "{err}");
+    }
+
+    /// The shutdown reaches every election, whether its loop waits already
+    /// or looks later; a command's end does not pass for it.
+    #[tokio::test]
+    async fn the_shutdown_stops_every_election() {
+        let daemon = Arc::new(daemon_of(&["a", "b", "c"]));
+        let a = daemon.all()[0].clone();
+        let waiting = tokio::spawn(async move { a.stopped().await });
+        tokio::task::yield_now().await;
+        daemon.all()[0].set_child_running(false);
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "stopped by a command's end");
+        assert!(daemon.all().iter().all(|e| !e.is_stopping()));
+        let shutdown = CancellationToken::new();
+        let stopping = tokio::spawn(daemon.clone().stop_when(shutdown.clone()));
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("a waiting loop is told")
+            .unwrap();
+        stopping.await.unwrap();
+        for e in daemon.all() {
+            assert!(e.is_stopping(), "{}", e.election);
+            tokio::time::timeout(Duration::from_secs(5), e.stopped())
+                .await
+                .expect("a later wait ends at once");
+        }
     }
 }

@@ -76,8 +76,14 @@ pub struct Shared {
     /// allocation costs hundreds of bytes in each of thousands of elections
     /// that never run a command.
     child_running: AtomicBool,
-    /// Woken when `child_running` is cleared.
-    child_stopped: Notify,
+    /// The daemon stops (see [`Shared::stop`]): the loop stops claiming
+    /// leadership, releases the row and ends. A flag rather than a child
+    /// of the daemon's cancellation token each: that one's node cost 128
+    /// bytes in each of thousands of elections.
+    stopping: AtomicBool,
+    /// Woken when `child_running` is cleared or `stopping` set: its
+    /// waiters each check their own flag.
+    settled: Notify,
     /// Wakes the loop for a request queued, events a renewal wave left it
     /// or a release announced. One `Notify` for all three: each one the
     /// loop waits on costs a registration and its removal at every turn.
@@ -146,7 +152,8 @@ impl Shared {
             control: Inbox::default(),
             changes: OnceLock::new(),
             child_running: AtomicBool::new(false),
-            child_stopped: Notify::new(),
+            stopping: AtomicBool::new(false),
+            settled: Notify::new(),
             wake: Notify::new(),
             waves_left: Mutex::new(Vec::new()),
             loop_reports_renewals: settings.flag_file.is_some(),
@@ -287,22 +294,45 @@ impl Shared {
     pub fn set_child_running(&self, running: bool) {
         self.child_running.store(running, Ordering::SeqCst);
         if !running {
-            self.child_stopped.notify_waiters();
+            self.settled.notify_waiters();
         }
     }
 
     /// Resolves once no command run under `exec` is alive.
     pub(crate) async fn child_gone(&self) {
+        self.settled_when(|| !self.child_running.load(Ordering::SeqCst))
+            .await;
+    }
+
+    /// The daemon stops: the loop stops claiming leadership, releases the
+    /// row and ends (see `election`). For good.
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        self.settled.notify_waiters();
+    }
+
+    /// Whether [`Shared::stop`] was called.
+    pub(crate) fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once [`Shared::stop`] was called.
+    pub(crate) async fn stopped(&self) {
+        self.settled_when(|| self.is_stopping()).await;
+    }
+
+    /// Resolves once `done` holds, checked whenever `settled` is woken.
+    async fn settled_when(&self, done: impl Fn() -> bool) {
         loop {
-            // Registered before the flag is read, so a clearing in between
+            // Registered before the flag is read, so a change in between
             // is not missed.
-            let stopped = self.child_stopped.notified();
-            tokio::pin!(stopped);
-            stopped.as_mut().enable();
-            if !self.child_running.load(Ordering::SeqCst) {
+            let woken = self.settled.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            if done() {
                 return;
             }
-            stopped.await;
+            woken.await;
         }
     }
 

@@ -10,12 +10,12 @@ use crate::runtime::shared::Shared;
 use super::{Db, Loop, IN_FLIGHT_BUDGET};
 
 use leaderd_core::{BootTime, Event};
-use tokio_util::sync::CancellationToken;
 
 impl Loop {
     /// One acquire-or-renew, from reading the clock to feeding the answer
-    /// to the engine; `true` when shutdown came meanwhile (the loop ends).
-    pub(super) async fn attempt(&mut self, shutdown: &CancellationToken) -> bool {
+    /// to the engine; `true` when the daemon stopped meanwhile (the loop
+    /// ends).
+    pub(super) async fn attempt(&mut self) -> bool {
         // Read the clock before taking the connection: the lease is
         // measured from here.
         let sent_at = boot_now();
@@ -43,7 +43,7 @@ impl Loop {
                 let wake = deadline.unwrap_or(sent_at + timeout);
                 tokio::select! {
                 biased;
-                () = shutdown.cancelled() => {
+                () = self.shared.stopped() => {
                     // Stop claiming leadership first; then let the
                     // statement in flight finish (it may be a take
                     // that would otherwise land after our release)

@@ -5,7 +5,6 @@
 //! successor of a row it will not take gives that turn up (`turn`).
 
 use leaderd_store::ElectionRow;
-use tokio_util::sync::CancellationToken;
 
 use crate::clock::boot_now;
 
@@ -16,7 +15,7 @@ impl Loop {
     /// daemon's connection, queued with the others', and one look of the
     /// daemon's at a time); a look that fails or is cut ends the looks.
     /// Shutdown does not wait for it.
-    pub(super) async fn look(&mut self, shutdown: &CancellationToken) {
+    pub(super) async fn look(&mut self) {
         let election = &*self.shared.election;
         // Another election's look is being read: this one comes a take
         // watch later.
@@ -26,7 +25,7 @@ impl Loop {
         };
         let budget = self.shared.timing.heartbeat();
         let read = tokio::select! {
-            () = shutdown.cancelled() => return,
+            () = self.shared.stopped() => return,
             read = tokio::time::timeout(budget, self.db.link.read(election)) => read,
         };
         let received_at = boot_now();
@@ -39,9 +38,10 @@ impl Loop {
                 let seen = row.map(ElectionRow::into_observed);
                 self.shared.engine().on_look(received_at, seen);
                 if let Some(turn) = give_up {
+                    let shared = self.shared.clone();
                     let give_up = tokio::time::timeout(budget, self.give_turn_up(turn));
                     tokio::select! {
-                        () = shutdown.cancelled() => {}
+                        () = shared.stopped() => {}
                         _ = give_up => {}
                     }
                 }

@@ -144,9 +144,10 @@ pub fn start(shared: Arc<Shared>, settings: &Settings, link: Link) -> Election {
 }
 
 impl Election {
-    /// Runs the election until `shutdown` fires, then releases the row:
-    /// whether it freed it then. Should the loop fail (a panic), `shutdown`
-    /// is cancelled on the way out: nothing may run on as if this election
+    /// Runs the election until it is stopped ([`Shared::stop`], which the
+    /// daemon does when `shutdown` fires), then releases the row: whether
+    /// it freed it then. Should the loop fail (a panic), `shutdown` is
+    /// cancelled on the way out: nothing may run on as if this election
     /// were led.
     ///
     /// An `async` block, not an `async fn`: the future of an `async fn`
@@ -155,16 +156,13 @@ impl Election {
     #[allow(clippy::manual_async_fn)]
     pub fn run(mut self, shutdown: CancellationToken) -> impl Future<Output = bool> + Send {
         async move {
-            self.stop = Some(shutdown.clone().drop_guard());
-            // A token of its own to wait on: thousands of loops waiting on
-            // one shared its lock at every turn of each.
-            let shutdown = shutdown.child_token();
+            self.stop = Some(shutdown.drop_guard());
             // Not before the replica has joined (see `presence::begin`).
             tokio::select! {
                 () = self.lp.shared.roster.began() => {}
-                () = shutdown.cancelled() => {}
+                () = self.lp.shared.stopped() => {}
             }
-            self.lp.elect(&shutdown).await;
+            self.lp.elect().await;
             // Requests from now on (a `leaderd release` in a preStop hook)
             // are answered at once ("stopped"), not after the release below.
             self.lp.shared.control.close();
@@ -263,7 +261,7 @@ struct Report {
 }
 
 impl Loop {
-    async fn elect(&mut self, shutdown: &CancellationToken) {
+    async fn elect(&mut self) {
         loop {
             let now = boot_now();
             self.shared.progress(now);
@@ -275,7 +273,7 @@ impl Loop {
             self.sync_presence();
             // Shutdown before any request still queued (a request handled
             // meanwhile, say a long release, may have let it come).
-            if shutdown.is_cancelled() {
+            if self.shared.is_stopping() {
                 return;
             }
             // Requests first: renewals slower than the renew interval follow
@@ -299,14 +297,14 @@ impl Loop {
             } else if due {
                 // Boxed: while it waits, the loop's own future (one per
                 // election) holds a pointer, not the attempt's state.
-                if Box::pin(self.attempt(shutdown)).await {
+                if Box::pin(self.attempt()).await {
                     return;
                 }
                 continue;
             }
             if !due && self.shared.engine().look_due(now) {
                 if self.db.link.connected() {
-                    Box::pin(self.look(shutdown)).await;
+                    Box::pin(self.look()).await;
                 } else {
                     self.shared.engine().on_look_failed();
                 }
@@ -315,7 +313,7 @@ impl Loop {
             let (wakeup, exact) = self.wakeup(now, due);
             tokio::select! {
                 biased;
-                () = shutdown.cancelled() => return,
+                () = self.shared.stopped() => return,
                 // A request is taken at the top of the loop.
                 () = self.shared.wake.notified() => self.on_wake(),
                 changed = self.db.link.changed(), if self.db.wants_link => self.on_link(changed),
