@@ -84,9 +84,10 @@ pub struct Shared {
     /// Woken when `child_running` is cleared or `stopping` set: its
     /// waiters each check their own flag.
     settled: Notify,
-    /// Wakes the loop for a request queued, events a renewal wave left it
-    /// or a release announced. One `Notify` for all three: each one the
-    /// loop waits on costs a registration and its removal at every turn.
+    /// Wakes the loop for a request queued, events a renewal wave left it,
+    /// a release announced or the daemon's stop. One `Notify` for all: each
+    /// one the loop waits on costs a registration and its removal at every
+    /// turn, and its place in the loop's future.
     pub(crate) wake: Notify,
     /// Events of the renewal waves (see `link`) for the loop to report,
     /// in the engine's order: appended and taken under the engine's lock.
@@ -305,10 +306,13 @@ impl Shared {
     }
 
     /// The daemon stops: the loop stops claiming leadership, releases the
-    /// row and ends (see `election`). For good.
+    /// row and ends (see `election`). For good. The loop waiting for its
+    /// next turn hears it as a wake-up, an attempt or a look in flight
+    /// from [`Shared::stopped`].
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::SeqCst);
         self.settled.notify_waiters();
+        self.wake.notify_one();
     }
 
     /// Whether [`Shared::stop`] was called.

@@ -313,8 +313,8 @@ impl Loop {
             let (wakeup, exact) = self.wakeup(now, due);
             tokio::select! {
                 biased;
-                () = self.shared.stopped() => return,
-                // A request is taken at the top of the loop.
+                // A request, and the daemon's stop, are taken at the top of
+                // the loop.
                 () = self.shared.wake.notified() => self.on_wake(),
                 changed = self.db.link.changed(), if self.db.wants_link => self.on_link(changed),
                 () = self.timer.sleep_until_exact_or_not(wakeup, exact) => {}
