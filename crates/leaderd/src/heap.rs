@@ -69,11 +69,12 @@ pub async fn give_back(shutdown: CancellationToken) {
 }
 
 /// `malloc_trim(0)`: whether any memory was returned. It walks the free
-/// chunks under the arena's lock (one arena, see [`tune`]), so every other
-/// allocation waits for it: with 10,000 elections it took 1.2 ms the first
-/// time (the start's free space) and 0.27–0.43 ms after (BENCHMARKS.md).
-/// On the worker that calls it: safety never waits on it (the deadlines
-/// are read from the clock, not from a timer's firing).
+/// chunks under the arena's lock (one arena, see [`tune`]), so every
+/// allocation of every thread waits for it meanwhile, a step-down's logs
+/// and flag file included: with 10,000 elections it took 1.2 ms the first
+/// time (the start's free space) and 0.27–0.43 ms after (BENCHMARKS.md),
+/// against a safety margin of 50 ms at least. No leadership is claimed
+/// longer for it: "leader" is read from the deadline when asked.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[allow(unsafe_code)]
 fn trim() -> bool {

@@ -267,6 +267,7 @@ mod tests {
         let a = daemon.all()[0].clone();
         let waiting = tokio::spawn(async move { a.stopped().await });
         tokio::task::yield_now().await;
+        daemon.all()[0].set_child_running(true);
         daemon.all()[0].set_child_running(false);
         tokio::task::yield_now().await;
         assert!(!waiting.is_finished(), "stopped by a command's end");

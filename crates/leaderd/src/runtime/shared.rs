@@ -293,8 +293,10 @@ impl Shared {
 
     /// Tells the loop whether a command run under `exec` is alive.
     pub fn set_child_running(&self, running: bool) {
-        self.child_running.store(running, Ordering::SeqCst);
-        if !running {
+        // Woken only when a command ended: the supervisor says "none" at
+        // every turn, and the loop's attempt waits on the same `Notify`.
+        let was = self.child_running.swap(running, Ordering::SeqCst);
+        if was && !running {
             self.settled.notify_waiters();
         }
     }

@@ -313,9 +313,14 @@ impl Loop {
             let (wakeup, exact) = self.wakeup(now, due);
             tokio::select! {
                 biased;
-                // A request, and the daemon's stop, are taken at the top of
-                // the loop.
-                () = self.shared.wake.notified() => self.on_wake(),
+                // A request is taken at the top of the loop; the daemon's
+                // stop at once (its step-down and release come first).
+                () = self.shared.wake.notified() => {
+                    if self.shared.is_stopping() {
+                        return;
+                    }
+                    self.on_wake();
+                }
                 changed = self.db.link.changed(), if self.db.wants_link => self.on_link(changed),
                 () = self.timer.sleep_until_exact_or_not(wakeup, exact) => {}
             }
