@@ -109,3 +109,44 @@ impl Report {
         }
     }
 }
+
+/// The flag file never outlives its loop: a loop that ends by a panic
+/// leaves no file claiming leadership for its election (its engine is
+/// stepped down beside it, see `ClosedOnDrop`). After a normal end the
+/// file is gone already, and this asks again for nothing.
+impl Drop for Report {
+    fn drop(&mut self) {
+        self.remove_flag();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outputs::flag_file::{FlagFile, FlagWriter};
+
+    #[test]
+    fn a_loop_that_ends_leaves_no_flag_file() {
+        let dir = std::env::temp_dir().join(format!("leaderd-report-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("leader");
+        let flag = FlagWriter::start(FlagFile::new(path.clone())).unwrap();
+        flag.write("default", "pod-a", 7, u64::MAX);
+        let wait_until = |what: &str, done: &dyn Fn() -> bool| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while !done() {
+                assert!(std::time::Instant::now() < deadline, "{what}");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        };
+        wait_until("the flag file was written", &|| path.exists());
+        let report = Report {
+            flag: Some(flag),
+            duplicate_seen: None,
+        };
+        // As a panic in the loop would drop it.
+        drop(report);
+        wait_until("the flag file outlived its loop", &|| !path.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
