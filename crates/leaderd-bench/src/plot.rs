@@ -618,7 +618,7 @@ pub fn memory(path: &Path, rows: &[Footprint]) -> Result<()> {
     let xs = log_range(rows.iter().map(|r| r.elections as f64), 1.5);
     let ys = log_range(
         rows.iter()
-            .flat_map(|r| [r.rss_mib, r.scraped_mib, target(r.elections)]),
+            .flat_map(|r| [r.rss_mib, r.scraped_mib, r.anon_mib, target(r.elections)]),
         1.5,
     );
     let mut chart = styled(&root, "One daemon leading N elections, idle")
@@ -634,6 +634,13 @@ pub fn memory(path: &Path, rows: &[Footprint]) -> Result<()> {
         ORANGE,
         false,
         "RSS after one /metrics scrape",
+    )?;
+    series(
+        &mut chart,
+        &pts(&|r| r.anon_mib),
+        GREEN,
+        false,
+        "of the RSS, anonymous memory",
     )?;
     series(
         &mut chart,

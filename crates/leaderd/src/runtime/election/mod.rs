@@ -24,6 +24,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use leaderd_core::BootTime;
 use tokio::sync::watch;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::error;
@@ -311,19 +312,41 @@ impl Loop {
                 continue;
             }
             let (wakeup, exact) = self.wakeup(now, due);
-            tokio::select! {
-                biased;
-                // A request is taken at the top of the loop; the daemon's
-                // stop at once (its step-down and release come first).
-                () = self.shared.wake.notified() => {
-                    if self.shared.is_stopping() {
-                        return;
-                    }
-                    self.on_wake();
-                }
-                changed = self.db.link.changed(), if self.db.wants_link => self.on_link(changed),
-                () = self.timer.sleep_until_exact_or_not(wakeup, exact) => {}
+            let stopped = if self.db.wants_link {
+                // Boxed: a wait that also hears of connects is rare (at
+                // start, in an outage), and the link's wait is as large as
+                // the rest of this one.
+                Box::pin(self.wait_for_link(wakeup, exact)).await
+            } else {
+                self.wait(wakeup, exact).await
+            };
+            if stopped {
+                return;
             }
         }
+    }
+
+    /// Waits for `wakeup` or a wake-up (a request, a release notice, the
+    /// daemon's stop): whether the daemon stops. A request is taken at the
+    /// top of the loop; the daemon's stop at once (its step-down and
+    /// release come first).
+    async fn wait(&mut self, wakeup: BootTime, exact: bool) -> bool {
+        tokio::select! {
+            biased;
+            () = self.shared.wake.notified() => return self.woken(),
+            () = self.timer.sleep_until_exact_or_not(wakeup, exact) => {}
+        }
+        false
+    }
+
+    /// [`Loop::wait`], and for the connect this loop waits for.
+    async fn wait_for_link(&mut self, wakeup: BootTime, exact: bool) -> bool {
+        tokio::select! {
+            biased;
+            () = self.shared.wake.notified() => return self.woken(),
+            changed = self.db.link.changed() => self.on_link(changed),
+            () = self.timer.sleep_until_exact_or_not(wakeup, exact) => {}
+        }
+        false
     }
 }

@@ -12,8 +12,18 @@ use std::sync::atomic::Ordering;
 use tracing::{debug, info};
 
 impl Loop {
+    /// Woken ([`Shared::wake`]): whether the daemon stops, else what the
+    /// wake-up brought.
+    pub(super) fn woken(&mut self) -> bool {
+        if self.shared.is_stopping() {
+            return true;
+        }
+        self.on_wake();
+        false
+    }
+
     /// What [`Shared::wake`] was woken for, beside a request.
-    pub(super) fn on_wake(&mut self) {
+    fn on_wake(&mut self) {
         let now = boot_now();
         if self.shared.release_noticed.swap(false, Ordering::Relaxed) {
             self.shared.engine().on_release_notice(now);
