@@ -1611,7 +1611,7 @@ mod mysql_only {
 /// A waiter for the election `e` (and every other name it hears).
 async fn waiter(db: &TempDb) -> Waiter {
     let url = DatabaseUrl::parse(&db.url).unwrap();
-    Waiter::connect(&url, &["e".to_owned()], Duration::from_secs(1))
+    Waiter::connect(&url, &[std::sync::Arc::from("e")], Duration::from_secs(1))
         .await
         .unwrap()
 }

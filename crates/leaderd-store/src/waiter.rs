@@ -19,6 +19,7 @@
 //! - SQLite: inotify on the database's directory for a file beside the
 //!   database that releases append their names to (processes on one host).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::postgres::{Listener, Probe};
@@ -42,7 +43,7 @@ impl Waiter {
     /// `heartbeat` bounds each server-side wait.
     pub async fn connect(
         url: &DatabaseUrl,
-        elections: &[String],
+        elections: &[Arc<str>],
         heartbeat: Duration,
     ) -> Result<Self, StoreError> {
         Ok(match (url.backend(), elections) {

@@ -14,6 +14,7 @@
 //! elections, so a follower reads at most 5,000 rows a second).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use diesel::sql_types::{Nullable, Text};
@@ -77,7 +78,7 @@ pub struct RowsWatcher {
 opaque_debug!(RowsWatcher);
 
 impl RowsWatcher {
-    pub(crate) fn new(conn: AsyncMysqlConnection, elections: &[String]) -> Self {
+    pub(crate) fn new(conn: AsyncMysqlConnection, elections: &[Arc<str>]) -> Self {
         Self {
             conn,
             looks: Looks::new(elections),
@@ -158,7 +159,7 @@ mod tests {
         .unwrap();
         let (conn, galera) = connect_if_galera(&url).await.unwrap();
         assert!(!galera, "the local MariaDB is no Galera node");
-        let elections: Vec<String> = ["e1", "e2", "e3"].map(String::from).to_vec();
+        let elections: Vec<Arc<str>> = ["e1", "e2", "e3"].map(Arc::from).to_vec();
         let mut w = RowsWatcher::new(conn, &elections);
         let wanted = |e: &str| e != "e3";
         // The first look records; nothing changes: nothing is freed.

@@ -3,6 +3,8 @@
 //! of one election waits on it with `GET_LOCK`, a follower of several looks
 //! at them all together.
 
+use std::sync::Arc;
+
 use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel_async::{AsyncMysqlConnection, RunQueryDsl};
 
@@ -184,7 +186,7 @@ pub struct LocksWatcher {
 opaque_debug!(LocksWatcher);
 
 impl LocksWatcher {
-    pub(crate) fn new(conn: AsyncMysqlConnection, elections: &[String]) -> Self {
+    pub(crate) fn new(conn: AsyncMysqlConnection, elections: &[Arc<str>]) -> Self {
         // Each look asks for every election's lock: keep the looks per
         // second bounded.
         let every =
@@ -272,13 +274,14 @@ impl MysqlStore {
 /// its first look only records its holder.
 #[derive(Debug)]
 pub(super) struct Looks {
-    elections: Vec<String>,
+    /// Shared with the daemon: a count each, not a copy.
+    elections: Vec<Arc<str>>,
     seen: std::collections::HashMap<String, String>,
     freed: std::collections::VecDeque<String>,
 }
 
 impl Looks {
-    pub(super) fn new(elections: &[String]) -> Self {
+    pub(super) fn new(elections: &[Arc<str>]) -> Self {
         Self {
             elections: elections.to_vec(),
             seen: std::collections::HashMap::new(),
@@ -290,7 +293,7 @@ impl Looks {
     pub(super) fn wanted(&self, wanted: &(dyn Fn(&str) -> bool + Sync)) -> Vec<&str> {
         self.elections
             .iter()
-            .map(String::as_str)
+            .map(|e| &**e)
             .filter(|e| wanted(e))
             .collect()
     }

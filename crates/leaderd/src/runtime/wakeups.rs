@@ -48,11 +48,8 @@ pub async fn wait_for_releases(
             daemon.all()[i].notice_release();
         }
     };
-    let elections: Vec<String> = daemon
-        .all()
-        .iter()
-        .map(|s| s.election.to_string())
-        .collect();
+    // The daemon's names, shared: a count each, not a copy.
+    let elections: Vec<Arc<str>> = daemon.all().iter().map(|s| s.election.clone()).collect();
     let nonce = uuid::Uuid::new_v4().to_string();
     let mut backoff = Duration::from_millis(100);
     let mut checked = false;
