@@ -64,8 +64,10 @@ impl BootTimer {
                     }
                     .await
                 }
-                // Boxed: rare (no timerfd), and a tokio sleep is three
-                // times the size of a wait, in a future kept per election.
+                // Boxed: only without a working timerfd (none could be
+                // made, or it failed; then one allocation a wait), and a
+                // tokio sleep is about three times the size of a wait, in
+                // a future kept per election.
                 None => Box::pin(tokio::time::sleep(at.saturating_since(now))).await,
             }
         }
