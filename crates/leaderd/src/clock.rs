@@ -11,6 +11,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use futures_util::future::Either;
 use leaderd_core::BootTime;
 pub use leaderd_store::boot_now;
 use rustix::time::{
@@ -45,31 +46,11 @@ impl BootTimer {
 
     /// Returns once the boot clock reads `at` or later (at once if it does
     /// already). Cancel-safe.
-    pub async fn sleep_until(&mut self, at: BootTime) {
-        loop {
-            #[cfg(test)]
-            {
-                self.rounds += 1;
-            }
-            let now = boot_now();
-            if now >= at {
-                return;
-            }
-            match Timers::global() {
-                Some(timers) => {
-                    Wait {
-                        timers,
-                        at,
-                        id: None,
-                    }
-                    .await
-                }
-                // Boxed: only without a working timerfd (none could be
-                // made, or it failed; then one allocation a wait), and a
-                // tokio sleep is about three times the size of a wait, in
-                // a future kept per election.
-                None => Box::pin(tokio::time::sleep(at.saturating_since(now))).await,
-            }
+    pub fn sleep_until(&mut self, at: BootTime) -> BootSleep<'_> {
+        BootSleep {
+            timer: self,
+            at,
+            waiting: Waiting::Not,
         }
     }
 
@@ -78,11 +59,15 @@ impl BootTimer {
     /// wake-up from another thread) but is late after a host suspend by up
     /// to what was left of the wait. For waits that only pace attempts (a
     /// follower's), never for a deadline.
-    pub async fn sleep_until_exact_or_not(&mut self, at: BootTime, exact: bool) {
+    pub fn sleep_until_exact_or_not(
+        &mut self,
+        at: BootTime,
+        exact: bool,
+    ) -> Either<BootSleep<'_>, tokio::time::Sleep> {
         if exact {
-            self.sleep_until(at).await;
+            Either::Left(self.sleep_until(at))
         } else {
-            tokio::time::sleep(at.saturating_since(boot_now())).await;
+            Either::Right(tokio::time::sleep(at.saturating_since(boot_now())))
         }
     }
 
@@ -91,6 +76,62 @@ impl BootTimer {
         match at {
             Some(at) => self.sleep_until(at).await,
             None => std::future::pending().await,
+        }
+    }
+}
+
+/// A wait for a boot-clock instant (see [`BootTimer::sleep_until`]). A
+/// future of its own, not an `async fn`: an election's loop waits in one
+/// all its life, inside its task, and an `async fn`'s state kept its
+/// instant three times over.
+pub struct BootSleep<'a> {
+    /// Counts the rounds, in the tests.
+    #[cfg_attr(not(test), allow(dead_code))]
+    timer: &'a mut BootTimer,
+    at: BootTime,
+    waiting: Waiting,
+}
+
+enum Waiting {
+    /// Not yet, or the last wait ended: the clock is read again.
+    Not,
+    Fd(Wait),
+    /// Boxed: only without a working timerfd (none could be made, or it
+    /// failed; then one allocation a wait), and a tokio sleep is about three
+    /// times the size of a wait.
+    Fallback(Pin<Box<tokio::time::Sleep>>),
+}
+
+impl Future for BootSleep<'_> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        loop {
+            match &mut this.waiting {
+                Waiting::Not => {}
+                Waiting::Fd(wait) => std::task::ready!(Pin::new(wait).poll(cx)),
+                Waiting::Fallback(sleep) => std::task::ready!(sleep.as_mut().poll(cx)),
+            }
+            #[cfg(test)]
+            {
+                this.timer.rounds += 1;
+            }
+            let now = boot_now();
+            if now >= this.at {
+                this.waiting = Waiting::Not;
+                return Poll::Ready(());
+            }
+            this.waiting = match Timers::global() {
+                Some(timers) => Waiting::Fd(Wait {
+                    timers,
+                    at: this.at,
+                    id: None,
+                }),
+                None => {
+                    Waiting::Fallback(Box::pin(tokio::time::sleep(this.at.saturating_since(now))))
+                }
+            };
         }
     }
 }

@@ -230,7 +230,7 @@ async fn run(settings: Settings, commands: Option<Vec<Vec<OsString>>>) -> anyhow
     tokio::spawn(daemon.clone().stop_when(shutdown.clone()));
     // The loops' first attempts wait until this replica has joined.
     let begin = tokio::spawn(runtime::presence::begin(
-        daemon.roster().clone(),
+        daemon.clone(),
         link.clone(),
         settings.timing.heartbeat(),
         shutdown.clone(),

@@ -41,7 +41,7 @@ fn millis(d: std::time::Duration) -> u64 {
 
 /// The fields of the `/leader` body for a view.
 pub fn leader_fields(shared: &Shared, view: leaderd_core::View) -> LeaderBody<'_> {
-    let timing = shared.timing;
+    let timing = shared.timing();
     LeaderBody {
         election: &shared.election,
         id: &shared.id,

@@ -73,7 +73,7 @@ pub(super) async fn release(
         Ok(q) => q,
         Err(refusal) => return refusal.into_response(),
     };
-    let mut hold = daemon.first().timing.heartbeat() * 2;
+    let mut hold = daemon.first().timing().heartbeat() * 2;
     if let Some(value) = q.value("hold") {
         match humantime::parse_duration(value) {
             Ok(d) if d <= MAX_HOLD => hold = d,

@@ -29,7 +29,7 @@ pub async fn watch(
     failures_allowed: u32,
     shutdown: CancellationToken,
 ) {
-    let heartbeat = daemon.first().timing.heartbeat();
+    let heartbeat = daemon.first().timing().heartbeat();
     // The engine starts out not competing: until the first check passes.
     let mut healthy = false;
     let mut failures = failures_allowed;

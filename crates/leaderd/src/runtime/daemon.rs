@@ -214,7 +214,7 @@ impl Daemon {
             })
             .collect();
         // One timing for every election of a daemon (see `Settings`).
-        let timing = self.first().timing;
+        let timing = self.first().timing();
         let daemon = Daemonwide {
             metrics: &self.metrics,
             renew_every: timing.renew_every(),

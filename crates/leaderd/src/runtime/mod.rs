@@ -4,7 +4,8 @@
 //! the one connection (`link`, opened by `connector`), release wake-ups
 //! (`wakeups`), the presence rows (`presence`) and who they show live
 //! (`roster`, which names successors) and on which Galera nodes (`nodes`), the spread across replicas
-//! (`spread`), requests to a loop (`inbox`), the app-health gate
+//! (`spread`), requests to a loop (`inbox`) and the
+//! wake-up that tells it of them (`signal`), the app-health gate
 //! (`app_health`), whether the database answers (`reach`) and the
 //! elections' failures, logged once per cause (`outages`).
 //!
@@ -24,6 +25,7 @@ pub mod presence;
 pub mod reach;
 pub mod roster;
 pub mod shared;
+pub mod signal;
 pub mod slots;
 pub mod spread;
 pub mod wakeups;

@@ -114,20 +114,27 @@ async fn joined(roster: &Roster, link: &Link, heartbeat: Duration) {
 }
 
 /// Waits for [`joined`] (or `shutdown`), then lets the election loops
-/// begin ([`Roster::began`]). Once for the daemon, in a task of its own:
-/// a wait in each loop, boxed so as not to widen the loop's future, left
-/// the allocator a free chunk of 720 bytes between each election's live
-/// ones (0.67 MB at 1,000 elections, `malloc_info`). Should it fail (a
-/// panic), `shutdown` is cancelled: no election would begin otherwise.
+/// begin ([`Roster::set_begun`], and each loop woken). Once for the daemon,
+/// in a task of its own: a wait in each loop, boxed so as not to widen the
+/// loop's future, left the allocator a free chunk of 720 bytes between each
+/// election's live ones (0.67 MB at 1,000 elections, `malloc_info`). Should
+/// it fail (a panic), `shutdown` is cancelled: no election would begin
+/// otherwise.
 pub async fn begin(
-    roster: Arc<Roster>,
+    daemon: Arc<Daemon>,
     link: Link,
     heartbeat: Duration,
     shutdown: CancellationToken,
 ) {
     let stop = shutdown.clone().drop_guard();
+    let roster = daemon.roster();
     tokio::select! {
-        () = joined(&roster, &link, heartbeat) => roster.set_begun(),
+        () = joined(roster, &link, heartbeat) => {
+            roster.set_begun();
+            for election in daemon.all() {
+                election.begin();
+            }
+        }
         () = shutdown.cancelled() => {}
     }
     stop.disarm();

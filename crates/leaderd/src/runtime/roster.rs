@@ -54,7 +54,7 @@ pub struct Roster {
     /// The replica has joined (or the wait for it ran out): the election
     /// loops begin, and the replica may be ready (`/readyz`). Set once, by
     /// `presence::begin`.
-    begun: tokio::sync::watch::Sender<bool>,
+    begun: std::sync::atomic::AtomicBool,
     /// Wakes the presence task when this replica begins to drain or its
     /// app starts to fail, so that it leaves its presence row at once, not
     /// at its next round (and at the ends of both, to take it again).
@@ -99,10 +99,15 @@ impl Roster {
             view: Mutex::new(View::default()),
             rereads: tokio::sync::Mutex::new(None),
             joined: tokio::sync::watch::Sender::new(false),
-            begun: tokio::sync::watch::Sender::new(false),
+            begun: std::sync::atomic::AtomicBool::new(false),
             listening: tokio::sync::watch::Sender::new(false),
             nudge: tokio::sync::Notify::new(),
         }
+    }
+
+    /// The daemon's timing.
+    pub fn timing(&self) -> Timing {
+        self.timing
     }
 
     /// This replica begins or ends a drain, or its app starts or stops
@@ -123,22 +128,16 @@ impl Roster {
     }
 
     /// The election loops may begin: past the wait for [`Roster::joined`]
-    /// (see `presence::begin`).
+    /// (see `presence::begin`, which then wakes them).
     pub fn set_begun(&self) {
-        self.begun.send_if_modified(|b| !std::mem::replace(b, true));
-    }
-
-    /// Resolves once [`Roster::set_begun`] was called. Small, and without
-    /// an allocation: it waits inside each election's task.
-    pub async fn began(&self) {
-        let _ = self.begun.subscribe().wait_for(|b| *b).await;
+        self.begun.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Whether the loops may begin (see [`Roster::set_begun`]): a replica
     /// is ready only then, so that a rolling update that stops an old
     /// replica the moment a new one is ready names the new one.
     pub fn begun(&self) -> bool {
-        *self.begun.borrow()
+        self.begun.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The release waiter listens (or has nothing to listen to): a

@@ -19,6 +19,7 @@ use crate::outputs::metrics::{DaemonMetrics, Metrics};
 use crate::runtime::inbox::Inbox;
 use crate::runtime::outages::Outages;
 use crate::runtime::roster::Roster;
+use crate::runtime::signal::Signal;
 use crate::settings::Settings;
 
 /// A request to the election loop from outside it (HTTP, the app-health
@@ -53,8 +54,6 @@ pub struct Shared {
     pub id: Arc<str>,
     /// The daemon's, shared by its elections: who is named at a release.
     pub roster: Arc<Roster>,
-    /// Fixed for the process; kept here so readers need not lock the engine.
-    pub timing: Timing,
     pub(crate) engine: Mutex<Engine>,
     /// Last time the loop went round, for the `/healthz` watchdog.
     pub(crate) last_progress: Mutex<BootTime>,
@@ -85,10 +84,11 @@ pub struct Shared {
     /// waiters each check their own flag.
     settled: Notify,
     /// Wakes the loop for a request queued, events a renewal wave left it,
-    /// a release announced or the daemon's stop. One `Notify` for all: each
-    /// one the loop waits on costs a registration and its removal at every
-    /// turn, and its place in the loop's future.
-    pub(crate) wake: Notify,
+    /// a release announced, the replica's join (see [`Shared::begin`]) or
+    /// the daemon's stop. One wake-up for all: each one the loop waits on
+    /// costs a registration and its removal at every turn, and its place in
+    /// the loop's future.
+    pub(crate) wake: Signal,
     /// Events of the renewal waves (see `link`) for the loop to report,
     /// in the engine's order: appended and taken under the engine's lock.
     waves_left: Mutex<Vec<Event>>,
@@ -131,6 +131,7 @@ impl Shared {
         outages: Arc<Outages>,
     ) -> Self {
         debug_assert_eq!(*id, *settings.id);
+        debug_assert_eq!(roster.timing(), settings.timing);
         let instance = uuid::Uuid::new_v4().to_string();
         let now = boot_now();
         let mut engine = Engine::new(settings.timing, id.clone(), instance, now)
@@ -144,7 +145,6 @@ impl Shared {
             election: settings.election.as_str().into(),
             id,
             roster,
-            timing: settings.timing,
             engine: Mutex::new(engine),
             last_progress: Mutex::new(now),
             metrics: Metrics::default(),
@@ -155,11 +155,17 @@ impl Shared {
             child_running: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             settled: Notify::new(),
-            wake: Notify::new(),
+            wake: Signal::default(),
             waves_left: Mutex::new(Vec::new()),
             loop_reports_renewals: settings.flag_file.is_some(),
             release_noticed: AtomicBool::new(false),
         }
+    }
+
+    /// The daemon's timing, the same for all its elections: the roster's
+    /// (a copy here cost 32 bytes in each of thousands of elections).
+    pub fn timing(&self) -> Timing {
+        self.roster.timing()
     }
 
     /// What the loop reports at `now`: the events the renewal waves left
@@ -201,7 +207,7 @@ impl Shared {
         }
         self.left().extend(events);
         drop(engine);
-        self.wake.notify_one();
+        self.wake.notify();
     }
 
     /// The renewal's log line (debug): its deadline lets a checker rebuild
@@ -226,7 +232,7 @@ impl Shared {
     /// follower attempts now.
     pub fn notice_release(&self) {
         self.release_noticed.store(true, Ordering::Relaxed);
-        self.wake.notify_one();
+        self.wake.notify();
     }
 
     /// Announces a change of leadership to watchers. The loop calls it after
@@ -314,7 +320,7 @@ impl Shared {
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::SeqCst);
         self.settled.notify_waiters();
-        self.wake.notify_one();
+        self.wake.notify();
     }
 
     /// Whether [`Shared::stop`] was called.
@@ -342,11 +348,17 @@ impl Shared {
         }
     }
 
+    /// The replica has joined (see `presence::begin`): the loop, waiting
+    /// for that, begins.
+    pub fn begin(&self) {
+        self.wake.notify();
+    }
+
     /// Sends a request to the election loop; `false` when it has stopped.
     pub fn control(&self, request: Control) -> bool {
         let sent = self.control.send(request);
         if sent {
-            self.wake.notify_one();
+            self.wake.notify();
         }
         sent
     }
@@ -358,7 +370,7 @@ impl Shared {
             if let Some(request) = self.control.try_recv() {
                 return request;
             }
-            self.wake.notified().await;
+            self.wake.taken().await;
         }
     }
 
@@ -431,7 +443,7 @@ impl Shared {
     /// renewal by the local lease it would grant), so silence longer than
     /// either means it is stuck.
     pub fn healthy(&self) -> bool {
-        let t = self.timing;
+        let t = self.timing();
         let limit =
             (t.heartbeat() * 5).max(t.local_lease() + t.heartbeat()) + Duration::from_secs(1);
         let last = *self.last_progress.lock().unwrap_or_else(|e| e.into_inner());

@@ -94,10 +94,10 @@ impl Loop {
                 // At least once per heartbeat: a loose wait (a hold of up
                 // to an hour) caught in a host's suspend is then late by a
                 // heartbeat at most, and the loop shows progress.
-                None => (at.min(now + self.shared.timing.heartbeat()), false),
+                None => (at.min(now + self.shared.timing().heartbeat()), false),
             };
         }
-        let later = now + self.shared.timing.heartbeat();
+        let later = now + self.shared.timing().heartbeat();
         let at = lease.map_or(later, |(_, deadline)| later.min(deadline));
         (at, lease.is_some())
     }

@@ -23,7 +23,7 @@ impl Loop {
             self.shared.engine().look_later(boot_now());
             return;
         };
-        let budget = self.shared.timing.heartbeat();
+        let budget = self.shared.timing().heartbeat();
         let read = tokio::select! {
             () = self.shared.stopped() => return,
             read = tokio::time::timeout(budget, self.db.link.read(election)) => read,

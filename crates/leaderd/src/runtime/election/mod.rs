@@ -21,6 +21,7 @@
 //! metrics, flag file).
 
 use std::future::Future;
+use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -158,11 +159,15 @@ impl Election {
     pub fn run(mut self, shutdown: CancellationToken) -> impl Future<Output = bool> + Send {
         async move {
             self.stop = Some(shutdown.drop_guard());
-            // Not before the replica has joined (see `presence::begin`).
-            tokio::select! {
-                () = self.lp.shared.roster.began() => {}
-                () = self.lp.shared.stopped() => {}
+            // Not before the replica has joined: `presence::begin` wakes
+            // the loop then, as the daemon's stop does.
+            let shared = &self.lp.shared;
+            while !(shared.roster.begun() || shared.is_stopping()) {
+                shared.wake.taken().await;
             }
+            // Whatever else woke the loop meanwhile (a release announced)
+            // is heard at its first turn.
+            shared.wake.notify();
             self.lp.elect().await;
             // Requests from now on (a `leaderd release` in a preStop hook)
             // are answered at once ("stopped"), not after the release below.
@@ -312,38 +317,35 @@ impl Loop {
                 continue;
             }
             let (wakeup, exact) = self.wakeup(now, due);
-            let stopped = if self.db.wants_link {
+            // Waits for `wakeup` or a wake-up (a request, a release notice,
+            // the daemon's stop). A request is taken at the top of the
+            // loop; the daemon's stop at once (its step-down and release
+            // come first).
+            let woken = if self.db.wants_link {
                 // Boxed: a wait that also hears of connects is rare (at
                 // start, in an outage), and the link's wait is as large as
                 // the rest of this one.
                 Box::pin(self.wait_for_link(wakeup, exact)).await
             } else {
-                self.wait(wakeup, exact).await
+                // Here, not in a function of its own: the loop spends its
+                // life in this wait, and its state is part of each
+                // election's task (a function's would keep its arguments
+                // again).
+                let timer = pin!(self.timer.sleep_until_exact_or_not(wakeup, exact));
+                self.shared.wake.or(timer).await
             };
-            if stopped {
+            if woken && self.woken() {
                 return;
             }
         }
     }
 
-    /// Waits for `wakeup` or a wake-up (a request, a release notice, the
-    /// daemon's stop): whether the daemon stops. A request is taken at the
-    /// top of the loop; the daemon's stop at once (its step-down and
-    /// release come first).
-    async fn wait(&mut self, wakeup: BootTime, exact: bool) -> bool {
-        tokio::select! {
-            biased;
-            () = self.shared.wake.notified() => return self.woken(),
-            () = self.timer.sleep_until_exact_or_not(wakeup, exact) => {}
-        }
-        false
-    }
-
-    /// [`Loop::wait`], and for the connect this loop waits for.
+    /// The loop's wait, and for the connect this loop waits for: whether a
+    /// wake-up came.
     async fn wait_for_link(&mut self, wakeup: BootTime, exact: bool) -> bool {
         tokio::select! {
             biased;
-            () = self.shared.wake.notified() => return self.woken(),
+            () = self.shared.wake.taken() => return true,
             changed = self.db.link.changed() => self.on_link(changed),
             () = self.timer.sleep_until_exact_or_not(wakeup, exact) => {}
         }

@@ -23,7 +23,7 @@ impl Loop {
         // Under `exec`, the child was told to stop when leadership ended and
         // is killed at the deadline: its successor must not start before it
         // is gone. The bound only guards against a supervisor that is stuck.
-        let child_limit = boot_now() + self.shared.timing.ttl() + CHILD_REAP_BUDGET;
+        let child_limit = boot_now() + self.shared.timing().ttl() + CHILD_REAP_BUDGET;
         let gone = self.shared.child_gone();
         tokio::pin!(gone);
         loop {
@@ -34,7 +34,7 @@ impl Loop {
                 error!(election = %self.shared.election, "the command did not stop in time; releasing anyway");
                 break;
             }
-            let tick = left.min(self.shared.timing.heartbeat());
+            let tick = left.min(self.shared.timing().heartbeat());
             if tokio::time::timeout(tick, &mut gone).await.is_ok() {
                 break;
             }

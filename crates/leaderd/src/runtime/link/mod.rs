@@ -91,7 +91,7 @@ impl Request {
             election: shared.election.clone(),
             holder: shared.id.clone(),
             instance: engine.instance_shared().clone(),
-            ttl: shared.timing.ttl(),
+            ttl: shared.timing().ttl(),
             held_token: engine.lease(at).map(|(token, _)| token),
             // A draining replica is nobody's successor: a row released to
             // it (named from a look just before it drained) waits out its
@@ -231,12 +231,12 @@ impl Link {
                 let groups = leaderd_core::Timing::wave_groups(elections.len());
                 let every = elections
                     .first()
-                    .map_or(Duration::ZERO, |s| s.timing.wave_every(groups));
+                    .map_or(Duration::ZERO, |s| s.timing().wave_every(groups));
                 leaderd_core::WaveSchedule::new(boot_now(), every, groups)
             },
             local_lease: elections
                 .first()
-                .map_or(Duration::ZERO, |s| s.timing.local_lease()),
+                .map_or(Duration::ZERO, |s| s.timing().local_lease()),
             elections,
             reach,
             asked_at: None,
