@@ -19,7 +19,7 @@ pub mod successor;
 mod time;
 
 pub use child::{ChildAction, ChildTimer, StopGraceError};
-pub use engine::{Attempt, Engine, Event, LossReason, Observed, StepDown, View};
+pub use engine::{Attempt, Engine, Event, LossReason, Observed, Replica, StepDown, View};
 pub use standing::{away_note, away_prefix, read_away_note, NotCompeting, Standing, AWAY_PREFIX};
 pub use time::{BootTime, Timing, TimingError, WaveSchedule, WAVE_GROUP};
 

@@ -9,7 +9,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use leaderd_core::BootTime;
+use leaderd_core::{BootTime, Replica};
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::boot_now;
@@ -55,14 +55,18 @@ impl Daemon {
         let roster = Arc::new(Roster::new(&each[0]));
         let metrics = Arc::new(DaemonMetrics::default());
         let outages = Arc::new(Outages::default());
-        let id: Arc<str> = each[0].id.as_str().into();
+        let replica = Arc::new(Replica::new(
+            each[0].timing,
+            each[0].id.as_str(),
+            each[0].advertise.as_deref(),
+        ));
         let elections: Vec<Arc<Shared>> = each
             .iter()
             .map(|one| {
                 let (roster, metrics) = (roster.clone(), metrics.clone());
                 Arc::new(Shared::new(
                     one,
-                    id.clone(),
+                    replica.clone(),
                     roster,
                     metrics,
                     outages.clone(),

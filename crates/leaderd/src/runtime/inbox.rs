@@ -1,29 +1,29 @@
 //! A queue of requests to one election loop (a release, the app's health,
-//! a yield): rare, so a `VecDeque` behind a lock, a few dozen bytes per
+//! a yield): rare and few, so a `Vec` behind a lock, a few dozen bytes per
 //! election where a bounded channel's first block cost about 800 (one
-//! daemon with thousands of elections keeps one each). The sender wakes
+//! daemon with thousands of elections keeps one each; a `VecDeque` is 8
+//! bytes more, and taking the oldest shifts only the few behind it). The sender wakes
 //! the loop (see `Shared::control`): the loop waits on one wake-up for all
 //! it reacts to.
 
-use std::collections::VecDeque;
 use std::sync::Mutex;
 
 #[derive(Debug)]
 pub struct Inbox<T> {
     /// The requests, and whether the receiving loop has stopped.
-    queue: Mutex<(VecDeque<T>, bool)>,
+    queue: Mutex<(Vec<T>, bool)>,
 }
 
 impl<T> Default for Inbox<T> {
     fn default() -> Self {
         Self {
-            queue: Mutex::new((VecDeque::new(), false)),
+            queue: Mutex::new((Vec::new(), false)),
         }
     }
 }
 
 impl<T> Inbox<T> {
-    fn queue(&self) -> std::sync::MutexGuard<'_, (VecDeque<T>, bool)> {
+    fn queue(&self) -> std::sync::MutexGuard<'_, (Vec<T>, bool)> {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -34,13 +34,14 @@ impl<T> Inbox<T> {
         if queue.1 {
             return false;
         }
-        queue.0.push_back(item);
+        queue.0.push(item);
         true
     }
 
     /// The oldest request, if any.
     pub fn try_recv(&self) -> Option<T> {
-        self.queue().0.pop_front()
+        let mut queue = self.queue();
+        (!queue.0.is_empty()).then(|| queue.0.remove(0))
     }
 
     /// No more requests are taken; the queued ones are dropped (a reply

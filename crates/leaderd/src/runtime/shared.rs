@@ -6,11 +6,11 @@
 //! it (the loop's file once held it, and the link, the wake-ups and the
 //! daemon imported the loop's file, which imported them: a circle).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use leaderd_core::{BootTime, Engine, Event, Timing, View};
+use leaderd_core::{BootTime, Engine, Event, Replica, Timing, View};
 use tokio::sync::{oneshot, watch, Notify};
 use tracing::debug;
 
@@ -56,7 +56,8 @@ pub struct Shared {
     pub roster: Arc<Roster>,
     pub(crate) engine: Mutex<Engine>,
     /// Last time the loop went round, for the `/healthz` watchdog.
-    pub(crate) last_progress: Mutex<BootTime>,
+    /// In nanoseconds since boot.
+    last_progress: AtomicU64,
     pub metrics: Metrics,
     /// The daemon's, shared by its elections: the attempts' timings.
     pub daemon_metrics: Arc<DaemonMetrics>,
@@ -122,20 +123,28 @@ impl From<View> for Leadership {
 }
 
 impl Shared {
-    /// `id` is `settings.id`, made once for every election of the daemon.
+    /// `replica` is made once for every election of the daemon, from the
+    /// same `settings`.
     pub fn new(
         settings: &Settings,
-        id: Arc<str>,
+        replica: Arc<Replica>,
         roster: Arc<Roster>,
         daemon_metrics: Arc<DaemonMetrics>,
         outages: Arc<Outages>,
     ) -> Self {
-        debug_assert_eq!(*id, *settings.id);
+        debug_assert_eq!(
+            *replica,
+            Replica::new(
+                settings.timing,
+                settings.id.as_str(),
+                settings.advertise.as_deref()
+            )
+        );
         debug_assert_eq!(roster.timing(), settings.timing);
         let instance = uuid::Uuid::new_v4().to_string();
         let now = boot_now();
-        let mut engine = Engine::new(settings.timing, id.clone(), instance, now)
-            .with_address(settings.advertise.as_deref());
+        let id: Arc<str> = replica.id().clone();
+        let mut engine = Engine::of(replica, instance, now);
         if settings.app_health.is_some() {
             // Not before the app's first check passes: an app that never
             // became healthy never leads.
@@ -146,7 +155,7 @@ impl Shared {
             id,
             roster,
             engine: Mutex::new(engine),
-            last_progress: Mutex::new(now),
+            last_progress: AtomicU64::new(nanos(now)),
             metrics: Metrics::default(),
             daemon_metrics,
             outages,
@@ -446,11 +455,16 @@ impl Shared {
         let t = self.timing();
         let limit =
             (t.heartbeat() * 5).max(t.local_lease() + t.heartbeat()) + Duration::from_secs(1);
-        let last = *self.last_progress.lock().unwrap_or_else(|e| e.into_inner());
-        boot_now().saturating_since(last) <= limit
+        let last = Duration::from_nanos(self.last_progress.load(Ordering::Relaxed));
+        boot_now().saturating_since(BootTime::from_since_boot(last)) <= limit
     }
 
     pub(crate) fn progress(&self, now: BootTime) {
-        *self.last_progress.lock().unwrap_or_else(|e| e.into_inner()) = now;
+        self.last_progress.store(nanos(now), Ordering::Relaxed);
     }
+}
+
+/// `t` in nanoseconds since boot (see `Shared::last_progress`).
+fn nanos(t: BootTime) -> u64 {
+    u64::try_from(t.since_boot().as_nanos()).unwrap_or(u64::MAX)
 }
