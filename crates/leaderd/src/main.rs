@@ -12,6 +12,7 @@ mod heap;
 mod history;
 mod http;
 mod http_client;
+mod maths;
 mod outputs;
 mod runtime;
 mod settings;
