@@ -3,9 +3,10 @@
 //! full-text ranking, which leaderd never runs). Defined here, from the
 //! pure-Rust `libm` crate, so that the binary does not load glibc's
 //! `libm.so.6` at all: a daemon leading one election was resident by
-//! 0.9 MiB more with it (its pages mapped at the start, most never used
-//! again; BENCHMARKS.md, "Memory per election"). Should another one be
-//! called, the library comes back: the container test fails on it.
+//! 0.9 MiB more with it, 596 KiB of them the library's own pages, mapped
+//! at the start and never used again (BENCHMARKS.md, "Memory per
+//! election"). Should another one be called, the library comes back: the
+//! container test fails on it. `build.rs` keeps both to the binary.
 
 /// `x` to the power `y`, as C's `pow`.
 // `no_mangle`: the linker must find it by C's name.

@@ -234,10 +234,12 @@ mod tests {
         release_at: ReleaseAt,
     ) -> (StatusCode, String) {
         // Stand-ins for the election loops: they answer release requests as
-        // followers do.
+        // followers do. Ended with the call: an election's wake-up has one
+        // waiter, its loop.
+        let mut stand_ins = tokio::task::JoinSet::new();
         for shared in daemon.all() {
             let shared = shared.clone();
-            tokio::spawn(async move {
+            stand_ins.spawn(async move {
                 loop {
                     if let Control::Release { reply, .. } = shared.next_control().await {
                         let _ = reply.send(Err(leaderd_core::View {
@@ -265,6 +267,7 @@ mod tests {
         let res = app.oneshot(req).await.unwrap();
         let status = res.status();
         let body = res.into_body().collect().await.unwrap().to_bytes();
+        stand_ins.shutdown().await;
         (status, String::from_utf8(body.to_vec()).unwrap())
     }
 
