@@ -1042,11 +1042,7 @@ impl Engine {
                 }
                 self.other = None;
                 self.next_attempt = received_at
-                    + self
-                        .replica
-                        .timing
-                        .ttl()
-                        .min(self.replica.timing.heartbeat())
+                    + self.timing().ttl().min(self.timing().heartbeat())
                     + self.yield_delay(received_at);
             }
         }

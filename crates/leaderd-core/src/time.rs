@@ -37,6 +37,16 @@ impl BootTime {
         Duration::from_nanos(self.0)
     }
 
+    /// Nanoseconds since boot: what an atomic holds of an instant.
+    pub const fn as_nanos(self) -> u64 {
+        self.0
+    }
+
+    /// The instant [`BootTime::as_nanos`] gave.
+    pub const fn from_nanos(nanos: u64) -> Self {
+        Self(nanos)
+    }
+
     /// `self - earlier`, or zero when `earlier` is later.
     pub fn saturating_since(self, earlier: BootTime) -> Duration {
         Duration::from_nanos(self.0.saturating_sub(earlier.0))
@@ -299,6 +309,8 @@ mod tests {
         let last = BootTime::from_since_boot(Duration::MAX);
         assert!(t + Duration::MAX == last && last + MS(1) == last && t < last);
         assert_eq!(format!("{t:?}"), "BootTime(3.000000007s)");
+        assert_eq!(BootTime::from_nanos(t.as_nanos()), t);
+        assert_eq!(t.as_nanos(), 3_000_000_007);
     }
 
     #[test]

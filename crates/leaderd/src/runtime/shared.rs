@@ -55,8 +55,8 @@ pub struct Shared {
     /// The daemon's, shared by its elections: who is named at a release.
     pub roster: Arc<Roster>,
     pub(crate) engine: Mutex<Engine>,
-    /// Last time the loop went round, for the `/healthz` watchdog.
-    /// In nanoseconds since boot.
+    /// Last time the loop went round, for the `/healthz` watchdog
+    /// ([`BootTime::as_nanos`]).
     last_progress: AtomicU64,
     pub metrics: Metrics,
     /// The daemon's, shared by its elections: the attempts' timings.
@@ -155,7 +155,7 @@ impl Shared {
             id,
             roster,
             engine: Mutex::new(engine),
-            last_progress: AtomicU64::new(nanos(now)),
+            last_progress: AtomicU64::new(now.as_nanos()),
             metrics: Metrics::default(),
             daemon_metrics,
             outages,
@@ -455,16 +455,11 @@ impl Shared {
         let t = self.timing();
         let limit =
             (t.heartbeat() * 5).max(t.local_lease() + t.heartbeat()) + Duration::from_secs(1);
-        let last = Duration::from_nanos(self.last_progress.load(Ordering::Relaxed));
-        boot_now().saturating_since(BootTime::from_since_boot(last)) <= limit
+        let last = BootTime::from_nanos(self.last_progress.load(Ordering::Relaxed));
+        boot_now().saturating_since(last) <= limit
     }
 
     pub(crate) fn progress(&self, now: BootTime) {
-        self.last_progress.store(nanos(now), Ordering::Relaxed);
+        self.last_progress.store(now.as_nanos(), Ordering::Relaxed);
     }
-}
-
-/// `t` in nanoseconds since boot (see `Shared::last_progress`).
-fn nanos(t: BootTime) -> u64 {
-    u64::try_from(t.since_boot().as_nanos()).unwrap_or(u64::MAX)
 }
