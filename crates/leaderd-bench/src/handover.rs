@@ -2,8 +2,9 @@
 //! timing); the leader is SIGTERMed or released (`leaderd release`) 20
 //! times a run, three runs each, timed from the signal (or the release
 //! command's start; its own exit is not waited for) until
-//! another daemon's flag file exists, as the ZooKeeper candidates beside
-//! each run are (see `zookeeper`), the reference its p90 is held to; and
+//! another daemon's flag file exists (woken by the kernel as it appears,
+//! see `flags`), as the ZooKeeper candidates beside each run are (see
+//! `zookeeper`), the reference its p90 is held to; and
 //! until that daemon answers 200 on `/leader`, asked only once its file
 //! is there (polling every daemon's HTTP server every 0.5 ms would load
 //! the very processes being timed). Each handover is broken down from the
@@ -11,7 +12,7 @@
 //! beside them): signal → the leader's local step-down (`lost
 //! leadership`) → its release answered (`released the lease`) → the new
 //! leader's take answered (`acquired leadership`: the wake-up and the
-//! take's commit) → its flag file (the bench polls every 0.5 ms) → its
+//! take's commit) → its flag file → its
 //! `/leader` answering 200.
 //!
 //! `LEADERD_BENCH_HANDOVER_RUNS` (default 3) and
@@ -25,6 +26,7 @@ use rustix::process::Signal;
 use serde_json::Value;
 
 use crate::failover::{poll, pseudo_random, start, Case, Went, RELEASE_HOLD};
+use crate::flags::FlagWatch;
 use crate::size::Size;
 use crate::stats::{ms, Summary};
 use crate::zookeeper;
@@ -68,11 +70,13 @@ fn between(from: SystemTime, to: SystemTime) -> Duration {
 /// `rounds` handovers of the leader of three daemons, by SIGTERM or by
 /// `leaderd release`.
 fn run_once(url: &str, sigterm: bool, rounds: usize) -> Result<Vec<Parts>> {
-    let dir = Scratch::new();
+    // Flag files in memory, as the shipped manifests keep them.
+    let dir = Scratch::in_memory();
     let mut ds: Vec<Daemon> = ["a", "b", "c"]
         .iter()
         .map(|id| start(url, id, &dir))
         .collect();
+    let flags = FlagWatch::new(&dir.path(""))?;
     let mut out = Vec::new();
     for round in 0..rounds {
         let refs: Vec<&Daemon> = ds.iter().collect();
@@ -86,7 +90,7 @@ fn run_once(url: &str, sigterm: bool, rounds: usize) -> Result<Vec<Parts>> {
         let listen = format!("127.0.0.1:{}", ds[leader].port);
         let hold = format!("{}ms", RELEASE_HOLD.as_millis());
         let (signalled, t0) = (SystemTime::now(), Instant::now());
-        // The release command runs while the files are polled, as the
+        // The release command runs while the files are watched, as the
         // signal's handover goes on after `kill` returns: its own exit is
         // not part of the handover.
         let releasing = if sigterm {
@@ -95,7 +99,7 @@ fn run_once(url: &str, sigterm: bool, rounds: usize) -> Result<Vec<Parts>> {
         } else {
             Some(release_command(&listen, &hold)?)
         };
-        let (new, total) = poll(t0, "no handover", || {
+        let (new, total) = flags.wait(t0, "no handover", || {
             others.iter().copied().find(|&i| ds[i].flag.exists())
         });
         if let Some(releasing) = releasing {
@@ -156,7 +160,7 @@ fn zookeeper_once(
     rounds: usize,
     run: usize,
 ) -> Result<Vec<Duration>> {
-    let dir = Scratch::new();
+    let dir = Scratch::in_memory();
     let path = format!(
         "/leaderd-bench/{}-{run}",
         if sigterm { "term" } else { "release" }
@@ -165,6 +169,7 @@ fn zookeeper_once(
         .iter()
         .map(|id| zookeeper::Candidate::start(server, &dir, &path, id))
         .collect::<Result<Vec<_>>>()?;
+    let flags = FlagWatch::new(&dir.path(""))?;
     let mut out = Vec::new();
     for round in 0..rounds {
         let leader =
@@ -177,7 +182,7 @@ fn zookeeper_once(
         );
         let t0 = Instant::now();
         cs[leader].signal(if sigterm { Signal::TERM } else { Signal::USR1 });
-        let (_, took) = poll(t0, "no ZooKeeper handover", || {
+        let (_, took) = flags.wait(t0, "no ZooKeeper handover", || {
             (0..3).find(|&i| i != leader && cs[i].leads())
         });
         out.push(took);
@@ -269,7 +274,7 @@ pub fn run(size: Size) -> Result<Vec<Case>> {
     println!(
         "Three daemons on PostgreSQL (default timing); per kind {runs} runs of {rounds} \
          handovers, from the signal (or release request) until another daemon's flag file \
-         exists (polled every 0.5 ms). Beside each run, the same with three ZooKeeper 3.8 \
+         exists (seen by inotify as it appears). Beside each run, the same with three ZooKeeper 3.8 \
          candidates (kazoo's lock recipe, a standalone server on this host), until another \
          candidate's flag file exists; SIGUSR1 gives its lead up and asks again after \
          500 ms, as the release does. Each run's p50 / p90 / max, then the median of the \

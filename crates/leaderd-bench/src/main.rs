@@ -20,6 +20,7 @@ mod elections;
 mod exec;
 mod failover;
 mod fence;
+mod flags;
 mod handover;
 mod heartbeat;
 mod keepalive;

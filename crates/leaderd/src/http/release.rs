@@ -84,24 +84,14 @@ fn ask(config: &ConfigArgs, target: &str, nothing: &str) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("leaderd: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let reply = runtime.block_on(http_client::request(
+    let reply = http_client::request_blocking(
         &listen.ip().to_string(),
         listen.port(),
         "POST",
         target,
         &[(crate::http::RELEASE_HEADER, "1")],
         TIMEOUT,
-    ));
+    );
     if let Some(warning) = reply.as_ref().ok().and_then(|r| r.warning.as_deref()) {
         eprintln!("leaderd: warning: {warning}");
     }
