@@ -79,8 +79,8 @@ async fn exchange(
 
 /// [`request`] without an async runtime, for a command that makes this one
 /// request and exits (`leaderd release`): building a runtime for it cost
-/// the command's start more than the exchange. `timeout` bounds the
-/// connect and each read and write.
+/// the command's start more than the exchange. `timeout` bounds each read
+/// and write, and the connect to any but a loopback address.
 pub fn request_blocking(
     host: &str,
     port: u16,
