@@ -53,10 +53,7 @@ impl FlagWatch {
             // A bound on each wait: a directory replaced under the watch
             // would never wake it.
             let step = left.min(Duration::from_millis(100));
-            let timeout = Timespec {
-                tv_sec: 0,
-                tv_nsec: i64::from(step.subsec_nanos()),
-            };
+            let timeout = Timespec::try_from(step).expect("a short wait");
             let mut fds = [PollFd::new(&self.fd, PollFlags::IN)];
             // Interrupted or timed out: look again either way.
             let _ = poll(&mut fds, Some(&timeout));

@@ -21,7 +21,7 @@ mod time;
 pub use child::{ChildAction, ChildTimer, StopGraceError};
 pub use engine::{Attempt, Engine, Event, LossReason, Observed, Replica, StepDown, View};
 pub use standing::{away_note, away_prefix, read_away_note, NotCompeting, Standing, AWAY_PREFIX};
-pub use time::{BootTime, Timing, TimingError, WaveSchedule, WAVE_GROUP, WAVE_SPLIT_FROM};
+pub use time::{BootTime, Timing, TimingError, WaveSchedule, WAVE_GROUP};
 
 /// Longest `name` or `id`, in characters, that the lock table stores.
 pub const MAX_NAME_CHARS: usize = 100;

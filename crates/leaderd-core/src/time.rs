@@ -165,22 +165,12 @@ impl Timing {
 
     /// Into how many groups a daemon of `elections` elections splits its
     /// leases for renewal (see [`Timing::wave_every`]): one per
-    /// [`WAVE_GROUP`] elections, and at least two from [`WAVE_SPLIT_FROM`]
-    /// on. A renewal waits for its whole statement, and a follower's
-    /// attempt for the statement ahead of it on the connection: with
-    /// thousands of leases in one statement, both waited tens of
-    /// milliseconds for rows not theirs. And what a statement needs on the
-    /// daemon while it runs (about 1 KB a lease: the requests, the
-    /// driver's parameters and rows, the answers) stays resident between
-    /// waves: a daemon of 1,000 elections renewing them in one statement
-    /// held about 1 MB for it.
+    /// [`WAVE_GROUP`] elections. A renewal waits for its whole statement,
+    /// and a follower's attempt for the statement ahead of it on the
+    /// connection: with thousands of leases in one statement, both waited
+    /// tens of milliseconds for rows not theirs.
     pub fn wave_groups(elections: usize) -> usize {
-        let groups = elections.div_ceil(WAVE_GROUP).max(1);
-        if elections >= WAVE_SPLIT_FROM {
-            groups.max(2)
-        } else {
-            groups
-        }
+        elections.div_ceil(WAVE_GROUP).max(1)
     }
 
     /// How often a wave goes, each renewing one of the `groups` in turn:
@@ -268,13 +258,6 @@ impl WaveSchedule {
 /// 10 µs each under that load).
 pub const WAVE_GROUP: usize = 2_000;
 
-/// From how many elections a daemon renews its leases in two groups at
-/// least (see [`Timing::wave_groups`]): below, one statement's memory is
-/// small; above, a second statement a renew interval costs the database
-/// little (groups of 500 for every daemon did cost it: three daemons
-/// sharing 10,000 elections sent 742 statements a second against 265).
-pub const WAVE_SPLIT_FROM: usize = 500;
-
 impl fmt::Display for Timing {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -339,15 +322,12 @@ mod tests {
     }
 
     #[test]
-    fn leases_are_renewed_in_groups_of_at_most_two_thousand_elections_each_once_an_interval() {
+    fn leases_are_renewed_in_groups_of_two_thousand_elections_each_once_an_interval() {
         let t = Timing::new(MS(1000), MS(1200)).unwrap();
         assert_eq!(Timing::wave_groups(0), 1);
         assert_eq!(Timing::wave_groups(1), 1);
-        assert_eq!(Timing::wave_groups(WAVE_SPLIT_FROM - 1), 1);
-        assert_eq!(Timing::wave_groups(WAVE_SPLIT_FROM), 2);
-        assert_eq!(Timing::wave_groups(2_000), 2);
-        assert_eq!(Timing::wave_groups(4_000), 2);
-        assert_eq!(Timing::wave_groups(4_001), 3);
+        assert_eq!(Timing::wave_groups(2_000), 1);
+        assert_eq!(Timing::wave_groups(2_001), 2);
         assert_eq!(Timing::wave_groups(10_000), 5);
         assert_eq!(Timing::wave_groups(30_000), 15);
         assert_eq!(t.wave_every(1), MS(400));

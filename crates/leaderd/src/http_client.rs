@@ -3,9 +3,9 @@
 //! daemon to step down. Plain HTTP to a nearby host only; it reads the status
 //! line, the body and the daemon's warning header, nothing more.
 
-use std::io::{Read as _, Write as _};
-use std::net::ToSocketAddrs;
-use std::time::Duration;
+use std::io::{ErrorKind, Read as _, Write as _};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -38,6 +38,8 @@ pub enum ClientError {
     Io(#[from] std::io::Error),
     #[error("not an HTTP reply")]
     Malformed,
+    #[error("a reply longer than {0} bytes")]
+    TooLong(usize),
 }
 
 /// Sends `method target` to `host:port` (with `Connection: close` and
@@ -78,55 +80,59 @@ async fn exchange(
 }
 
 /// [`request`] without an async runtime, for a command that makes this one
-/// request and exits (`leaderd release`): building a runtime for it cost
-/// the command's start more than the exchange. `timeout` bounds each read
-/// and write, and the connect to any but a loopback address.
+/// request and exits (`leaderd release`, `leaderd resume`): within
+/// `timeout` in all, as [`request`], and the whole reply, unless it is
+/// longer than `limit` bytes (an error, not a reply cut short).
 pub fn request_blocking(
-    host: &str,
-    port: u16,
+    addr: SocketAddr,
     method: &str,
     target: &str,
     headers: &[(&str, &str)],
     timeout: Duration,
+    limit: usize,
 ) -> Result<Reply, ClientError> {
+    let deadline = Instant::now() + timeout;
+    // What is left of `timeout` (a socket's timeout cannot be zero).
+    let left = || {
+        deadline
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+            .ok_or(ClientError::Timeout(timeout))
+    };
     let timed_out = |e: std::io::Error| match e.kind() {
-        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
-            ClientError::Timeout(timeout)
-        }
+        ErrorKind::WouldBlock | ErrorKind::TimedOut => ClientError::Timeout(timeout),
         _ => ClientError::Io(e),
     };
-    let connect_error = |source| ClientError::Connect {
-        addr: format!("{host}:{port}"),
-        source,
-    };
-    let addr = (host, port)
-        .to_socket_addrs()
-        .map_err(connect_error)?
-        .next()
-        .ok_or_else(|| connect_error(std::io::ErrorKind::NotFound.into()))?;
-    let mut stream = if addr.ip().is_loopback() {
-        // Completes or is refused within the call (the kernel bounds a
-        // full backlog's retries at about two minutes); waiting for it
-        // with a timeout cost a poll and a wake-up more.
-        std::net::TcpStream::connect(addr)
-    } else {
-        std::net::TcpStream::connect_timeout(&addr, timeout)
-    }
-    .map_err(connect_error)?;
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_write_timeout(Some(timeout))?;
-    stream
-        .write_all(head(host, port, method, target, headers).as_bytes())
-        .map_err(timed_out)?;
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, left()?).map_err(|source| {
+        ClientError::Connect {
+            addr: addr.to_string(),
+            source,
+        }
+    })?;
+    stream.set_write_timeout(Some(left()?))?;
+    let head = head(&addr.ip().to_string(), addr.port(), method, target, headers);
+    stream.write_all(head.as_bytes()).map_err(timed_out)?;
     let mut raw = Vec::new();
-    stream
-        .take(REPLY_LIMIT)
-        .read_to_end(&mut raw)
-        .map_err(timed_out)?;
+    let mut chunk = [0; 8192];
+    loop {
+        stream.set_read_timeout(Some(left()?))?;
+        match stream.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => {
+                raw.extend_from_slice(&chunk[..n]);
+                if raw.len() > limit {
+                    return Err(ClientError::TooLong(limit));
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(timed_out(e)),
+        }
+    }
     parse(&raw)
 }
 
-/// Bounded: a health endpoint or the daemon answers in a few hundred bytes.
+/// What [`request`] reads at most: a health endpoint answers in a few
+/// hundred bytes, and only its status matters.
 const REPLY_LIMIT: u64 = 64 * 1024;
 
 /// The request's head: `Connection: close`, so the reply ends with the
@@ -208,9 +214,10 @@ mod tests {
             .local_addr()
             .unwrap()
             .port();
-        let started = std::time::Instant::now();
-        let err = request_blocking("127.0.0.1", port, "POST", "/", &[], Duration::from_secs(30))
-            .unwrap_err();
+        let started = Instant::now();
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let err =
+            request_blocking(addr, "POST", "/", &[], Duration::from_secs(30), 1024).unwrap_err();
         assert!(matches!(err, ClientError::Connect { .. }), "{err}");
         assert!(started.elapsed() < Duration::from_secs(5));
     }
@@ -219,12 +226,46 @@ mod tests {
     fn a_daemon_that_never_answers_is_a_timeout() {
         // Connections complete into the backlog; nothing reads them.
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
+        let addr = listener.local_addr().unwrap();
         let within = Duration::from_millis(200);
-        let err = request_blocking("127.0.0.1", port, "POST", "/", &[], within).unwrap_err();
+        let started = Instant::now();
+        let err = request_blocking(addr, "POST", "/", &[], within, 1024).unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(2));
         assert!(
             matches!(err, ClientError::Timeout(d) if d == within),
             "{err}"
         );
+    }
+
+    /// Serves one connection on a thread: reads the request's head, then
+    /// writes `reply` and closes.
+    fn serve_once(reply: Vec<u8>) -> SocketAddr {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut seen = Vec::new();
+            let mut byte = [0; 1];
+            while !seen.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap() == 1 {
+                seen.push(byte[0]);
+            }
+            conn.write_all(&reply).unwrap();
+        });
+        addr
+    }
+
+    #[test]
+    fn a_long_reply_is_read_whole_up_to_the_limit() {
+        // A release of every election answers with a body for each: far
+        // more than a health check's.
+        let body = "x".repeat(300_000);
+        let reply = format!("HTTP/1.1 200 OK\r\ncontent-length: 300000\r\n\r\n{body}");
+        let addr = serve_once(reply.clone().into_bytes());
+        let got =
+            request_blocking(addr, "POST", "/", &[], Duration::from_secs(10), 1 << 20).unwrap();
+        assert_eq!((got.status, got.body.len()), (200, body.len()));
+        let addr = serve_once(reply.into_bytes());
+        let err = request_blocking(addr, "POST", "/", &[], Duration::from_secs(10), 100_000);
+        assert!(matches!(err, Err(ClientError::TooLong(100_000))), "{err:?}");
     }
 }

@@ -17,6 +17,10 @@ use crate::settings::{release_target, ProcessEnv};
 /// plus, under `exec`, up to a ttl waiting for the command to stop.
 const TIMEOUT: Duration = Duration::from_secs(600 + 5);
 
+/// The longest reply read: without `--election`, a `/leader` body for
+/// every election (about 300 bytes each, 9 MB at 30,000).
+const REPLY_LIMIT: usize = 64 << 20;
+
 /// `leaderd release [--hold D]`.
 pub fn run(config: &ConfigArgs, hold: Option<&str>) -> ExitCode {
     let mut query = url::form_urlencoded::Serializer::new(String::new());
@@ -85,12 +89,12 @@ fn ask(config: &ConfigArgs, target: &str, nothing: &str) -> ExitCode {
         }
     };
     let reply = http_client::request_blocking(
-        &listen.ip().to_string(),
-        listen.port(),
+        listen,
         "POST",
         target,
         &[(crate::http::RELEASE_HEADER, "1")],
         TIMEOUT,
+        REPLY_LIMIT,
     );
     if let Some(warning) = reply.as_ref().ok().and_then(|r| r.warning.as_deref()) {
         eprintln!("leaderd: warning: {warning}");
@@ -112,8 +116,12 @@ fn ask(config: &ConfigArgs, target: &str, nothing: &str) -> ExitCode {
             );
             ExitCode::FAILURE
         }
-        Err(e) => {
+        Err(e @ http_client::ClientError::Connect { .. }) => {
             eprintln!("leaderd: no daemon at {listen}: {e}");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("leaderd: the daemon at {listen} did not answer: {e}");
             ExitCode::FAILURE
         }
     }
