@@ -454,6 +454,8 @@ impl Scratch {
         if shm.is_dir() {
             Self::under(shm)
         } else {
+            // A figure measured here is not one of memory: say so.
+            eprintln!("no /dev/shm: the scratch files are on the disk");
             Self::new()
         }
     }

@@ -309,6 +309,16 @@ fn release_is_served_on_loopback_only_and_needs_its_header() {
         "a release from 127.0.0.6 stepped the leader down"
     );
     let listen = format!("0.0.0.0:{}", d.port);
+    // An election the daemon does not run is bad input (exit 2), named.
+    for cmd in ["release", "resume"] {
+        let (code, _, err) = run_cli(&[cmd, "--listen", &listen, "--election", "nope"], &[]);
+        assert_eq!(code, 2, "{cmd}: {err}");
+        assert!(err.contains("nope"), "{cmd}: {err}");
+    }
+    assert!(
+        d.is_leader(),
+        "a release of another election stepped it down"
+    );
     let (code, out, err) = run_cli(&["release", "--listen", &listen, "--hold", "1s"], &[]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(!d.is_leader(), "released");

@@ -7,6 +7,7 @@ use leaderd_store::{
     Attempt, Connection, DatabaseUrl, LeaseRequest, Migrated, Release, Released, StoreError,
     Successor, Waiter, WakeLock,
 };
+use leaderd_tests::pgserver::PgServer;
 use leaderd_tests::store::{acquire, connect, migrated, try_connect};
 use leaderd_tests::TempDb;
 
@@ -1032,6 +1033,62 @@ async fn postgres_warm_up_waits_for_no_lock_beyond_its_bound() {
     assert!(e.to_string().contains("lock timeout"), "{e}");
     locker.batch_execute("ROLLBACK").await.unwrap();
     acquire(&mut c, &req("e", "a", "ia"), Duration::from_secs(3)).await;
+}
+
+/// A release's commit waits for neither the disk nor a synchronous
+/// standby; a renewal's waits for both. On a server whose synchronous
+/// standby never connects, a commit that waits for it waits for ever: the
+/// releases (one alone, and a batch) answer and the rows are free, while
+/// a renewal does not answer. The leases are taken while the database's
+/// sessions commit locally only; the connection that releases is made
+/// after that default is gone, so it commits as any client does.
+#[tokio::test]
+async fn postgres_a_release_waits_for_no_standby_and_a_renewal_does() {
+    let server = PgServer::start_with(
+        leaderd_tests::pgserver::newest_bin(),
+        &[("synchronous_standby_names", "nobody")],
+    );
+    let url = server.url();
+    let admin = leaderd_tests::pg_session(&url).await;
+    let local = "SET synchronous_commit = local; \
+                 ALTER DATABASE postgres SET synchronous_commit = local";
+    admin.batch_execute(local).await.unwrap();
+    let mut c = migrated(&url).await;
+    for e in ["e", "f", "g", "h"] {
+        acquire(&mut c, &req(e, "a", "ia"), Duration::from_secs(3)).await;
+    }
+    admin
+        .batch_execute("ALTER DATABASE postgres RESET synchronous_commit")
+        .await
+        .unwrap();
+    let mut c = connect(&url).await;
+    let within = Duration::from_secs(10);
+    let alone = tokio::time::timeout(within, c.release("e", "ia")).await;
+    assert!(alone.expect("the release waited for the standby").unwrap());
+    let batch =
+        tokio::time::timeout(within, c.release_many(&[rel("g", "ia"), rel("h", "ia")])).await;
+    assert_eq!(
+        each(batch.expect("the batch waited for the standby")),
+        [true, true]
+    );
+    let held: Vec<String> = admin
+        .query(
+            "SELECT name FROM public.service_leader_lock WHERE instance IS NOT NULL ORDER BY name",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(held, ["f"]);
+    // The server does hold durable commits back: this renewal's never ends.
+    let renewal = tokio::time::timeout(
+        Duration::from_secs(1),
+        c.acquire_or_renew(&req("f", "a", "ia")),
+    )
+    .await;
+    assert!(renewal.is_err(), "a renewal did not wait: {renewal:?}");
 }
 
 fn postgres_tls() -> TempDb {

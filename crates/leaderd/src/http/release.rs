@@ -2,9 +2,9 @@
 //! its release address) to step down, or to end a hold or a drain, for a
 //! `preStop` hook in an image without curl and for an operator. Exit 0
 //! done, 3 nothing to do (not the leader; nothing held), 1 no daemon (or
-//! any other failure), 2 bad input. With `--election NAME` one election,
-//! else every one the daemon runs (exit 0 when any was released or
-//! resumed).
+//! any other failure), 2 bad input (an election the daemon does not run,
+//! too). With `--election NAME` one election, else every one the daemon
+//! runs (exit 0 when any was released or resumed).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -108,6 +108,13 @@ fn ask(config: &ConfigArgs, target: &str, nothing: &str) -> ExitCode {
             eprintln!("leaderd: {nothing}: {}", r.body.trim());
             ExitCode::from(3)
         }
+        // An election the daemon does not run (404 naming it), or a
+        // request it could not take: what was asked for is wrong, not
+        // the daemon.
+        Ok(r) if matches!(r.status, 400 | 404) => {
+            eprintln!("leaderd: {}", refusal(&r.body));
+            ExitCode::from(2)
+        }
         Ok(r) => {
             eprintln!(
                 "leaderd: the daemon at {listen} answered {}: {}",
@@ -125,4 +132,12 @@ fn ask(config: &ConfigArgs, target: &str, nothing: &str) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The reason in a refusal's body (`{"error": "..."}`), else the body.
+fn refusal(body: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["error"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| body.trim().to_owned())
 }
