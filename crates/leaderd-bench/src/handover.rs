@@ -10,7 +10,9 @@
 //! the very processes being timed). Each handover is broken down from the
 //! daemons' JSON logs (their wall-clock timestamps, the bench's clock
 //! beside them): signal → the leader's local step-down (`lost
-//! leadership`) → its release answered (`released the lease`) → the new
+//! leadership`) → its successor named, read from the presence rows once
+//! the flag file is gone (`naming the successor`) → its release answered
+//! (`released the lease`) → the new
 //! leader's take answered (`acquired leadership`: the wake-up and the
 //! take's commit) → its flag file → its
 //! `/leader` answering 200.
@@ -37,6 +39,10 @@ use crate::zookeeper;
 struct Parts {
     total: Duration,
     step_down: Duration,
+    /// The flag file removed, the presence row let go and the successor
+    /// read.
+    named: Duration,
+    /// The release's round trip and commit.
     release: Duration,
     take: Duration,
     flag: Duration,
@@ -120,10 +126,11 @@ fn run_once(url: &str, sigterm: bool, rounds: usize) -> Result<Vec<Parts>> {
         // The log writers never hold the daemons up: their lines may come
         // a little after the answers.
         let (old, taker) = (&ds[leader], &ds[new]);
-        let (stepped, released, took) =
+        let (stepped, named, released, took) =
             leaderd_tests::wait_for(Duration::from_secs(3), "the handover's log lines", || {
                 Some((
                     logged_at(old, "lost leadership", signalled)?,
+                    logged_at(old, "naming the successor", signalled)?,
                     logged_at(old, "released the lease", signalled)?,
                     logged_at(taker, "acquired leadership", signalled)?,
                 ))
@@ -131,7 +138,8 @@ fn run_once(url: &str, sigterm: bool, rounds: usize) -> Result<Vec<Parts>> {
         let parts = Parts {
             total,
             step_down: between(signalled, stepped),
-            release: between(stepped, released),
+            named: between(stepped, named),
+            release: between(named, released),
             take: between(released, took),
             flag: between(took, flagged),
             answered,
@@ -339,19 +347,23 @@ pub fn run(size: Size) -> Result<Vec<Case>> {
     }
     println!(
         "\nWhere the time goes, the median of every handover above (ms): signal → the \
-         leader's local step-down → its release answered → the new leader's take answered \
+         leader's local step-down → its successor named (the flag file removed, the \
+         presence row let go, the presence rows read) → its release answered → the new \
+         leader's take answered \
          (the wake-up, then the take's commit) → its flag file; and from the signal until \
          its `/leader` answered 200.\n"
     );
     println!(
-        "| kind | step-down | release | wake-up and take | flag file | total | `/leader` 200 |"
+        "| kind | step-down | successor named | release | wake-up and take | flag file | total \
+         | `/leader` 200 |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for (kind, all) in parts_by_kind {
         let m = |f: fn(&Parts) -> Duration| ms(median(all.iter().map(f).collect()));
         println!(
-            "| {kind} | {} | {} | {} | {} | {} | {} |",
+            "| {kind} | {} | {} | {} | {} | {} | {} | {} |",
             m(|p| p.step_down),
+            m(|p| p.named),
             m(|p| p.release),
             m(|p| p.take),
             m(|p| p.flag),

@@ -222,10 +222,10 @@ pub(super) const CREATE_MANY_TYPES: &[Type] = &[Type::VARCHAR_ARRAY, Type::INT8_
 /// or a failover leaves the row held by an instance that has already
 /// stepped down, until it expires, which is a wait and never a second
 /// leader; and whoever takes the row next commits durably after it, which
-/// makes the release durable too (the log is flushed in order). The flush
-/// was most of a release's time (1.7–2.4 ms against 0.06–0.07 on one
-/// disk). Binds: names, instances, successors, windows in microseconds (0
-/// with no successor).
+/// makes the release durable too (the log is flushed in order). On a busy
+/// disk the flushes were most of a handover's release part (BENCHMARKS.md,
+/// "Graceful handover at its limit"). Binds: names, instances, successors,
+/// windows in microseconds (0 with no successor).
 pub(super) const RELEASE_MANY: &str = "\
 WITH p AS (SELECT * FROM ROWS FROM (pg_catalog.unnest($1::varchar[]), pg_catalog.unnest($2::varchar[]),
                                     pg_catalog.unnest($3::varchar[]), pg_catalog.unnest($4::bigint[]))
