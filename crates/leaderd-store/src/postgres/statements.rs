@@ -219,13 +219,14 @@ pub(super) const CREATE_MANY_TYPES: &[Type] = &[Type::VARCHAR_ARRAY, Type::INT8_
 /// Its commit waits for neither the disk nor a synchronous standby
 /// (`synchronous_commit` off for this transaction alone, set once by the
 /// one-time filter before any row is written): a release lost in a crash
-/// or a failover leaves the row held by an instance that has already
-/// stepped down, until it expires, which is a wait and never a second
-/// leader; and whoever takes the row next commits durably after it, which
-/// makes the release durable too (the log is flushed in order). On a busy
-/// disk the flushes were most of a handover's release part (BENCHMARKS.md,
-/// "Graceful handover at its limit"). Binds: names, instances, successors,
-/// windows in microseconds (0 with no successor).
+/// or a failover leaves the row as it was, held by the instance that
+/// released it (which may take it back as its own) until it expires, which
+/// is a wait and never a second leader; and whoever takes the row next
+/// commits after it as the server's `synchronous_commit` says, which makes
+/// the release as durable (the log is flushed and replicated in order).
+/// On a busy disk the flushes were most of a handover's release part
+/// (BENCHMARKS.md, "Graceful handover at its limit"). Binds: names,
+/// instances, successors, windows in microseconds (0 with no successor).
 pub(super) const RELEASE_MANY: &str = "\
 WITH p AS (SELECT * FROM ROWS FROM (pg_catalog.unnest($1::varchar[]), pg_catalog.unnest($2::varchar[]),
                                     pg_catalog.unnest($3::varchar[]), pg_catalog.unnest($4::bigint[]))
